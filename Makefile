@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo demo-stop test lint bench install
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+	  || { echo "PostgreSQL binaries missing: installing Debian's postgresql"; \
+	       (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) \
+	       || { echo "could not install PostgreSQL; install it or set DATABASE_URL"; exit 1; }; }
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/txstream demo
+
+demo-stop: $(STAMP)
+	$(BIN)/txstream demo --stop
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/engine.py

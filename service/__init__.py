@@ -1,0 +1,1 @@
+"""txstream service: the loop, configuration, the Spark engine and embedded defaults."""
