@@ -1,0 +1,221 @@
+"""What the PostgreSQL sinks share: identifier checks, table creation and validation, COPY of an
+Arrow table, and running one PostgreSQL transaction with retries."""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+from psycopg import sql
+
+from connectors.sink import SinkDataError, SinkSchemaError, SinkWriteError
+from schemas.sinks import RetryPolicy
+from schemas.tables import TableSchema
+
+log = logging.getLogger(__name__)
+
+# PostgreSQL silently truncates longer identifiers, which could make two names collide.
+MAX_IDENTIFIER_BYTES = 63
+_T = TypeVar("_T")
+
+
+def check_identifier(name: str, what: str) -> str:
+    """`name` if PostgreSQL can hold it verbatim as an identifier (it is always quoted)."""
+    if not name:
+        raise SinkSchemaError(f"{what} name is empty")
+    if "\x00" in name:
+        raise SinkSchemaError(f"{what} name {name!r} contains a NUL character")
+    if len(name.encode()) > MAX_IDENTIFIER_BYTES:
+        raise SinkSchemaError(
+            f"{what} name {name!r} is longer than PostgreSQL's {MAX_IDENTIFIER_BYTES} bytes; "
+            "PostgreSQL would truncate it, choose a shorter name"
+        )
+    return name
+
+
+def changes_columns(schema: TableSchema) -> list[str]:
+    return [*schema.names, "time", "diff"]
+
+
+def conform_changes(changes: pa.Table, schema: TableSchema) -> pa.Table:
+    """`changes` with exactly the schema's columns, `time` and `diff`, in order and Arrow types."""
+    expected = schema.arrow_schema(with_changes=True)
+    missing = [n for n in expected.names if n not in changes.column_names]
+    if missing:
+        raise SinkDataError(
+            f"changes lack column(s) {', '.join(missing)}; expected {', '.join(expected.names)}"
+        )
+    try:
+        return changes.select(expected.names).cast(expected)
+    except (ValueError, pa.ArrowNotImplementedError) as exc:  # ArrowInvalid is a ValueError
+        raise SinkDataError(f"changes do not convert to the table's column types: {exc}") from exc
+
+
+def check_unit_diffs(changes: pa.Table) -> None:
+    """A keyed table changes each key by at most one insertion and one deletion per time."""
+    bad = pc.sum(pc.invert(pc.is_in(changes["diff"], pa.array([-1, 1], pa.int64())))).as_py()
+    if bad:
+        raise SinkDataError(
+            f"{bad} change(s) have a diff other than +1/-1: a keyed table holds each key at most "
+            "once, so its changes must be consolidated single insertions and deletions"
+        )
+
+
+def encode_csv(changes: pa.Table) -> bytes:
+    """CSV for `COPY ... (FORMAT csv)`: strings are always quoted and nulls never are, which is
+    how PostgreSQL tells an empty string from NULL."""
+    for name in changes.column_names:
+        column = changes[name]
+        if pa.types.is_string(column.type) and pc.any(
+            pc.match_substring(column, "\x00")
+        ).as_py():
+            raise SinkDataError(
+                f"column {name!r} contains a NUL character, which PostgreSQL text cannot store; "
+                "strip it upstream"
+            )
+    buf = io.BytesIO()
+    pacsv.write_csv(changes, buf, pacsv.WriteOptions(include_header=False))
+    return buf.getvalue()
+
+
+def copy_into(cur: psycopg.Cursor[tuple[object, ...]], table: sql.Composable,
+              changes: pa.Table) -> None:
+    """COPY all of `changes` (columns by name) into `table`."""
+    columns = sql.SQL(", ").join(sql.Identifier(n) for n in changes.column_names)
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(table, columns)
+    with cur.copy(statement) as copy:
+        copy.write(encode_csv(changes))
+
+
+def _canonical_types(conn: psycopg.Connection[tuple[object, ...]],
+                     types: list[str]) -> list[str]:
+    """PostgreSQL's own spelling of type names (e.g. TIMESTAMPTZ -> timestamp with time zone)."""
+    rows = conn.execute(
+        "SELECT format_type(t::regtype, NULL) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i)"
+        " ORDER BY i", [types],
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _existing_shape(conn: psycopg.Connection[tuple[object, ...]], db_schema: str, table: str
+                    ) -> tuple[str, dict[str, str], list[str]] | None:
+    """(relkind, {column: type}, primary key columns) of an existing relation, or None."""
+    found = conn.execute(
+        "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s", [db_schema, table],
+    ).fetchone()
+    if found is None:
+        return None
+    oid, relkind = found
+    columns = conn.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", [oid],
+    ).fetchall()
+    key = conn.execute(
+        "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY"
+        " AS k(attnum, pos) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+        " WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.pos", [oid],
+    ).fetchall()
+    return str(relkind), {str(n): str(t) for n, t in columns}, [str(r[0]) for r in key]
+
+
+def ensure_table(conn: psycopg.Connection[tuple[object, ...]], db_schema: str, table: str,
+                 schema: TableSchema, *, diff_type: str, primary_key: tuple[str, ...],
+                 replace: bool) -> None:
+    """Create `db_schema.table` (columns, `time`, `diff`, primary key) if missing, or validate
+    the existing one; `replace` drops it first. Runs in the caller's transaction."""
+    ident = sql.Identifier(db_schema, table)
+    if replace:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(ident))
+    want_types = [c.type.postgres for c in schema.columns] + ["BIGINT", diff_type]
+    want = dict(zip(changes_columns(schema), _canonical_types(conn, want_types), strict=True))
+    shape = _existing_shape(conn, db_schema, table)
+    if shape is None:
+        columns = [
+            sql.SQL("{} {}{}").format(
+                sql.Identifier(c.name), sql.SQL(c.type.postgres),
+                sql.SQL("" if c.nullable and c.name not in primary_key else " NOT NULL"),
+            )
+            for c in schema.columns
+        ] + [sql.SQL('"time" BIGINT NOT NULL'), sql.SQL(f'"diff" {diff_type} NOT NULL')]
+        if primary_key:
+            columns.append(sql.SQL("PRIMARY KEY ({})").format(
+                sql.SQL(", ").join(sql.Identifier(k) for k in primary_key)))
+        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, sql.SQL(", ").join(columns)))
+        return
+    relkind, have, key = shape
+    where = f"{db_schema}.{table}"
+    if relkind not in ("r", "p"):
+        raise SinkSchemaError(f"{where} exists but is not a table (relkind {relkind!r})")
+    problems = [f"column {n!r} is missing" for n in want if n not in have]
+    problems += [f"column {n!r} is not in the output table" for n in have if n not in want]
+    problems += [
+        f"column {n!r} has type {have[n]}, expected {t}"
+        for n, t in want.items() if n in have and have[n] != t
+    ]
+    if key != list(primary_key):
+        problems.append(f"primary key is ({', '.join(key)}), expected ({', '.join(primary_key)})")
+    if problems:
+        raise SinkSchemaError(
+            f"existing table {where} does not match the output table: {'; '.join(problems)}. "
+            "Migrate or drop it, write to another table, or use mode='replace'"
+        )
+
+
+class Connection:
+    """One PostgreSQL connection that runs whole transactions, retrying transient failures.
+
+    A transaction is retried from the start after a connection failure, a serialization failure
+    or a deadlock, so it is either applied completely or not at all. A failure of COMMIT itself
+    leaves it unknown whether the transaction was applied; callers retry only work that is
+    idempotent (the snapshot's time guard, the append sinks' already-written check).
+    """
+
+    def __init__(self, url: str, retry: RetryPolicy, application_name: str) -> None:
+        self._url = url
+        # Shown in pg_stat_activity, so an operator can tell which sink holds a connection.
+        self._application_name = application_name[:63]
+        self._retry = retry
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def _connection(self) -> psycopg.Connection[tuple[object, ...]]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(self._url, connect_timeout=10,
+                                         application_name=self._application_name)
+        return self._conn
+
+    def run(self, work: Callable[[psycopg.Connection[tuple[object, ...]]], _T]) -> _T:
+        """`work(conn)` inside one transaction, retried with exponential backoff."""
+        delay = self._retry.initial_backoff_s
+        for attempt in range(1, self._retry.attempts + 1):
+            try:
+                conn = self._connection()
+                with conn.transaction():
+                    return work(conn)
+            except psycopg.OperationalError as exc:
+                # Connection loss, serialization failure and deadlock are all OperationalErrors
+                # in psycopg; the transaction was rolled back (or the connection is gone).
+                if attempt == self._retry.attempts:
+                    raise SinkWriteError(
+                        f"PostgreSQL transaction failed {attempt} times, last: {exc}. Check that "
+                        "the server is reachable, then write the same changes again"
+                    ) from exc
+                log.warning("PostgreSQL transaction failed (attempt %d), retrying in %.2fs: %s",
+                            attempt, delay, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, self._retry.max_backoff_s)
+            except (psycopg.DataError, psycopg.IntegrityError) as exc:
+                raise SinkDataError(f"PostgreSQL rejected the data: {exc}") from exc
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,37 @@
+"""The contract every output connector implements, and the errors they raise."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+
+
+class SinkError(Exception):
+    """Base of every error an output connector raises."""
+
+
+class SinkSchemaError(SinkError):
+    """The destination's shape (table, columns, types, key) does not fit the output table."""
+
+
+class SinkDataError(SinkError):
+    """A batch of changes cannot be written as is (missing columns, NUL in text, bad diff...)."""
+
+
+class SinkWriteError(SinkError):
+    """The destination kept failing after all retries; nothing of the failed batch is visible."""
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """An output connector.
+
+    `changes` holds the output table's columns plus `time` (int64) and `diff` (int64); it is
+    consolidated and may span several consecutive stream transactions. A sink makes each call
+    atomically visible, or raises and makes none of it visible.
+    """
+
+    def write(self, changes: pa.Table) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,62 @@
+"""Models of the output side: sink settings and the Deephaven-style update record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RetryPolicy(BaseModel):
+    """How often and how patiently a sink retries a transient failure of its destination."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempts: int = Field(default=5, ge=1)
+    initial_backoff_s: float = Field(default=0.2, gt=0)
+    max_backoff_s: float = Field(default=5.0, gt=0)
+
+
+class TombstonePurge(BaseModel):
+    """Background purge of snapshot tombstones (rows with `diff = -1`).
+
+    A tombstone at time t only matters against a change of its key older than t arriving later.
+    Once the writer has declared a watermark W (no change with time <= W will ever be written
+    again), tombstones with time <= W - `horizon` are purged every `interval_s` seconds; with
+    no watermark nothing is purged.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    horizon: int = Field(default=0, ge=0, description="transactions kept below the watermark")
+    interval_s: float = Field(default=60.0, gt=0)
+    batch_rows: int = Field(default=10_000, ge=1, description="rows deleted per statement")
+
+
+class ModifiedRow(BaseModel):
+    """A key changed within one transaction: its row before and after."""
+
+    before: dict[str, Any]
+    after: dict[str, Any]
+
+
+class UpdateRecord(BaseModel):
+    """One table's update in one transaction, in Deephaven's terms.
+
+    A key with both a deletion and an insertion in the transaction is modified; a key with only
+    an insertion is added, only a deletion removed. `modified_columns` is the set of columns
+    whose value differs in at least one modified row (Deephaven's modified column set).
+    """
+
+    table: str
+    time: int
+    added: list[dict[str, Any]] = Field(default_factory=list)
+    removed: list[dict[str, Any]] = Field(default_factory=list)
+    modified: list[ModifiedRow] = Field(default_factory=list)
+    modified_columns: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _columns_only_with_modifies(self) -> UpdateRecord:
+        if self.modified_columns and not self.modified:
+            raise ValueError("modified_columns given without modified rows")
+        return self
