@@ -1,0 +1,639 @@
+"""Kafka source decoding: one poll batch of one topic -> an Arrow table of rows (vectorized), with
+every record that cannot be decoded or validated isolated as a `BadRecord` for the dead-letter
+topic.
+
+The whole batch is parsed by one `pyarrow.json.read_json` call with an explicit schema; when it
+fails, the batch is bisected so that only the bad records fall back to single-record parsing
+(O(bad * log n) parser calls), and the good records of the batch are kept.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+from confluent_kafka import Message, Producer
+from pydantic import BaseModel, ConfigDict
+
+from schemas.sources import KafkaMetadata, RecordField, SourceSpec, SourceSpecError, split_path
+
+log = logging.getLogger(__name__)
+
+# Bookkeeping columns of a decoded rows table, next to the source's own columns.
+SEQ = "_seq"  # position of the record in the pipeline's consumption order
+DIFF = "_diff"  # +1 / -1 (append_only, insert_delete); +1 for upserts
+DELETE = "_delete"  # upsert: the record deletes its key
+TXID = "_txid"  # upstream transaction id (null without upstream transactions)
+TXCOUNT = "_txcount"  # expected record count of the upstream transaction, when carried
+BOOKKEEPING = (SEQ, DIFF, DELETE, TXID, TXCOUNT)
+
+_DEBEZIUM_OPS = ("c", "r", "u", "d")
+_Tree = dict[str, "pa.DataType | _Tree"]
+
+
+class KafkaSourceError(RuntimeError):
+    """The Kafka input side cannot go on (broker error, missing topic, dead-letter failure)."""
+
+
+class BadRecord(BaseModel):
+    """A record that could not be decoded or validated, with everything needed to replay it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    topic: str
+    partition: int
+    offset: int
+    seq: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    error: str
+    # Known when the id is in a header or the value is JSON despite the failure: the record
+    # still counts towards its upstream transaction's expected count.
+    upstream_id: str | None = None
+    upstream_count: int | None = None
+
+
+@dataclass
+class DecodedBatch:
+    rows: pa.Table  # the source's columns + BOOKKEEPING, records in consumption order
+    bad: list[BadRecord]
+    ignored_tombstones: int  # Debezium's compaction tombstones after deletes (no row in them)
+
+
+def rows_schema(spec: SourceSpec) -> pa.Schema:
+    return pa.schema(
+        [pa.field(c.name, c.type.arrow) for c in spec.table_schema.columns]
+        + [
+            pa.field(SEQ, pa.int64()),
+            pa.field(DIFF, pa.int64()),
+            pa.field(DELETE, pa.bool_()),
+            pa.field(TXID, pa.string()),
+            pa.field(TXCOUNT, pa.int64()),
+        ]
+    )
+
+
+def _header(message: Message, name: str) -> bytes | None:
+    for key, value in message.headers() or ():
+        if key == name:
+            return value
+    return None
+
+
+def _tree_insert(tree: _Tree, path: tuple[str, ...], dtype: pa.DataType) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SourceSpecError(f"path {'.'.join(path)!r} runs through the leaf field {part!r}")
+        node = child
+    if path[-1] in node and node[path[-1]] != dtype:
+        raise SourceSpecError(f"path {'.'.join(path)!r} is declared twice with different types")
+    node[path[-1]] = dtype
+
+
+def _tree_type(tree: _Tree) -> list[pa.Field]:
+    return [
+        pa.field(name, pa.struct(_tree_type(sub)) if isinstance(sub, dict) else sub)
+        for name, sub in tree.items()
+    ]
+
+
+def _walk(obj: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+class _Parsed:
+    """A parsed batch: nested columns looked up by path, null where any level is absent."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self._table = table
+
+    def get(self, path: tuple[str, ...]) -> pa.Array:
+        arr = self._table.column(path[0]).combine_chunks()
+        for part in path[1:]:
+            arr = pc.struct_field(arr, [part])
+        return arr
+
+    def envelope(self, path: tuple[str, ...]) -> pa.Array:
+        """Debezium: the field inside the `payload` wrapper when there is one, else at the top."""
+        return pc.coalesce(self.get(("payload", *path)), self.get(path))
+
+    def present(self, path: tuple[str, ...]) -> np.ndarray:
+        """Debezium: whether the envelope has a non-null struct at `path`."""
+        return pc.or_(
+            pc.is_valid(self.get(("payload", *path))), pc.is_valid(self.get(path))
+        ).to_numpy(zero_copy_only=False)
+
+
+class _Errors:
+    """First failure reason per record of a batch, from vectorized masks."""
+
+    def __init__(self, n: int) -> None:
+        self.reasons: list[str | None] = [None] * n
+
+    def add(self, mask: np.ndarray, reason: str | Callable[[int], str]) -> None:
+        for i in np.flatnonzero(mask):
+            if self.reasons[i] is None:
+                self.reasons[i] = reason(int(i)) if callable(reason) else reason
+
+    def ok(self) -> np.ndarray:
+        return np.array([r is None for r in self.reasons], dtype=bool)
+
+
+class SourceDecoder:
+    """Decodes and validates the messages of one source, a whole poll batch at a time."""
+
+    def __init__(self, spec: SourceSpec) -> None:
+        self.spec = spec
+        self._schema = spec.table_schema
+        self._value_cols = spec.value_columns()
+        self._debezium = spec.format == "debezium"
+        self._out_schema = rows_schema(spec)
+        tree: _Tree = {}
+        prefixes: list[tuple[str, ...]] = (
+            [("before",), ("after",), ("payload", "before"), ("payload", "after")]
+            if self._debezium
+            else [()]
+        )
+        envelopes: list[tuple[str, ...]] = [(), ("payload",)] if self._debezium else [()]
+        for prefix in prefixes:
+            for col in self._value_cols:
+                _tree_insert(tree, prefix + spec.path_of(col), self._schema.column(col).type.arrow)
+        extra: list[tuple[tuple[str, ...], pa.DataType]] = []
+        if self._debezium:
+            extra.append((("op",), pa.string()))
+        elif spec.semantics == "insert_delete":
+            diff_type = pa.int64() if spec.diff_values is None else pa.string()
+            extra.append((split_path(spec.diff_field), diff_type))
+        if spec.delete_field is not None:
+            extra.append((split_path(spec.delete_field), pa.bool_()))
+        upstream = spec.upstream
+        if upstream is not None:
+            if upstream.id.field is not None:
+                id_type = pa.string() if upstream.id_type == "text" else pa.int64()
+                extra.append((split_path(upstream.id.field), id_type))
+            if upstream.count is not None and upstream.count.field is not None:
+                extra.append((split_path(upstream.count.field), pa.int64()))
+        for envelope in envelopes:
+            for path, dtype in extra:
+                _tree_insert(tree, envelope + path, dtype)
+        self._json_schema = pa.schema(_tree_type(tree))
+        self._parse_options = pajson.ParseOptions(
+            explicit_schema=self._json_schema, unexpected_field_behavior="ignore"
+        )
+        # A line must fit in one block of the reader.
+        self._read_options = pajson.ReadOptions(
+            block_size=max(1 << 20, spec.max_value_bytes + 1), use_threads=False
+        )
+
+    # ---- parsing -------------------------------------------------------------------------
+
+    def _read(self, values: Sequence[bytes]) -> pa.Table | None:
+        payload = b"\n".join(values)
+        try:
+            table = pajson.read_json(
+                io.BytesIO(payload),
+                read_options=self._read_options,
+                parse_options=self._parse_options,
+            )
+        except pa.ArrowInvalid:
+            return None
+        # Empty values vanish and two objects on one line count twice: either way the rows no
+        # longer line up with the records, so the batch has a bad record in it.
+        return table if table.num_rows == len(values) else None
+
+    def _parse(self, values: list[bytes]) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
+        """Parse records; returns the table of the good ones, their indices and the bad ones'
+        parse errors by index."""
+        # JSON text never needs a raw line break (strings escape them), so breaks are spaces.
+        joined_breaks = sum(v.count(b"\n") + v.count(b"\r") for v in values)
+        if joined_breaks:
+            values = [v.replace(b"\n", b" ").replace(b"\r", b" ") for v in values]
+        tables: list[pa.Table] = []
+        good: list[np.ndarray] = []
+        errors: dict[int, str] = {}
+
+        def run(lo: int, hi: int) -> None:
+            table = self._read(values[lo:hi])
+            if table is not None:
+                tables.append(table)
+                good.append(np.arange(lo, hi))
+            elif hi - lo == 1:
+                errors[lo] = self._single_error(values[lo])
+            else:
+                mid = (lo + hi) // 2
+                run(lo, mid)
+                run(mid, hi)
+
+        if values:
+            run(0, len(values))
+        table = (
+            pa.concat_tables(tables) if tables else self._json_schema.empty_table()
+        )
+        indices = np.concatenate(good) if good else np.zeros(0, dtype=np.int64)
+        return table, indices, errors
+
+    def _single_error(self, value: bytes) -> str:
+        try:
+            pajson.read_json(
+                io.BytesIO(value),
+                read_options=self._read_options,
+                parse_options=self._parse_options,
+            )
+        except pa.ArrowInvalid as exc:
+            return f"value does not match the schema: {exc}"
+        return "value is not exactly one JSON object"
+
+    # ---- decoding ------------------------------------------------------------------------
+
+    def decode(self, messages: Sequence[Message], seqs: Sequence[int]) -> DecodedBatch:
+        spec = self.spec
+        bad: list[BadRecord] = []
+
+        def reject(i: int, reason: str) -> None:
+            bad.append(self._bad(messages[i], seqs[i], reason))
+
+        candidates: list[int] = []
+        tombstones: list[int] = []
+        upsert = spec.semantics == "upsert"
+        for i, message in enumerate(messages):
+            value = message.value()
+            if upsert and message.key() is None:
+                reject(i, "null message key on an upsert source: the key identifies the row "
+                          "to replace; produce the record with its primary key as the key")
+            elif value is None:
+                tombstones.append(i)
+            elif len(value) > spec.max_value_bytes:
+                reject(i, f"value of {len(value)} bytes exceeds max_value_bytes="
+                          f"{spec.max_value_bytes} of source {spec.name!r}")
+            else:
+                candidates.append(i)
+
+        parts: list[pa.Table] = []
+        parsed, ok, parse_errors = self._parse([messages[i].value() for i in candidates])
+        for local, reason in parse_errors.items():
+            reject(candidates[local], reason)
+        records = np.asarray(candidates, dtype=np.int64)[ok]
+        if len(records):
+            rows, errors = self._rows(_Parsed(parsed), records, messages)
+            for local, reason in enumerate(errors.reasons):
+                if reason is not None:
+                    reject(int(records[local]), reason)
+            parts.append(rows)
+
+        ignored = 0
+        if tombstones:
+            if upsert:
+                rows, reasons = self._tombstone_rows(tombstones, messages)
+                for i, reason in reasons.items():
+                    reject(i, reason)
+                parts.append(rows)
+            elif self._debezium:
+                ignored = len(tombstones)
+                log.debug("source %s: %d Debezium tombstones ignored", spec.name, ignored)
+            else:
+                for i in tombstones:
+                    reject(i, f"null value (tombstone) on a {spec.semantics} source; tombstones "
+                              "delete rows only on upsert sources")
+
+        seq_arr = np.asarray(seqs, dtype=np.int64)
+        out = [
+            p.set_column(p.schema.get_field_index(SEQ), SEQ, pa.array(seq_arr[p.column(SEQ)]))
+            for p in parts
+            if p.num_rows
+        ]
+        table = pa.concat_tables(out) if out else self._out_schema.empty_table()
+        if len(out) > 1:
+            table = table.sort_by(SEQ)
+        return DecodedBatch(rows=table, bad=self._with_upstream(bad), ignored_tombstones=ignored)
+
+    def _rows(
+        self, parsed: _Parsed, records: np.ndarray, messages: Sequence[Message]
+    ) -> tuple[pa.Table, _Errors]:
+        """The rows of the parsed records (SEQ holds the local message index) and the errors of
+        the records that fail validation; only rows of valid records are returned."""
+        spec = self.spec
+        n = len(records)
+        errors = _Errors(n)
+        txid, txcount = self._upstream_columns(parsed, records, messages, errors)
+        meta = self._metadata_columns(records, messages)
+        local = np.arange(n)
+
+        def build(prefix: tuple[str, ...], which: np.ndarray, diff: int | pa.Array,
+                  delete: bool, required: list[str]) -> tuple[pa.Table, np.ndarray]:
+            cols: dict[str, pa.Array] = {}
+            for col in spec.table_schema.names:
+                if col in meta:
+                    cols[col] = meta[col]
+                elif self._debezium:
+                    cols[col] = parsed.envelope((*prefix, *spec.path_of(col)))
+                else:
+                    cols[col] = parsed.get(spec.path_of(col))
+            for col in required:
+                missing = pc.is_null(cols[col]).to_numpy(zero_copy_only=False) & which
+                where = spec.fields.get(col, col)
+                errors.add(missing, f"missing or null required field {where!r} "
+                                    f"(column {col!r})")
+            diff_arr = pa.array(np.full(n, diff)) if isinstance(diff, int) else diff
+            table = pa.table(
+                {
+                    **cols,
+                    SEQ: pa.array(records),
+                    DIFF: diff_arr,
+                    DELETE: pa.array(np.full(n, delete)),
+                    TXID: txid,
+                    TXCOUNT: txcount,
+                },
+                schema=self._out_schema,
+            )
+            return table, which
+
+        required_all = [c.name for c in spec.table_schema.columns if not c.nullable]
+        required_keys = list(spec.table_schema.primary_key)
+        pieces: list[tuple[pa.Table, np.ndarray]] = []
+        if self._debezium:
+            op = parsed.envelope(("op",))
+            op_np = np.asarray(op.to_pylist(), dtype=object)
+            known = np.isin(op_np, _DEBEZIUM_OPS)
+            errors.add(~known, lambda i: f"unknown Debezium op {op_np[i]!r}; expected one of "
+                                         "c, r, u, d")
+            has_before = parsed.present(("before",))
+            has_after = parsed.present(("after",))
+            inserts = np.isin(op_np, ("c", "r", "u"))
+            errors.add(inserts & ~has_after, lambda i: f"Debezium op {op_np[i]!r} without "
+                                                       "an 'after' row")
+            if spec.semantics == "upsert":
+                deletes = op_np == "d"
+                errors.add(deletes & ~has_before, "Debezium delete without a 'before' row")
+                pieces.append(build(("after",), inserts, 1, False, required_all))
+                pieces.append(build(("before",), deletes, 1, True, required_keys))
+            else:
+                retracts = np.isin(op_np, ("u", "d"))
+                errors.add(retracts & ~has_before, lambda i: f"Debezium op {op_np[i]!r} without "
+                           "a 'before' row; insert_delete needs full before images (REPLICA "
+                           "IDENTITY FULL), or use semantics 'upsert'")
+                pieces.append(build(("after",), inserts, 1, False, required_all))
+                pieces.append(build(("before",), retracts, -1, False, required_all))
+        elif spec.semantics == "insert_delete":
+            diff = self._diff_column(parsed, errors)
+            pieces.append(build((), local >= 0, diff, False, required_all))
+        elif spec.semantics == "upsert" and spec.delete_field is not None:
+            flag = parsed.get(split_path(spec.delete_field))
+            deletes = pc.fill_null(flag, False).to_numpy(zero_copy_only=False)
+            pieces.append(build((), ~deletes, 1, False, required_all))
+            pieces.append(build((), deletes, 1, True, required_keys))
+        else:
+            pieces.append(build((), local >= 0, 1, False, required_all))
+
+        valid = errors.ok()
+        kept = [t.filter(pa.array(which & valid)) for t, which in pieces]
+        return pa.concat_tables(kept), errors
+
+    def _diff_column(self, parsed: _Parsed, errors: _Errors) -> pa.Array:
+        spec = self.spec
+        raw = parsed.get(split_path(spec.diff_field))
+        if spec.diff_values is None:
+            diff = raw.cast(pa.int64())
+            expected = "a non-zero integer"
+        else:
+            names = pa.array(list(spec.diff_values), pa.string())
+            weights = pa.array(list(spec.diff_values.values()), pa.int64())
+            diff = pc.take(weights, pc.index_in(raw, value_set=names))
+            expected = f"one of {sorted(spec.diff_values)}"
+        invalid = pc.fill_null(pc.equal(diff, 0), True).to_numpy(zero_copy_only=False)
+        errors.add(invalid, f"diff field {spec.diff_field!r} is missing or not {expected}")
+        return pc.fill_null(diff, 0)
+
+    def _upstream_columns(
+        self, parsed: _Parsed, records: np.ndarray, messages: Sequence[Message], errors: _Errors
+    ) -> tuple[pa.Array, pa.Array]:
+        n = len(records)
+        upstream = self.spec.upstream
+        if upstream is None:
+            return pa.nulls(n, pa.string()), pa.nulls(n, pa.int64())
+
+        def read(where: RecordField, dtype: pa.DataType) -> pa.Array:
+            if where.field is not None:
+                path = split_path(where.field)
+                arr = parsed.envelope(path) if self._debezium else parsed.get(path)
+                return arr.cast(dtype)
+            assert where.header is not None
+            raw = [_header(messages[i], where.header) for i in records]
+            texts = pa.array([None if r is None else r.decode("utf-8", "replace") for r in raw])
+            return pc.cast(texts, dtype, safe=False) if dtype != pa.string() else texts
+
+        txid = read(upstream.id, pa.string())
+        errors.add(pc.is_null(txid).to_numpy(zero_copy_only=False),
+                   f"no upstream transaction id ({self._where(upstream.id)})")
+        if upstream.count is None:
+            return txid, pa.nulls(n, pa.int64())
+        txcount = read(upstream.count, pa.int64())
+        errors.add(pc.fill_null(pc.less(txcount, 1), True).to_numpy(zero_copy_only=False),
+                   f"no positive upstream record count ({self._where(upstream.count)})")
+        return txid, txcount
+
+    @staticmethod
+    def _where(where: RecordField) -> str:
+        return f"field {where.field!r}" if where.field is not None else f"header {where.header!r}"
+
+    def _metadata_columns(
+        self, records: np.ndarray, messages: Sequence[Message]
+    ) -> dict[str, pa.Array]:
+        out: dict[str, pa.Array] = {}
+        for col, part in self.spec.metadata.items():
+            dtype = self._schema.column(col).type.arrow
+            picked = [messages[i] for i in records]
+            if part is KafkaMetadata.KEY:
+                keys = [m.key() for m in picked]
+                values: list[Any] = [None if k is None else k.decode("utf-8", "replace")
+                                     for k in keys]
+            elif part is KafkaMetadata.HEADERS:
+                values = [
+                    json.dumps({k: (v or b"").decode("utf-8", "replace")
+                                for k, v in (m.headers() or ())})
+                    for m in picked
+                ]
+            elif part is KafkaMetadata.TOPIC:
+                values = [m.topic() for m in picked]
+            elif part is KafkaMetadata.PARTITION:
+                values = [m.partition() for m in picked]
+            elif part is KafkaMetadata.OFFSET:
+                values = [m.offset() for m in picked]
+            else:
+                values = [m.timestamp()[1] * 1000 for m in picked]
+                out[col] = pa.array(values, pa.int64()).cast(dtype)
+                continue
+            out[col] = pa.array(values, dtype)
+        return out
+
+    def _tombstone_rows(
+        self, indices: list[int], messages: Sequence[Message]
+    ) -> tuple[pa.Table, dict[int, str]]:
+        """Upsert deletes from tombstones: the key columns come from the message key (a JSON
+        object of the key columns, optionally in a Debezium `payload`, or for a one-column key
+        its JSON scalar or raw text). Tombstones are few, so this is per record."""
+        pk = list(self._schema.primary_key)
+        rows: list[dict[str, Any]] = []
+        kept: list[int] = []
+        errors: dict[int, str] = {}
+        upstream = self.spec.upstream
+        for i in indices:
+            raw = messages[i].key()
+            assert raw is not None  # null keys on upsert sources are rejected before
+            try:
+                key: Any = json.loads(raw)
+            except ValueError:
+                key = raw.decode("utf-8", "replace")
+            if isinstance(key, dict) and isinstance(key.get("payload"), dict):
+                key = key["payload"]
+            row = {c: key.get(c) for c in pk} if isinstance(key, dict) else (
+                {pk[0]: key} if len(pk) == 1 else {}
+            )
+            if any(row.get(c) is None for c in pk):
+                errors[i] = (f"tombstone key {raw[:200]!r} does not carry the primary key "
+                             f"{pk}; use a JSON object of the key columns as the message key")
+                continue
+            txid = txcount = None
+            if upstream is not None:
+                txid, txcount = self._upstream_of(messages[i], None)
+                if txid is None:
+                    errors[i] = ("tombstone without an upstream transaction id; tombstones have "
+                                 "no value, so put the id in a header")
+                    continue
+            rows.append({**row, SEQ: i, DIFF: 1, DELETE: True, TXID: txid, TXCOUNT: txcount})
+            kept.append(i)
+        try:
+            table = pa.Table.from_pylist(rows, schema=self._out_schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            table = self._out_schema.empty_table()
+            for i, row in zip(kept, rows, strict=True):
+                try:
+                    table = pa.concat_tables(
+                        [table, pa.Table.from_pylist([row], schema=self._out_schema)]
+                    )
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                    errors[i] = f"tombstone key does not match the primary key types: {exc}"
+        return table, errors
+
+    # ---- bad records ---------------------------------------------------------------------
+
+    def _bad(self, message: Message, seq: int, reason: str) -> BadRecord:
+        return BadRecord(
+            source=self.spec.name,
+            topic=message.topic(),
+            partition=message.partition(),
+            offset=message.offset(),
+            seq=int(seq),
+            key=message.key(),
+            value=message.value(),
+            headers=list(message.headers() or ()),
+            error=reason,
+        )
+
+    def _with_upstream(self, bad: list[BadRecord]) -> list[BadRecord]:
+        """Best effort: the upstream transaction of each bad record, so that a poison record
+        still counts towards its transaction's expected count."""
+        if self.spec.upstream is None:
+            return bad
+        return [self._attach(b) for b in bad]
+
+    def _attach(self, bad: BadRecord) -> BadRecord:
+        value: Any = None
+        if bad.value is not None and self.spec.upstream is not None and (
+            self.spec.upstream.id.field is not None
+            or (self.spec.upstream.count is not None and self.spec.upstream.count.field)
+        ):
+            try:
+                value = json.loads(bad.value)
+            except ValueError:
+                value = None
+        txid, txcount = self._upstream_of(bad, value)
+        return bad.model_copy(update={"upstream_id": txid, "upstream_count": txcount})
+
+    def _upstream_of(
+        self, record: Message | BadRecord, value: Any
+    ) -> tuple[str | None, int | None]:
+        upstream = self.spec.upstream
+        assert upstream is not None
+        headers = record.headers if isinstance(record, BadRecord) else (record.headers() or [])
+
+        def read(where: RecordField) -> Any:
+            if where.header is not None:
+                found = next((v for k, v in headers if k == where.header), None)
+                return None if found is None else found.decode("utf-8", "replace")
+            assert where.field is not None
+            path = split_path(where.field)
+            hit = _walk(value, path)
+            if hit is None and self._debezium:
+                hit = _walk(value, ("payload", *path))
+            return hit
+
+        txid = read(upstream.id)
+        count: Any = None if upstream.count is None else read(upstream.count)
+        try:
+            count_int = None if count is None else int(count)
+        except (TypeError, ValueError):
+            count_int = None
+        return (None if txid is None else str(txid)), count_int
+
+
+class DeadLetterWriter:
+    """Writes bad records to the dead-letter topic: original key, value and headers, plus
+    `txstream.*` headers with the source, its coordinates and the error."""
+
+    def __init__(self, bootstrap_servers: str, topic: str) -> None:
+        self.topic = topic
+        self._failures: list[str] = []
+        self._producer = Producer(
+            {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 20}
+        )
+
+    def _on_delivery(self, err: Any, _msg: Message) -> None:
+        if err is not None:
+            self._failures.append(str(err))
+
+    def send(self, bad: BadRecord) -> None:
+        headers = [
+            *bad.headers,
+            ("txstream.error", bad.error.encode()),
+            ("txstream.source", bad.source.encode()),
+            ("txstream.topic", bad.topic.encode()),
+            ("txstream.partition", str(bad.partition).encode()),
+            ("txstream.offset", str(bad.offset).encode()),
+        ]
+        while True:
+            try:
+                self._producer.produce(
+                    self.topic, value=bad.value, key=bad.key, headers=headers,
+                    on_delivery=self._on_delivery,
+                )
+                break
+            except BufferError:  # local queue full: let deliveries drain
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Blocks until every dead letter is acknowledged; raises if any was lost, so that the
+        consumer offsets past them are not committed."""
+        remaining = self._producer.flush(timeout)
+        if remaining or self._failures:
+            failures, self._failures = self._failures, []
+            raise KafkaSourceError(
+                f"dead-letter topic {self.topic!r}: {remaining} record(s) unacknowledged, "
+                f"failures: {failures[:3]}; check the topic exists and is writable"
+            )

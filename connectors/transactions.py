@@ -1,0 +1,622 @@
+"""Transaction builder: Kafka records of all the pipeline's sources -> numbered, consolidated
+transactions of Arrow change tables, with the consumer offsets that are safe to commit after
+each one.
+
+Transaction boundaries (one rule per source, one numbering for the pipeline):
+
+* Sources without upstream transaction ids: their records, in consumption order, form
+  mini-batches closed every `BatchPolicy.max_events` records or `max_delay_ms` after the
+  batch's first record (Pathway's autocommit).
+* Sources with upstream ids (`SourceSpec.upstream`): all records with one id, across every
+  partition and topic, form one transaction. It closes when known complete:
+  - with an expected count carried by the records: as soon as that many records of the id
+    were read (bad records whose id can still be read count too, so a poison record does not
+    hold its transaction back). This holds whatever order partitions are fetched in.
+  - without a count (needs `isolation.level=read_committed`): when every partition it was
+    read from has since delivered a record of another id, or reached its end.
+  An upstream transaction still incomplete `upstream_timeout_ms` after its first record is
+  never emitted; its records go to the dead-letter topic (an aborted transaction that the
+  broker did not filter, or lost records).
+
+Limits: the count rule relies on the count being right; a fully written upstream transaction
+that was aborted is only hidden by the broker (`read_committed` on Apache Kafka). The id-change
+rule assumes one upstream transaction's records are contiguous in each partition (one producer
+writing transactions one after the other, as Debezium does) and that every partition holding
+records of the transaction has delivered them before the others moved on; a partition fetched
+late can split a transaction, which then closes early. Prefer counts when the upstream has them.
+Partitions added to a topic while running are not picked up until restart.
+
+Numbers are assigned when transactions close, in order of completion. Each transaction records
+its upstream id and the offset range of its records per partition (`Transaction.ranges`);
+`state()` / `restore()` carry the next number, the upsert rows, the safe offsets and the ids of
+upstream transactions already emitted whose records lie beyond those offsets, so a restart
+resumes with the next number and emits none of them twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from pydantic import BaseModel, ConfigDict, Field
+
+from connectors.kafka_source import (
+    BOOKKEEPING,
+    DIFF,
+    SEQ,
+    TXCOUNT,
+    TXID,
+    BadRecord,
+    DeadLetterWriter,
+    KafkaSourceError,
+    SourceDecoder,
+)
+from connectors.upsert import UpsertState
+from schemas.sources import BatchPolicy, SourceSpec, SourceSpecError
+
+log = logging.getLogger(__name__)
+
+_BATCH = "_batch"
+_PARTITION = "_partition"
+_OFFSET = "_offset"
+_TP = tuple[str, int]
+Offsets = dict[str, dict[int, int]]
+Ranges = dict[str, dict[int, tuple[int, int]]]
+
+
+class Transaction(BaseModel):
+    """One closed stream transaction."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    number: int
+    # Source name -> its columns + time (= number) + diff, consolidated; every source present.
+    changes: dict[str, pa.Table]
+    # Topic -> partition -> next offset to consume once this transaction is done.
+    offsets: Offsets
+    upstream_id: str | None = None
+    # Topic -> partition -> [first, last + 1) offsets of this transaction's records.
+    ranges: Ranges = Field(default_factory=dict)
+
+
+class TransactionLogEntry(BaseModel):
+    number: int
+    upstream_id: str | None
+    ranges: Ranges
+
+
+class IngestStats(BaseModel):
+    events: int = 0  # records consumed
+    bad_records: int = 0  # records dead-lettered as undecodable or invalid
+    transactions: int = 0  # transactions closed
+    absent_deletes: int = 0  # upsert deletes of keys without a current row
+    unchanged_upserts: int = 0  # upserts equal to the current row
+    ignored_tombstones: int = 0  # Debezium compaction tombstones
+    incomplete_upstream: int = 0  # upstream transactions dead-lettered after the timeout
+    replayed_skipped: int = 0  # records of transactions emitted before a restart
+
+
+class SourceState(BaseModel):
+    """What the builder needs to resume exactly where the last transaction it closed ended."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    next_number: int
+    offsets: Offsets
+    upsert_rows: dict[str, pa.Table] = Field(default_factory=dict)
+    # Upstream transactions already emitted whose records may lie beyond `offsets`.
+    emitted_upstream_ids: list[str] = Field(default_factory=list)
+    log: list[TransactionLogEntry] = Field(default_factory=list)
+
+    def save(self, directory: Path) -> None:
+        """`state.json` plus one Parquet file per upsert source."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, rows in self.upsert_rows.items():
+            pq.write_table(rows, directory / f"upsert-{name}.parquet")
+        meta = self.model_dump(mode="json", exclude={"upsert_rows"})
+        meta["upsert_sources"] = sorted(self.upsert_rows)
+        (directory / "state.json").write_text(json.dumps(meta))
+
+    @classmethod
+    def load(cls, directory: Path) -> SourceState:
+        meta = json.loads((directory / "state.json").read_text())
+        names = meta.pop("upsert_sources")
+        rows = {n: pq.read_table(directory / f"upsert-{n}.parquet") for n in names}
+        return cls.model_validate({**meta, "upsert_rows": rows})
+
+
+@dataclass
+class _Open:
+    """An open transaction: a mini-batch (`batch` set) or an upstream transaction."""
+
+    batch: int | None
+    upstream_id: str | None
+    started: float
+    seen: int = 0
+    expected: int | None = None
+    first: dict[_TP, int] = field(default_factory=dict)
+    last: dict[_TP, int] = field(default_factory=dict)
+    last_seq: int = -1
+
+    @property
+    def key(self) -> str:
+        return f"b:{self.batch}" if self.batch is not None else f"u:{self.upstream_id}"
+
+
+def consolidate(changes: pa.Table, columns: list[str]) -> pa.Table:
+    """Sum the diffs of equal (row, time) and drop zeros."""
+    if changes.num_rows == 0:
+        return changes
+    summed = changes.group_by([*columns, "time"], use_threads=False).aggregate(
+        [("diff", "sum")]
+    )
+    summed = summed.rename_columns([*columns, "time", "diff"])
+    return summed.filter(pc.not_equal(summed.column("diff"), 0)).select([*columns, "time", "diff"])
+
+
+class TransactionBuilder:
+    """Consumes the sources' topics and groups their records into numbered transactions.
+
+    Not thread-safe: one service loop calls `poll`, then `commit` once sinks hold a transaction.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        sources: list[SourceSpec],
+        *,
+        group_id: str,
+        policy: BatchPolicy,
+        dead_letter_topic: str | None = None,
+        first_number: int = 1,
+    ) -> None:
+        if not sources:
+            raise SourceSpecError("a pipeline needs at least one source")
+        names = [s.name for s in sources]
+        topics = [s.topic for s in sources]
+        for label, values in (("source names", names), ("topics", topics)):
+            dupes = sorted({v for v in values if values.count(v) > 1})
+            if dupes:
+                raise SourceSpecError(f"duplicate {label}: {', '.join(dupes)}; give each "
+                                      "source its own name and topic")
+        if policy.isolation_level != "read_committed":
+            uncounted = [s.name for s in sources if s.upstream and s.upstream.count is None]
+            if uncounted:
+                raise SourceSpecError(
+                    f"sources {uncounted} close upstream transactions on id changes, which is "
+                    "only sound with isolation_level='read_committed'; set it, or carry counts"
+                )
+        self._policy = policy
+        self._sources = {s.name: s for s in sources}
+        self._by_topic = {s.topic: s for s in sources}
+        self._decoders = {s.name: SourceDecoder(s) for s in sources}
+        self._upsert = {
+            s.name: UpsertState(s.table_schema) for s in sources if s.semantics == "upsert"
+        }
+        self._dead = (
+            DeadLetterWriter(bootstrap_servers, dead_letter_topic) if dead_letter_topic else None
+        )
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": policy.isolation_level,
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 100,
+            }
+        )
+        self._next_number = first_number
+        self._seq = 0
+        self._positions: dict[_TP, int] = {}
+        self._eof: set[_TP] = set()
+        self._last_key: dict[_TP, str] = {}
+        self._open: dict[str, _Open] = {}
+        self._pending: dict[str, list[pa.Table]] = {s.name: [] for s in sources}
+        self._batch_no = 0
+        self._batch_fill = 0
+        self._batch_started = 0.0
+        self._skip_ids: set[str] = set()
+        self._emitted: dict[str, dict[_TP, int]] = {}  # upstream id -> last offset per partition
+        self._log: list[TransactionLogEntry] = []
+        self._stats = IngestStats()
+        self._assign(None)
+
+    # ---- consumer assignment -------------------------------------------------------------
+
+    def _assign(self, offsets: Offsets | None) -> None:
+        """Assign every partition of every source topic: at `offsets` when restoring, else at
+        the group's committed offsets, else at the beginning."""
+        tps: list[TopicPartition] = []
+        for topic in self._by_topic:
+            meta = self._consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise KafkaSourceError(
+                    f"topic {topic!r} does not exist or has no partitions "
+                    f"({meta.error if meta else 'unknown topic'}); create it before starting"
+                )
+            tps += [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+        if offsets is None:
+            tps = self._consumer.committed(tps, timeout=10)
+        else:
+            for tp in tps:
+                tp.offset = offsets.get(tp.topic, {}).get(tp.partition, OFFSET_BEGINNING)
+        for tp in tps:
+            if tp.offset < 0:
+                tp.offset = OFFSET_BEGINNING
+            else:
+                self._positions[(tp.topic, tp.partition)] = tp.offset
+        self._consumer.assign(tps)
+
+    # ---- polling -------------------------------------------------------------------------
+
+    def poll(self, timeout: float) -> list[Transaction]:
+        """Consume for at most `timeout` seconds (less when an open mini-batch is due) and
+        return the transactions closed so far, in order."""
+        if self._batch_fill:
+            due = self._batch_started + self._policy.max_delay_ms / 1000 - time.monotonic()
+            timeout = max(0.0, min(timeout, due))
+        try:
+            messages = self._consumer.consume(self._policy.max_poll_records, timeout)
+        except KafkaException as exc:
+            raise KafkaSourceError(f"Kafka consumer failed: {exc}") from exc
+        now = time.monotonic()
+        if self._batch_fill and now - self._batch_started >= self._policy.max_delay_ms / 1000:
+            self._seal_batch()
+        records = self._records(messages)
+        if records:
+            self._ingest(records, now)
+        return self._close_ready(now)
+
+    def _records(self, messages: list[Message]) -> list[Message]:
+        records: list[Message] = []
+        for message in messages:
+            error = message.error()
+            if error is None:
+                records.append(message)
+            elif error.code() == KafkaError._PARTITION_EOF:
+                self._eof.add((message.topic(), message.partition()))
+            elif error.fatal():
+                raise KafkaSourceError(f"fatal Kafka error: {error}")
+            else:
+                log.warning("Kafka consumer error (retried by the client): %s", error)
+        return records
+
+    def _seal_batch(self) -> None:
+        self._batch_no += 1
+        self._batch_fill = 0
+
+    def _ingest(self, records: list[Message], now: float) -> None:
+        n = len(records)
+        seq0 = self._seq
+        self._seq += n
+        self._stats.events += n
+        topics = [m.topic() for m in records]
+        partitions = np.fromiter((m.partition() for m in records), np.int64, n)
+        offsets = np.fromiter((m.offset() for m in records), np.int64, n)
+        by_topic: dict[str, list[int]] = {}
+        for i, topic in enumerate(topics):
+            by_topic.setdefault(topic, []).append(i)
+        keys = np.full(n, None, dtype=object)
+        counts = np.full(n, -1, dtype=np.int64)
+        batches = np.full(n, -1, dtype=np.int64)
+
+        # Records of sources without upstream ids fill mini-batches in consumption order.
+        batched = np.sort(np.concatenate(
+            [np.asarray(ix) for t, ix in by_topic.items() if self._by_topic[t].upstream is None]
+            or [np.zeros(0, dtype=np.int64)]
+        ))
+        if len(batched):
+            if self._batch_fill == 0:
+                self._batch_started = now
+            slots = self._batch_fill + np.arange(len(batched))
+            batches[batched] = self._batch_no + slots // self._policy.max_events
+            keys[batched] = [f"b:{b}" for b in batches[batched]]
+            total = self._batch_fill + len(batched)
+            self._batch_no += total // self._policy.max_events
+            self._batch_fill = total % self._policy.max_events
+            if total >= self._policy.max_events and self._batch_fill:
+                self._batch_started = now
+
+        bad: list[BadRecord] = []
+        for topic, idx in by_topic.items():
+            spec = self._by_topic[topic]
+            decoded = self._decoders[spec.name].decode(
+                [records[i] for i in idx], [seq0 + i for i in idx]
+            )
+            self._stats.ignored_tombstones += decoded.ignored_tombstones
+            rows = decoded.rows
+            local = (rows.column(SEQ).to_numpy() - seq0).astype(np.int64)
+            if spec.upstream is not None:
+                txids = rows.column(TXID).to_numpy(zero_copy_only=False)
+                keys[local] = [f"u:{t}" for t in txids]
+                counts[local] = pc.fill_null(rows.column(TXCOUNT), -1).to_numpy()
+                for b in decoded.bad:
+                    if b.upstream_id is not None:
+                        keys[b.seq - seq0] = f"u:{b.upstream_id}"
+                        counts[b.seq - seq0] = b.upstream_count or -1
+                rows, local = self._drop_replayed(rows, local, keys, seq0)
+            rows = rows.append_column(_BATCH, pa.array(batches[local]))
+            rows = rows.append_column(_PARTITION, pa.array(partitions[local]))
+            rows = rows.append_column(_OFFSET, pa.array(offsets[local]))
+            if rows.num_rows:
+                self._pending[spec.name].append(rows)
+            bad += decoded.bad
+        self._dead_letter(bad)
+        self._track(keys, counts, topics, partitions, offsets, seq0, now)
+
+    def _drop_replayed(
+        self, rows: pa.Table, local: np.ndarray, keys: np.ndarray, seq0: int
+    ) -> tuple[pa.Table, np.ndarray]:
+        """After a restore: records of upstream transactions emitted before are not re-read
+        into a second transaction."""
+        if not self._skip_ids or rows.num_rows == 0:
+            return rows, local
+        skip = pc.is_in(rows.column(TXID), value_set=pa.array(sorted(self._skip_ids)))
+        skip_np = pc.fill_null(skip, False).to_numpy(zero_copy_only=False)
+        if not skip_np.any():
+            return rows, local
+        self._stats.replayed_skipped += int(skip_np.sum())
+        keys[local[skip_np]] = None
+        return rows.filter(pa.array(~skip_np)), local[~skip_np]
+
+    def _track(
+        self,
+        keys: np.ndarray,
+        counts: np.ndarray,
+        topics: list[str],
+        partitions: np.ndarray,
+        offsets: np.ndarray,
+        seq0: int,
+        now: float,
+    ) -> None:
+        """Per open transaction: records seen, expected count, offset range per partition."""
+        for i in range(len(topics)):
+            tp = (topics[i], int(partitions[i]))
+            self._positions[tp] = max(self._positions.get(tp, 0), int(offsets[i]) + 1)
+            self._eof.discard(tp)
+        known = np.flatnonzero(keys != None)  # noqa: E711 (elementwise on an object array)
+        if not len(known):
+            return
+        table = pa.table(
+            {
+                "k": pa.array(list(keys[known]), pa.string()),
+                "t": pa.array([topics[i] for i in known], pa.string()),
+                "p": pa.array(partitions[known]),
+                "o": pa.array(offsets[known]),
+                "s": pa.array(known + seq0),
+                "c": pa.array(counts[known]),
+            }
+        )
+        groups = table.group_by(["k", "t", "p"], use_threads=False).aggregate(
+            [("o", "min"), ("o", "max"), ("s", "max"), ("c", "max"), ("o", "count")]
+        ).to_pylist()
+        latest: dict[_TP, tuple[int, str]] = {}
+        for g in groups:
+            key, tp = g["k"], (g["t"], g["p"])
+            txn = self._open.get(key)
+            if txn is None:
+                batch = int(key[2:]) if key.startswith("b:") else None
+                txn = _Open(batch=batch, upstream_id=None if batch is not None else key[2:],
+                            started=now)
+                self._open[key] = txn
+            txn.seen += g["o_count"]
+            if g["c_max"] > 0:
+                txn.expected = g["c_max"]
+            txn.first[tp] = min(txn.first.get(tp, g["o_min"]), g["o_min"])
+            txn.last[tp] = max(txn.last.get(tp, g["o_max"]), g["o_max"])
+            txn.last_seq = max(txn.last_seq, g["s_max"])
+            if g["o_max"] >= latest.get(tp, (-1, ""))[0]:
+                latest[tp] = (g["o_max"], key)
+        for tp, (_, key) in latest.items():
+            self._last_key[tp] = key
+
+    # ---- closing -------------------------------------------------------------------------
+
+    def _complete(self, txn: _Open) -> bool:
+        if txn.batch is not None:
+            return txn.batch < self._batch_no
+        if txn.expected is not None:
+            if txn.seen > txn.expected:
+                log.warning("upstream transaction %s: %d records read, %d announced",
+                            txn.upstream_id, txn.seen, txn.expected)
+            return txn.seen >= txn.expected
+        return all(self._last_key.get(tp) != txn.key or tp in self._eof for tp in txn.last)
+
+    def _close_ready(self, now: float) -> list[Transaction]:
+        timeout = self._policy.upstream_timeout_ms / 1000
+        expired = [t for t in self._open.values()
+                   if t.upstream_id is not None and now - t.started > timeout
+                   and not self._complete(t)]
+        for txn in expired:
+            self._abandon(txn)
+        ready = sorted((t for t in self._open.values() if self._complete(t)),
+                       key=lambda t: t.last_seq)
+        if not ready:
+            return []
+        numbers = {t.key: self._next_number + i for i, t in enumerate(ready)}
+        self._next_number += len(ready)
+        for txn in ready:
+            del self._open[txn.key]
+        per_source = {name: self._take(name, numbers) for name in self._sources}
+        out: list[Transaction] = []
+        still_open = list(self._open.values())
+        for i, txn in enumerate(ready):
+            number = numbers[txn.key]
+            # Offsets are safe up to the first record of any transaction still open then.
+            pinned = still_open + ready[i + 1:]
+            offsets: Offsets = {}
+            for tp, position in self._positions.items():
+                safe = min([position, *(t.first[tp] for t in pinned if tp in t.first)])
+                offsets.setdefault(tp[0], {})[tp[1]] = safe
+            ranges: Ranges = {}
+            for tp, first in txn.first.items():
+                ranges.setdefault(tp[0], {})[tp[1]] = (first, txn.last[tp] + 1)
+            changes = {name: _slice_time(table, number) for name, table in per_source.items()}
+            out.append(Transaction(number=number, changes=changes, offsets=offsets,
+                                   upstream_id=txn.upstream_id, ranges=ranges))
+            self._log.append(TransactionLogEntry(number=number, upstream_id=txn.upstream_id,
+                                                 ranges=ranges))
+            if txn.upstream_id is not None:
+                self._emitted[txn.upstream_id] = dict(txn.last)
+        self._stats.transactions += len(out)
+        return out
+
+    def _take(self, name: str, numbers: dict[str, int]) -> pa.Table:
+        """Removes the rows of the closing transactions from the source's pending rows and
+        returns their changes (columns + time + diff), sorted by time."""
+        spec = self._sources[name]
+        schema = spec.table_schema.arrow_schema(with_changes=True)
+        pending = self._pending[name]
+        if not pending:
+            return schema.empty_table()
+        rows = pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+        if spec.upstream is None:
+            closing = {int(k[2:]): v for k, v in numbers.items() if k.startswith("b:")}
+            key_col, value_set = rows.column(_BATCH), pa.array(list(closing), pa.int64())
+        else:
+            closing = {k[2:]: v for k, v in numbers.items() if k.startswith("u:")}
+            key_col, value_set = rows.column(TXID), pa.array(list(closing), pa.string())
+        where = pc.index_in(key_col, value_set=value_set)
+        number = pc.take(pa.array(list(closing.values()), pa.int64()), where)
+        closed = pc.is_valid(number)
+        self._pending[name] = [rows.filter(pc.invert(closed))] if not pc.all(closed).as_py() else []
+        rows = rows.filter(closed).append_column("time", number.filter(closed))
+        if spec.semantics == "upsert":
+            changes, counts = self._upsert[name].apply(rows)
+            self._stats.absent_deletes += counts.absent_deletes
+            self._stats.unchanged_upserts += counts.unchanged
+        else:
+            cols = spec.table_schema.names
+            changes = consolidate(
+                rows.select([*cols, "time", DIFF]).rename_columns([*cols, "time", "diff"]), cols
+            ).cast(schema)
+        return changes.sort_by("time")
+
+    def _abandon(self, txn: _Open) -> None:
+        """An upstream transaction that never completed: its records go to the dead-letter
+        topic, never into the stream."""
+        del self._open[txn.key]
+        self._stats.incomplete_upstream += 1
+        reason = (
+            f"upstream transaction {txn.upstream_id!r} incomplete after "
+            f"{self._policy.upstream_timeout_ms} ms ({txn.seen} record(s) read"
+            + (f" of {txn.expected} announced" if txn.expected else "")
+            + "); aborted upstream or lost records, not emitted"
+        )
+        log.warning(reason)
+        bad: list[BadRecord] = []
+        for name, pending in self._pending.items():
+            if not pending or self._sources[name].upstream is None:
+                continue
+            rows = pa.concat_tables(pending)
+            mine = pc.fill_null(pc.equal(rows.column(TXID), txn.upstream_id), False)
+            self._pending[name] = [rows.filter(pc.invert(mine))]
+            spec = self._sources[name]
+            for row in rows.filter(mine).to_pylist():
+                value = {k: v for k, v in row.items() if k not in BOOKKEEPING
+                         and not k.startswith("_")}
+                bad.append(BadRecord(
+                    source=name, topic=spec.topic, partition=row[_PARTITION],
+                    offset=row[_OFFSET], seq=row[SEQ], key=None,
+                    value=json.dumps({**value, "diff": row[DIFF]}, default=str).encode(),
+                    headers=[], error=reason, upstream_id=txn.upstream_id,
+                ))
+        self._dead_letter(bad, count=False)
+
+    def _dead_letter(self, bad: list[BadRecord], count: bool = True) -> None:
+        for record in bad:
+            log.warning("bad record in source %s at %s/%d@%d: %s", record.source, record.topic,
+                        record.partition, record.offset, record.error)
+            if self._dead is not None:
+                self._dead.send(record)
+        if count:
+            self._stats.bad_records += len(bad)
+
+    # ---- offsets, state ------------------------------------------------------------------
+
+    def commit(self, transaction: Transaction) -> None:
+        """Commit consumer offsets through `transaction` (after the sinks committed it); dead
+        letters are acknowledged first, so no record is skipped without a trace."""
+        if self._dead is not None:
+            self._dead.flush()
+        tps = [TopicPartition(t, p, o) for t, parts in transaction.offsets.items()
+               for p, o in parts.items()]
+        if tps:
+            try:
+                self._consumer.commit(offsets=tps, asynchronous=False)
+            except KafkaException as exc:
+                raise KafkaSourceError(f"could not commit offsets {transaction.offsets}: "
+                                       f"{exc}") from exc
+        self._log = [e for e in self._log if e.number > transaction.number]
+
+    @property
+    def stats(self) -> IngestStats:
+        return self._stats.model_copy()
+
+    @property
+    def next_number(self) -> int:
+        return self._next_number
+
+    def state(self) -> SourceState:
+        """The state after the last transaction returned by `poll`: call it once those are all
+        processed (a checkpoint then covers them, and a restore resumes right after)."""
+        offsets: Offsets = {}
+        for tp, position in self._positions.items():
+            safe = min([position, *(t.first[tp] for t in self._open.values() if tp in t.first)])
+            offsets.setdefault(tp[0], {})[tp[1]] = safe
+        beyond = [
+            uid for uid, last in self._emitted.items()
+            if any(o >= offsets.get(tp[0], {}).get(tp[1], 0) for tp, o in last.items())
+        ]
+        return SourceState(
+            next_number=self._next_number,
+            offsets=offsets,
+            upsert_rows={name: st.rows for name, st in self._upsert.items()},
+            emitted_upstream_ids=beyond,
+            log=list(self._log),
+        )
+
+    def restore(self, state: SourceState) -> None:
+        """Resume from `state` (before the first poll): numbering, upsert rows, offsets."""
+        if self._seq:
+            raise KafkaSourceError("restore() must be called before the first poll()")
+        missing = set(self._upsert) - set(state.upsert_rows)
+        if missing:
+            raise KafkaSourceError(f"state has no upsert rows for sources {sorted(missing)}; "
+                                   "it was saved by a pipeline with other sources")
+        self._next_number = state.next_number
+        for name, st in self._upsert.items():
+            self._upsert[name] = UpsertState(st.schema, state.upsert_rows[name])
+        self._skip_ids = set(state.emitted_upstream_ids)
+        self._log = list(state.log)
+        self._positions = {}
+        self._assign(state.offsets)
+
+    def close(self) -> None:
+        if self._dead is not None:
+            self._dead.flush()
+        self._consumer.close()
+
+
+def _slice_time(changes: pa.Table, number: int) -> pa.Table:
+    times = changes.column("time").to_numpy()
+    lo, hi = np.searchsorted(times, [number, number + 1])
+    return changes.slice(int(lo), int(hi - lo))
+

@@ -1,0 +1,201 @@
+"""Kafka source specifications and transaction-boundary policy: what the Kafka input side reads,
+how it decodes it and how it groups records into numbered transactions."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from schemas.tables import ColumnType, TableSchema
+
+
+class SourceSpecError(ValueError):
+    """A source specification is inconsistent (bad path, metadata column type, semantics...)."""
+
+
+class KafkaMetadata(StrEnum):
+    """Parts of a Kafka message that can be exposed as a column instead of read from the value."""
+
+    KEY = "key"
+    HEADERS = "headers"
+    TOPIC = "topic"
+    PARTITION = "partition"
+    OFFSET = "offset"
+    TIMESTAMP = "timestamp"
+
+
+# Column types a metadata column may be declared with.
+METADATA_TYPES: dict[KafkaMetadata, frozenset[ColumnType]] = {
+    KafkaMetadata.KEY: frozenset({ColumnType.TEXT}),
+    KafkaMetadata.HEADERS: frozenset({ColumnType.TEXT}),
+    KafkaMetadata.TOPIC: frozenset({ColumnType.TEXT}),
+    KafkaMetadata.PARTITION: frozenset({ColumnType.INT, ColumnType.BIGINT}),
+    KafkaMetadata.OFFSET: frozenset({ColumnType.BIGINT}),
+    KafkaMetadata.TIMESTAMP: frozenset({ColumnType.TIMESTAMP}),
+}
+
+
+def split_path(path: str) -> tuple[str, ...]:
+    """`"a.b.c"` -> `("a", "b", "c")`; empty segments are a user error."""
+    parts = tuple(path.split("."))
+    if not path or any(not p for p in parts):
+        raise SourceSpecError(f"field path {path!r} is not a dotted path like 'order.customer.id'")
+    return parts
+
+
+class RecordField(BaseModel):
+    """A value found either in the message value (dotted JSON path) or in a message header."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    field: str | None = None
+    header: str | None = None
+
+    @model_validator(mode="after")
+    def _one_place(self) -> RecordField:
+        if (self.field is None) == (self.header is None):
+            raise SourceSpecError("give exactly one of 'field' (a dotted JSON path) or 'header'")
+        if self.field is not None:
+            split_path(self.field)
+        return self
+
+
+class UpstreamTransactions(BaseModel):
+    """Where records carry their upstream transaction id, and optionally the expected number of
+    records of that transaction (across every partition and topic of the pipeline's sources).
+
+    With `count`, a transaction closes as soon as that many of its records were read (valid or
+    not). Without it, it closes when every partition it was seen on has moved on to another id
+    or reached its end (needs `isolation.level=read_committed`); see `TransactionBuilder`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: RecordField
+    # JSON type of an id read from a field (header ids are always read as UTF-8 text).
+    id_type: Literal["text", "bigint"] = "text"
+    count: RecordField | None = None
+
+
+class SourceSpec(BaseModel):
+    """One Kafka topic read as one input table."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: str
+    topic: str
+    # `schema` shadows a BaseModel attribute; the alias keeps the user-facing name.
+    table_schema: TableSchema = Field(alias="schema")
+    format: Literal["json", "debezium"] = "json"
+    semantics: Literal["append_only", "upsert", "insert_delete"] = "append_only"
+    # Column name -> dotted path in the JSON value (in `before`/`after` for Debezium); a column
+    # not listed is read from the top-level field of the same name.
+    fields: dict[str, str] = Field(default_factory=dict)
+    # Column name -> message part; these columns are not read from the value.
+    metadata: dict[str, KafkaMetadata] = Field(default_factory=dict)
+    # insert_delete over JSON: the field stating the diff. Without `diff_values` it is a
+    # non-zero integer; with it, a string mapped through it (e.g. {"insert": 1, "delete": -1}).
+    diff_field: str = "diff"
+    diff_values: dict[str, int] | None = None
+    # upsert over JSON: a boolean field that marks a delete of the record's key.
+    delete_field: str | None = None
+    upstream: UpstreamTransactions | None = None
+    max_value_bytes: int = Field(default=1_000_000, gt=0)
+
+    @property
+    def schema(self) -> TableSchema:  # type: ignore[override]
+        """The table this source feeds (the field is `table_schema`, spelled `schema` outside)."""
+        return self.table_schema
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v:
+            raise SourceSpecError("a source needs a non-empty name")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> SourceSpec:
+        names = set(self.table_schema.names)
+        for col in [*self.fields, *self.metadata]:
+            if col not in names:
+                raise SourceSpecError(
+                    f"source {self.name!r}: {col!r} is not a column of its schema "
+                    f"({', '.join(self.table_schema.names)})"
+                )
+        for path in self.fields.values():
+            split_path(path)
+        overlap = set(self.fields) & set(self.metadata)
+        if overlap:
+            raise SourceSpecError(
+                f"source {self.name!r}: column(s) {sorted(overlap)} are both value fields and "
+                "metadata; list each column in one place"
+            )
+        for col, part in self.metadata.items():
+            ctype = self.table_schema.column(col).type
+            if ctype not in METADATA_TYPES[part]:
+                allowed = ", ".join(sorted(t.value for t in METADATA_TYPES[part]))
+                raise SourceSpecError(
+                    f"source {self.name!r}: metadata column {col!r} ({part.value}) is declared "
+                    f"{ctype.value}; declare it as {allowed}"
+                )
+        if self.semantics == "upsert":
+            if not self.table_schema.primary_key:
+                raise SourceSpecError(
+                    f"source {self.name!r}: upsert semantics needs a primary key in its schema"
+                )
+            meta_keys = set(self.table_schema.primary_key) & set(self.metadata)
+            if meta_keys:
+                raise SourceSpecError(
+                    f"source {self.name!r}: primary key column(s) {sorted(meta_keys)} must come "
+                    "from the value, not from message metadata"
+                )
+        if self.semantics == "insert_delete" and self.format == "json":
+            split_path(self.diff_field)
+            if self.diff_field in names:
+                raise SourceSpecError(
+                    f"source {self.name!r}: diff_field {self.diff_field!r} is also a column; the "
+                    "diff is change metadata, remove it from the schema"
+                )
+        if self.format == "debezium" and self.semantics == "append_only":
+            raise SourceSpecError(
+                f"source {self.name!r}: Debezium envelopes carry deletes and updates; use "
+                "semantics 'insert_delete' (before -> -1, after -> +1) or 'upsert'"
+            )
+        if self.diff_values is not None and any(v == 0 for v in self.diff_values.values()):
+            raise SourceSpecError(f"source {self.name!r}: diff_values may not map to 0")
+        if self.delete_field is not None:
+            split_path(self.delete_field)
+            if self.semantics != "upsert" or self.format != "json":
+                raise SourceSpecError(
+                    f"source {self.name!r}: delete_field applies to JSON upsert sources only"
+                )
+        return self
+
+    def value_columns(self) -> list[str]:
+        """Columns read from the message value, in schema order."""
+        return [c for c in self.table_schema.names if c not in self.metadata]
+
+    def path_of(self, column: str) -> tuple[str, ...]:
+        return split_path(self.fields.get(column, column))
+
+
+class BatchPolicy(BaseModel):
+    """Transaction boundaries for the whole pipeline.
+
+    Records of sources without upstream transaction ids form mini-batches: a batch closes after
+    `max_events` records or `max_delay_ms` after its first record, whichever comes first.
+    An upstream transaction not complete `upstream_timeout_ms` after its first record is never
+    emitted: its records go to the dead-letter topic (an aborted or lost upstream transaction).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_events: int = Field(default=10_000, gt=0)
+    max_delay_ms: int = Field(default=1_000, ge=0)
+    upstream_timeout_ms: int = Field(default=60_000, gt=0)
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    # Upper bound of records taken from the consumer per `poll` call.
+    max_poll_records: int = Field(default=50_000, gt=0)
