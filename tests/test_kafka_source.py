@@ -4,118 +4,28 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-import uuid
-from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from kafka_helpers import (  # noqa: F401 (fixtures by name)
+    FAST,
+    ORDERS,
+    Record,
+    builders_fixture,
+    dlq_fixture,
+    integrate,
+    make_builder,
+    n_events,
+    poll_until,
+    produce,
+    read_dead_letters,
+    rows,
+)
 
-from connectors.transactions import Transaction, TransactionBuilder
-from schemas.sources import BatchPolicy, SourceSpec, UpstreamTransactions
+from connectors.transactions import TransactionBuilder
+from schemas.sources import SourceSpec, UpstreamTransactions
 from schemas.tables import TableSchema
 from service.embedded.kafka import KafkaEndpoint
-
-ORDERS = TableSchema.of({"id": "bigint", "item": "text", "qty": "int"}, primary_key=["id"])
-FAST = BatchPolicy(max_events=1000, max_delay_ms=200, upstream_timeout_ms=3000)
-
-Record = tuple[Any, Any] | tuple[Any, Any, list[tuple[str, bytes]]]
-
-
-def _bytes(x: Any) -> bytes | None:
-    if x is None or isinstance(x, bytes):
-        return x
-    return (x if isinstance(x, str) else json.dumps(x)).encode()
-
-
-def produce(kafka: KafkaEndpoint, topic: str, records: list[Record], partition: int = 0) -> None:
-    """(key, value[, headers]); dicts become JSON, None stays null."""
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
-    for rec in records:
-        key, value = rec[0], rec[1]
-        headers = rec[2] if len(rec) > 2 else None  # type: ignore[misc]
-        producer.produce(topic, key=_bytes(key), value=_bytes(value), headers=headers,
-                         partition=partition)
-    assert producer.flush(10) == 0
-
-
-@pytest.fixture
-def dlq(kafka: KafkaEndpoint) -> str:
-    name = f"dlq-{uuid.uuid4().hex[:10]}"
-    kafka.create_topic(name, 1)
-    return name
-
-
-def make_builder(kafka: KafkaEndpoint, sources: list[SourceSpec], dlq: str | None = None,
-                 policy: BatchPolicy = FAST) -> TransactionBuilder:
-    return TransactionBuilder(kafka.bootstrap_servers, sources, group_id=uuid.uuid4().hex,
-                              policy=policy, dead_letter_topic=dlq)
-
-
-@pytest.fixture
-def builders() -> Iterator[list[TransactionBuilder]]:
-    made: list[TransactionBuilder] = []
-    yield made
-    for b in made:
-        b.close()
-
-
-def poll_until(builder: TransactionBuilder, done: Any, deadline_s: float = 10.0
-               ) -> list[Transaction]:
-    """Poll until `done(transactions so far)`; bounded."""
-    out: list[Transaction] = []
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        out += builder.poll(0.2)
-        if done(out):
-            return out
-    raise AssertionError(f"gave up after {deadline_s}s with {len(out)} transactions: "
-                         f"{[(t.number, rows(t)) for t in out]}")
-
-
-def rows(t: Transaction, source: str | None = None) -> list[dict[str, Any]]:
-    tables = [t.changes[source]] if source else list(t.changes.values())
-    found = [r for table in tables for r in table.to_pylist()]
-    return sorted(found, key=lambda r: (
-        json.dumps({k: v for k, v in r.items() if k != "diff"}, sort_keys=True, default=str),
-        r["diff"],
-    ))
-
-
-def integrate(transactions: list[Transaction], source: str) -> dict[tuple, int]:
-    """The table after all the transactions, as a multiset of rows."""
-    total: dict[tuple, int] = {}
-    for t in transactions:
-        for r in t.changes[source].to_pylist():
-            assert r["time"] == t.number
-            row = tuple((k, v) for k, v in r.items() if k not in ("time", "diff"))
-            total[row] = total.get(row, 0) + r["diff"]
-    return {k: v for k, v in total.items() if v}
-
-
-def read_dead_letters(kafka: KafkaEndpoint, topic: str, n: int) -> list[dict[str, Any]]:
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers,
-                         "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    out: list[dict[str, Any]] = []
-    end = time.monotonic() + 15
-    try:
-        while len(out) < n and time.monotonic() < end:
-            m = consumer.poll(0.5)
-            if m is None or m.error():
-                continue
-            headers = {k: v.decode() for k, v in m.headers() or ()}
-            out.append({"value": m.value(), "key": m.key(), **headers})
-    finally:
-        consumer.close()
-    return out
-
-
-def n_events(n: int) -> Any:
-    return lambda ts: sum(sum(t.num_rows for t in x.changes.values()) for x in ts) >= n
-
 
 # ---- append_only and mini-batches ---------------------------------------------------------
 
@@ -270,3 +180,97 @@ def test_schema_alias_and_arrow_types() -> None:
     spec = SourceSpec(name="s", topic="t", schema=ORDERS)
     assert spec.schema is ORDERS and spec.table_schema is ORDERS
     assert pa.int32() == spec.schema.arrow_schema().field("qty").type
+
+
+# ---- formats: nested paths, metadata, insert_delete, Debezium -----------------------------
+
+
+def test_nested_paths_and_metadata_columns(kafka: KafkaEndpoint, topic_name: str,
+                                           builders: list[TransactionBuilder]) -> None:
+    kafka.create_topic(topic_name, 1)
+    schema = TableSchema.of({"id": "bigint", "city": "text", "k": "text", "off": "bigint",
+                             "part": "int", "ts": "timestamp", "hdr": "text", "src": "text"})
+    spec = SourceSpec(name="people", topic=topic_name, schema=schema,
+                      fields={"city": "address.city"},
+                      metadata={"k": "key", "off": "offset", "part": "partition",
+                                "ts": "timestamp", "hdr": "headers", "src": "topic"})
+    builders.append(b := make_builder(kafka, [spec]))
+    produce(kafka, topic_name, [
+        ("k1", {"id": 1, "address": {"city": "Oslo", "zip": "0150"}}, [("trace", b"abc")]),
+        (None, {"id": 2, "address": None}),
+    ])
+    (t,) = poll_until(b, lambda ts: len(ts) == 1)
+    r1, r2 = sorted(t.changes["people"].to_pylist(), key=lambda r: r["id"])
+    assert (r1["city"], r1["k"], r1["off"], r1["part"], r1["src"]) == ("Oslo", "k1", 0, 0,
+                                                                       topic_name)
+    assert json.loads(r1["hdr"]) == {"trace": "abc"} and r1["ts"].year >= 2024
+    assert (r2["city"], r2["k"], r2["off"]) == (None, None, 1)
+
+
+def test_insert_delete_json_integer_and_named_diffs(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    other = f"{topic_name}-named"
+    kafka.create_topic(other, 1)
+    numeric = SourceSpec(name="numeric", topic=topic_name, schema=ORDERS,
+                         semantics="insert_delete")
+    named = SourceSpec(name="named", topic=other, schema=ORDERS, semantics="insert_delete",
+                       diff_field="meta.op", diff_values={"insert": 1, "delete": -1})
+    builders.append(b := make_builder(kafka, [numeric, named], dlq))
+    produce(kafka, topic_name, [
+        (None, {"id": 1, "item": "a", "qty": 1, "diff": 1}),
+        (None, {"id": 2, "item": "b", "qty": 1, "diff": 1}),
+        (None, {"id": 2, "item": "b", "qty": 1, "diff": -1}),
+        (None, {"id": 3, "item": "c", "qty": 1, "diff": 0}),  # bad: zero
+        (None, {"id": 4, "item": "d", "qty": 1}),  # bad: no diff
+    ])
+    produce(kafka, other, [
+        (None, {"id": 7, "item": "x", "qty": 1, "meta": {"op": "delete"}}),
+        (None, {"id": 8, "item": "y", "qty": 1, "meta": {"op": "upsert"}}),  # bad: unknown
+    ])
+    txs = poll_until(b, lambda ts: bool(ts) and ts[-1].offsets == {topic_name: {0: 5},
+                                                                   other: {0: 2}})
+    assert integrate(txs, "numeric") == {(("id", 1), ("item", "a"), ("qty", 1)): 1}
+    assert integrate(txs, "named") == {(("id", 7), ("item", "x"), ("qty", 1)): -1}
+    assert b.stats.bad_records == 3
+
+
+def _debezium(op: str, before: dict | None, after: dict | None, wrapped: bool) -> dict:
+    envelope = {"op": op, "before": before, "after": after, "source": {"lsn": 1}}
+    return {"schema": {"type": "struct"}, "payload": envelope} if wrapped else envelope
+
+
+@pytest.mark.parametrize("semantics", ["insert_delete", "upsert"])
+def test_debezium_create_update_delete_snapshot(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder],
+    semantics: str,
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, format="debezium",
+                      semantics=semantics)
+    builders.append(b := make_builder(kafka, [spec], dlq))
+    a1 = {"id": 1, "item": "a", "qty": 1}
+    a2 = {"id": 1, "item": "a", "qty": 2}
+    c3 = {"id": 3, "item": "c", "qty": 3}
+    produce(kafka, topic_name, [
+        ('{"id": 1}', _debezium("r", None, a1, wrapped=True)),
+        ('{"id": 3}', _debezium("c", None, c3, wrapped=False)),
+    ])
+    (t1,) = poll_until(b, lambda ts: len(ts) == 1)
+    produce(kafka, topic_name, [
+        ('{"id": 1}', _debezium("u", a1, a2, wrapped=False)),
+        ('{"id": 3}', _debezium("d", c3, None, wrapped=True)),
+        ('{"id": 3}', None),  # Debezium's tombstone after a delete
+        ('{"id": 9}', _debezium("t", None, None, wrapped=False)),  # truncate: unsupported
+    ])
+    (t2,) = poll_until(b, lambda ts: len(ts) == 1)
+    assert rows(t1) == [{**a1, "time": 1, "diff": 1}, {**c3, "time": 1, "diff": 1}]
+    assert rows(t2) == [{**a1, "time": 2, "diff": -1}, {**a2, "time": 2, "diff": 1},
+                        {**c3, "time": 2, "diff": -1}]
+    assert b.stats.bad_records == 1
+    if semantics == "insert_delete":
+        assert b.stats.ignored_tombstones == 1
+    b.commit(t2)
+    (letter,) = read_dead_letters(kafka, dlq, 1)
+    assert "unknown Debezium op 't'" in letter["txstream.error"]

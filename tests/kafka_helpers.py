@@ -1,0 +1,116 @@
+"""Shared helpers of the Kafka input tests: producing records, polling a builder with a bound,
+integrating transactions, reading the dead-letter topic."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from connectors.transactions import Transaction, TransactionBuilder
+from schemas.sources import BatchPolicy, SourceSpec
+from schemas.tables import TableSchema
+from service.embedded.kafka import KafkaEndpoint
+
+ORDERS = TableSchema.of({"id": "bigint", "item": "text", "qty": "int"}, primary_key=["id"])
+FAST = BatchPolicy(max_events=1000, max_delay_ms=200, upstream_timeout_ms=3000)
+
+Record = tuple[Any, Any] | tuple[Any, Any, list[tuple[str, bytes]]]
+
+
+def _bytes(x: Any) -> bytes | None:
+    if x is None or isinstance(x, bytes):
+        return x
+    return (x if isinstance(x, str) else json.dumps(x)).encode()
+
+
+def produce(kafka: KafkaEndpoint, topic: str, records: list[Record], partition: int = 0) -> None:
+    """(key, value[, headers]); dicts become JSON, None stays null."""
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for rec in records:
+        key, value = rec[0], rec[1]
+        headers = rec[2] if len(rec) > 2 else None  # type: ignore[misc]
+        producer.produce(topic, key=_bytes(key), value=_bytes(value), headers=headers,
+                         partition=partition)
+    assert producer.flush(10) == 0
+
+
+def make_builder(kafka: KafkaEndpoint, sources: list[SourceSpec], dlq: str | None = None,
+                 policy: BatchPolicy = FAST) -> TransactionBuilder:
+    return TransactionBuilder(kafka.bootstrap_servers, sources, group_id=uuid.uuid4().hex,
+                              policy=policy, dead_letter_topic=dlq)
+
+
+def poll_until(builder: TransactionBuilder, done: Any, deadline_s: float = 10.0
+               ) -> list[Transaction]:
+    """Poll until `done(transactions so far)`; bounded."""
+    out: list[Transaction] = []
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        out += builder.poll(0.2)
+        if done(out):
+            return out
+    raise AssertionError(f"gave up after {deadline_s}s with {len(out)} transactions: "
+                         f"{[(t.number, rows(t)) for t in out]}")
+
+
+def rows(t: Transaction, source: str | None = None) -> list[dict[str, Any]]:
+    tables = [t.changes[source]] if source else list(t.changes.values())
+    found = [r for table in tables for r in table.to_pylist()]
+    return sorted(found, key=lambda r: (
+        json.dumps({k: v for k, v in r.items() if k != "diff"}, sort_keys=True, default=str),
+        r["diff"],
+    ))
+
+
+def integrate(transactions: list[Transaction], source: str) -> dict[tuple, int]:
+    """The table after all the transactions, as a multiset of rows."""
+    total: dict[tuple, int] = {}
+    for t in transactions:
+        for r in t.changes[source].to_pylist():
+            assert r["time"] == t.number
+            row = tuple((k, v) for k, v in r.items() if k not in ("time", "diff"))
+            total[row] = total.get(row, 0) + r["diff"]
+    return {k: v for k, v in total.items() if v}
+
+
+def read_dead_letters(kafka: KafkaEndpoint, topic: str, n: int) -> list[dict[str, Any]]:
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers,
+                         "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    out: list[dict[str, Any]] = []
+    end = time.monotonic() + 15
+    try:
+        while len(out) < n and time.monotonic() < end:
+            m = consumer.poll(0.5)
+            if m is None or m.error():
+                continue
+            headers = {k: v.decode() for k, v in m.headers() or ()}
+            out.append({"value": m.value(), "key": m.key(), **headers})
+    finally:
+        consumer.close()
+    return out
+
+
+def n_events(n: int) -> Any:
+    return lambda ts: sum(sum(t.num_rows for t in x.changes.values()) for x in ts) >= n
+
+
+@pytest.fixture(name="dlq")
+def dlq_fixture(kafka: KafkaEndpoint) -> str:
+    name = f"dlq-{uuid.uuid4().hex[:10]}"
+    kafka.create_topic(name, 1)
+    return name
+
+
+@pytest.fixture(name="builders")
+def builders_fixture() -> Iterator[list[TransactionBuilder]]:
+    made: list[TransactionBuilder] = []
+    yield made
+    for b in made:
+        b.close()
