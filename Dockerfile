@@ -37,8 +37,9 @@ COPY schemas ./schemas
 COPY examples ./examples
 RUN pip install --no-deps .
 
-# The event generator of docker-compose.yml and the default pipeline config.
-COPY deploy/generator.py ./deploy/generator.py
+# The event generator of docker-compose.yml, the entrypoint of Spark executor pods (Helm chart
+# with a k8s:// master) and the default pipeline config.
+COPY deploy/generator.py deploy/spark-executor.sh ./deploy/
 COPY deploy/pipeline.yaml /etc/txstream/pipeline.yaml
 
 # The checkpoint dir of deploy/pipeline.yaml, owned by the user so that a volume mounted there

@@ -1,0 +1,157 @@
+"""A real Spark standalone cluster for tests: one master and one worker on 127.0.0.1.
+
+Both daemons come from pyspark's own distribution (`bin/spark-class` under
+`pyspark.find_spark_home`), so no separate Spark download is needed. Drivers run in their own
+processes (see `StandaloneCluster.driver_env`): a process has one SparkContext, and the test
+session's `spark` fixture already holds a local one.
+
+    with standalone_cluster(tmp_path) as cluster:
+        subprocess.run([...], env=cluster.driver_env(), check=True)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.find_spark_home import _find_spark_home
+
+HOST = "127.0.0.1"
+# Executors smaller than the worker's memory, so the worker always has room for one.
+EXECUTOR_MEMORY = "512m"
+
+
+class SparkClusterError(RuntimeError):
+    """The cluster did not come up; the message carries the tail of the daemons' logs."""
+
+
+@dataclass(frozen=True)
+class StandaloneCluster:
+    master_url: str
+    ui_url: str
+    # Holds spark-defaults.conf for the drivers: executors small enough for the worker.
+    conf_dir: Path
+    log_dir: Path
+
+    def driver_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for a driver process (`SPARK_MASTER` is what the service reads)."""
+        env = dict(os.environ if base is None else base)
+        env.update(
+            SPARK_MASTER=self.master_url,
+            SPARK_CONF_DIR=str(self.conf_dir),
+            SPARK_LOCAL_IP=HOST,
+            # Executors run Python workers: the same interpreter and site-packages as the test.
+            PYSPARK_PYTHON=sys.executable,
+            PYSPARK_DRIVER_PYTHON=sys.executable,
+            SPARK_DRIVER_MEMORY="1g",
+        )
+        return env
+
+    def status(self) -> dict[str, Any]:
+        """The master's state as its web UI serves it as JSON (workers, apps)."""
+        with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=5) as response:
+            state: dict[str, Any] = json.load(response)
+        return state
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _log_tail(log_dir: Path, lines: int = 30) -> str:
+    parts = []
+    for log in sorted(log_dir.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.name}\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+@contextmanager
+def _daemon(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run one Spark daemon in its own process group; stop it (and any children) on exit."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@contextmanager
+def standalone_cluster(
+    workdir: Path, cores: int = 1, memory: str = "1g", timeout: float = 120.0
+) -> Iterator[StandaloneCluster]:
+    """Start a master and one worker, wait until the worker registered, stop both on exit."""
+    spark_home = _find_spark_home()
+    spark_class = os.path.join(spark_home, "bin", "spark-class")
+    log_dir = workdir / "logs"
+    conf_dir = workdir / "conf"
+    daemon_conf_dir = workdir / "daemon-conf"
+    for directory in (log_dir, conf_dir, daemon_conf_dir, workdir / "work"):
+        directory.mkdir(parents=True, exist_ok=True)
+    (conf_dir / "spark-defaults.conf").write_text(f"spark.executor.memory {EXECUTOR_MEMORY}\n")
+
+    master_port, ui_port, worker_ui_port = _free_port(), _free_port(), _free_port()
+    cluster = StandaloneCluster(
+        master_url=f"spark://{HOST}:{master_port}",
+        ui_url=f"http://{HOST}:{ui_port}",
+        conf_dir=conf_dir,
+        log_dir=log_dir,
+    )
+    env = dict(os.environ)
+    env.update(
+        SPARK_HOME=spark_home,
+        SPARK_LOCAL_IP=HOST,
+        # The daemons' own heaps (default 1g each): they only schedule, the executor works.
+        SPARK_DAEMON_MEMORY="256m",
+        # An empty conf dir for the daemons: nothing from the machine's Spark setup leaks in.
+        SPARK_CONF_DIR=str(daemon_conf_dir),
+        PYSPARK_PYTHON=sys.executable,
+    )
+    master_args = [spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
+                   "--port", str(master_port), "--webui-port", str(ui_port)]
+    worker_args = [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master_url,
+                   "--host", HOST, "--cores", str(cores), "--memory", memory,
+                   "--webui-port", str(worker_ui_port), "--work-dir", str(workdir / "work")]
+
+    with ExitStack() as stack:
+        daemons = [stack.enter_context(_daemon(master_args, env, log_dir / "master.log")),
+                   stack.enter_context(_daemon(worker_args, env, log_dir / "worker.log"))]
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(proc.poll() is not None for proc in daemons):
+                raise SparkClusterError(f"a Spark daemon exited\n{_log_tail(log_dir)}")
+            try:
+                workers = cluster.status().get("workers", [])
+                if any(worker.get("state") == "ALIVE" for worker in workers):
+                    break
+            except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
+                pass  # the master's UI is not up yet
+            if time.monotonic() > deadline:
+                raise SparkClusterError(
+                    f"no worker registered within {timeout:.0f} s\n{_log_tail(log_dir)}"
+                )
+            time.sleep(0.5)
+        yield cluster

@@ -1,0 +1,140 @@
+"""Spark beyond one process: a real standalone master and worker on 127.0.0.1.
+
+The cluster starts once for this module. Drivers run as subprocesses, each with its own
+SparkContext (see spark_standalone.py).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_standalone import StandaloneCluster, standalone_cluster
+
+TXSTREAM = Path(sys.executable).with_name("txstream")
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with standalone_cluster(tmp_path_factory.mktemp("spark-standalone")) as cluster:
+        yield cluster
+
+
+def test_standalone_cluster_runs_a_job(spark_cluster: StandaloneCluster) -> None:
+    """A groupBy count that runs on the worker's executor, not in the driver."""
+    script = textwrap.dedent(
+        """
+        import json, os
+        from pyspark.sql import SparkSession
+        spark = (SparkSession.builder.master(os.environ["SPARK_MASTER"])
+                 .appName("txstream-cluster-check")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.sql.shuffle.partitions", "2")
+                 .getOrCreate())
+        rows = spark.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect()
+        # Executors besides the driver: the job had somewhere else to run.
+        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+        print(json.dumps({"counts": {r["k"]: r["count"] for r in rows}, "executors": executors}))
+        spark.stop()
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], env=spark_cluster.driver_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = {str(k): sum(1 for i in range(1000) if i % 7 == k) for k in range(7)}
+    assert answer["counts"] == expected
+    assert answer["executors"] == 1
+    finished = [app["name"] for app in spark_cluster.status()["completedapps"]]
+    assert "txstream-cluster-check" in finished
+
+
+def generate_events(seed: int, transactions: int = 60) -> list[dict[str, Any]]:
+    """Random changes to the example's sources, in replay's input format.
+
+    Times start at 1 and never decrease; an update is a -1 of the old row and a +1 of the new
+    one in the same time; a transaction touches each key at most once and often both sources.
+    Amounts are multiples of 0.25, so sums are exact whatever the order Spark adds them in.
+    """
+    rng = random.Random(seed)
+    tables: dict[str, dict[int, dict[str, Any]]] = {"customers": {}, "orders": {}}
+    next_id = {"customers": 1, "orders": 1}
+    events: list[dict[str, Any]] = []
+
+    def emit(time: int, source: str, diff: int, row: dict[str, Any]) -> None:
+        events.append({"source": source, "time": time, "diff": diff, "row": row})
+
+    def new_row(source: str, key: int) -> dict[str, Any]:
+        if source == "customers":
+            return {"customer_id": key, "name": f"c{key}",
+                    "region": rng.choice(["north", "south", "east"])}
+        return {"order_id": key, "customer_id": rng.randint(1, max(next_id["customers"] - 1, 1)),
+                "amount": rng.randint(1, 400) * 0.25,
+                "status": rng.choice(["new", "paid", "shipped"])}
+
+    for time in range(1, transactions + 1):
+        touched: set[tuple[str, int]] = set()
+        for _ in range(rng.randint(1, 5)):
+            source = "customers" if time == 1 or rng.random() < 0.3 else "orders"
+            table = tables[source]
+            if rng.random() < 0.5 or not table:
+                key = next_id[source]
+                next_id[source] += 1
+                table[key] = new_row(source, key)
+                emit(time, source, 1, table[key])
+                touched.add((source, key))
+                continue
+            key = rng.choice(sorted(table))
+            if (source, key) in touched:
+                continue
+            touched.add((source, key))
+            old = table.pop(key)
+            emit(time, source, -1, old)
+            if rng.random() < 0.7:  # an update; otherwise the -1 alone is a delete
+                updated = new_row(source, key)
+                if source == "orders":
+                    updated["customer_id"] = old["customer_id"]
+                table[key] = updated
+                emit(time, source, 1, updated)
+    return events
+
+
+def _replay(events_path: Path, output: Path, env: dict[str, str]) -> list[str]:
+    """Run `txstream replay` on the example pipeline; its output lines, canonical and sorted.
+
+    Sorted: the order of the changes within one transaction is not part of the contract.
+    """
+    result = subprocess.run(
+        [str(TXSTREAM), "replay", "examples.orders:pipeline",
+         "--input", str(events_path), "--output", str(output)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, (
+        f"txstream replay failed ({result.returncode}):\n{result.stderr[-4000:]}"
+    )
+    lines = [line for line in output.read_text().splitlines() if line.strip()]
+    return sorted(json.dumps(json.loads(line), sort_keys=True) for line in lines)
+
+
+def test_replay_on_cluster_matches_local(
+    spark_cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    """The example pipeline's replay gives the same output on the cluster as in local mode."""
+    assert TXSTREAM.exists(), f"{TXSTREAM} missing: install the package (pip install -e .)"
+    events_path = tmp_path / "events.jsonl"
+    events_path.write_text("".join(json.dumps(e) + "\n" for e in generate_events(seed=7)))
+
+    local_env = spark_cluster.driver_env()
+    local_env["SPARK_MASTER"] = "local[2]"
+    local = _replay(events_path, tmp_path / "local.jsonl", local_env)
+    on_cluster = _replay(events_path, tmp_path / "cluster.jsonl", spark_cluster.driver_env())
+
+    assert local, "the local replay produced no output"
+    assert on_cluster == local
