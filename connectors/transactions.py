@@ -288,10 +288,14 @@ class TransactionBuilder:
         records: list[Message] = []
         for message in messages:
             error = message.error()
+            tp = (message.topic(), message.partition())
             if error is None:
                 records.append(message)
+                self._positions[tp] = message.offset() + 1
+                self._eof.discard(tp)
             elif error.code() == KafkaError._PARTITION_EOF:
-                self._eof.add((message.topic(), message.partition()))
+                # In stream order: only records consumed after it clear the flag again.
+                self._eof.add(tp)
             elif error.fatal():
                 raise KafkaSourceError(f"fatal Kafka error: {error}")
             else:
@@ -387,10 +391,6 @@ class TransactionBuilder:
         now: float,
     ) -> None:
         """Per open transaction: records seen, expected count, offset range per partition."""
-        for i in range(len(topics)):
-            tp = (topics[i], int(partitions[i]))
-            self._positions[tp] = max(self._positions.get(tp, 0), int(offsets[i]) + 1)
-            self._eof.discard(tp)
         known = np.flatnonzero(keys != None)  # noqa: E711 (elementwise on an object array)
         if not len(known):
             return

@@ -1,0 +1,336 @@
+"""Transaction boundaries against the broker fixture: upstream transactions (Kafka transactional
+producers, counts, id changes, aborts), several sources with one numbering, state round trips;
+and the vectorized upsert against a row-at-a-time model."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka_helpers import (  # noqa: F401 (fixtures by name)
+    FAST,
+    ORDERS,
+    builders_fixture,
+    dlq_fixture,
+    integrate,
+    make_builder,
+    poll_until,
+    produce,
+    read_dead_letters,
+    rows,
+)
+
+from connectors.kafka_source import DELETE, SEQ
+from connectors.transactions import SourceState, TransactionBuilder
+from connectors.upsert import UpsertState
+from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
+from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+
+COUNTED = UpstreamTransactions(id=RecordField(header="txid"), count=RecordField(header="txn"))
+BY_ID_CHANGE = UpstreamTransactions(id=RecordField(field="tx"), id_type="bigint")
+
+
+def order(i: int, **extra: Any) -> dict[str, Any]:
+    return {"id": i, "item": f"i{i}", "qty": i, **extra}
+
+
+def expect(ids: list[int]) -> dict[tuple, int]:
+    return {(("id", i), ("item", f"i{i}"), ("qty", i)): 1 for i in ids}
+
+
+class UpstreamProducer:
+    """A Kafka transactional producer writing records tagged with an upstream id and count."""
+
+    def __init__(self, kafka: KafkaEndpoint, topic: str, txid: str, count: int) -> None:
+        self.topic, self.txid, self.count = topic, txid, count
+        self.producer = Producer({"bootstrap.servers": kafka.bootstrap_servers,
+                                  "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
+        self.producer.init_transactions(10)
+        self.producer.begin_transaction()
+
+    def send(self, i: int, partition: int, value: bytes | None = None) -> None:
+        self.producer.produce(
+            self.topic, key=str(i).encode(), partition=partition,
+            value=value if value is not None else _json(i),
+            headers=[("txid", self.txid.encode()), ("txn", str(self.count).encode())],
+        )
+
+    def commit(self) -> None:
+        self.producer.commit_transaction(10)
+
+    def abort(self) -> None:
+        self.producer.flush(10)
+        self.producer.abort_transaction(10)
+
+
+def _json(i: int) -> bytes:
+    return f'{{"id": {i}, "item": "i{i}", "qty": {i}}}'.encode()
+
+
+def counted_source(topic: str) -> SourceSpec:
+    return SourceSpec(name="orders", topic=topic, schema=ORDERS, upstream=COUNTED)
+
+
+def test_interleaved_upstream_transactions_over_three_partitions(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 3)
+    builders.append(b := make_builder(kafka, [counted_source(topic_name)]))
+    big = UpstreamProducer(kafka, topic_name, "A", 6)
+    small = UpstreamProducer(kafka, topic_name, "B", 2)
+    # A spans partitions 0, 1, 2; B's records sit between A's in partitions 0 and 2.
+    big.send(1, 0)
+    small.send(10, 0)
+    big.send(2, 1)
+    big.send(3, 2)
+    small.send(11, 2)
+    big.send(4, 0)
+    big.send(5, 1)
+    small.commit()
+    big.send(6, 2)
+    big.commit()
+    txs = poll_until(b, lambda ts: len(ts) == 2)
+    by_id = {t.upstream_id: t for t in txs}
+    assert sorted(by_id) == ["A", "B"] and sorted(t.number for t in txs) == [1, 2]
+    assert integrate([by_id["A"]], "orders") == expect([1, 2, 3, 4, 5, 6])
+    assert integrate([by_id["B"]], "orders") == expect([10, 11])
+    assert set(by_id["A"].ranges[topic_name]) == {0, 1, 2}
+    assert set(by_id["B"].ranges[topic_name]) == {0, 2}
+    # Offsets never pass a record of a transaction still open when this one closed.
+    first, second = sorted(txs, key=lambda t: t.number)
+    for partition, (start, _) in second.ranges[topic_name].items():
+        assert first.offsets[topic_name][partition] <= start
+
+
+def test_aborted_partial_upstream_transaction_never_appears(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
+) -> None:
+    """Two of three announced records, then an abort. Apache Kafka hides them from
+    read_committed consumers; the mock broker delivers them, and the count rule keeps the
+    transaction open until the timeout sends its records to the dead-letter topic."""
+    kafka.create_topic(topic_name, 2)
+    policy = FAST.model_copy(update={"upstream_timeout_ms": 800})
+    builders.append(b := make_builder(kafka, [counted_source(topic_name)], dlq, policy))
+    aborted = UpstreamProducer(kafka, topic_name, "X", 3)
+    aborted.send(100, 0)
+    aborted.send(101, 1)
+    aborted.abort()
+    good = UpstreamProducer(kafka, topic_name, "G", 2)
+    good.send(1, 0)
+    good.send(2, 1)
+    good.commit()
+    txs = poll_until(b, lambda ts: len(ts) == 1)
+    assert txs[0].upstream_id == "G" and integrate(txs, "orders") == expect([1, 2])
+    # Later polls never emit X, whatever the broker delivered.
+    for _ in range(6):
+        txs += b.poll(0.2)
+    assert [t.upstream_id for t in txs] == ["G"]
+    if isinstance(kafka, MockKafkaBroker):
+        assert b.stats.incomplete_upstream == 1
+        b.commit(txs[0])
+        letters = read_dead_letters(kafka, dlq, 2)
+        assert len(letters) == 2 and all("incomplete" in x["txstream.error"] for x in letters)
+
+
+def test_aborted_complete_upstream_transaction_never_appears(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    if isinstance(kafka, MockKafkaBroker):
+        pytest.skip("librdkafka's mock broker delivers aborted transactional records to "
+                    "read_committed consumers; a fully written aborted transaction can only be "
+                    "hidden by a real broker (set KAFKA_BOOTSTRAP_SERVERS)")
+    kafka.create_topic(topic_name, 2)
+    builders.append(b := make_builder(kafka, [counted_source(topic_name)]))
+    aborted = UpstreamProducer(kafka, topic_name, "X", 2)
+    aborted.send(100, 0)
+    aborted.send(101, 1)
+    aborted.abort()
+    good = UpstreamProducer(kafka, topic_name, "G", 1)
+    good.send(1, 1)
+    good.commit()
+    txs = poll_until(b, lambda ts: len(ts) == 1)
+    for _ in range(5):
+        txs += b.poll(0.2)
+    assert [t.upstream_id for t in txs] == ["G"] and integrate(txs, "orders") == expect([1])
+
+
+def test_upstream_ids_closed_by_id_change_and_end_of_partition(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 2)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, upstream=BY_ID_CHANGE)
+    builders.append(b := make_builder(kafka, [spec]))
+    produce(kafka, topic_name, [(None, order(1, tx=7)), (None, order(2, tx=8)),
+                                (None, order(3, tx=9))], partition=0)
+    produce(kafka, topic_name, [(None, order(4, tx=7)), (None, order(5, tx=8))], partition=1)
+    txs = poll_until(b, lambda ts: len(ts) == 3)
+    assert [t.upstream_id for t in txs] == ["7", "8", "9"] and [t.number for t in txs] == [1, 2, 3]
+    assert [integrate([t], "orders") for t in txs] == [expect([1, 4]), expect([2, 5]),
+                                                        expect([3])]
+
+
+def test_poison_record_does_not_hold_back_or_drop_its_transaction(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    builders.append(b := make_builder(kafka, [counted_source(topic_name)], dlq))
+    txn = UpstreamProducer(kafka, topic_name, "P", 3)
+    txn.send(1, 0)
+    txn.send(2, 0, value=b'{"id": 2, "item": ')
+    txn.send(3, 0)
+    txn.commit()
+    (t,) = poll_until(b, lambda ts: len(ts) == 1)
+    assert t.upstream_id == "P" and integrate([t], "orders") == expect([1, 3])
+    assert b.stats.bad_records == 1
+
+
+def test_sources_share_one_numbering_and_one_upstream_transaction_spans_topics(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    other = f"{topic_name}-b"
+    kafka.create_topic(topic_name, 1)
+    kafka.create_topic(other, 1)
+    a = counted_source(topic_name)
+    c = SourceSpec(name="customers", topic=other, schema=ORDERS, semantics="upsert",
+                   upstream=COUNTED)
+    builders.append(b := make_builder(kafka, [a, c]))
+    first = UpstreamProducer(kafka, topic_name, "T1", 3)
+    first.send(1, 0)
+    first.topic = other
+    first.send(50, 0)
+    first.send(51, 0)
+    first.commit()
+    second = UpstreamProducer(kafka, other, "T2", 1)
+    second.send(50, 0, value=_json(50).replace(b'"qty": 50', b'"qty": 0'))
+    second.commit()
+    txs = poll_until(b, lambda ts: len(ts) == 2)
+    assert [(t.number, t.upstream_id) for t in txs] == [(1, "T1"), (2, "T2")]
+    assert integrate(txs[:1], "orders") == expect([1])
+    assert integrate(txs[:1], "customers") == expect([50, 51])
+    assert rows(txs[1], "customers") == [
+        {"id": 50, "item": "i50", "qty": 0, "time": 2, "diff": 1},
+        {"id": 50, "item": "i50", "qty": 50, "time": 2, "diff": -1},
+    ]
+    assert txs[1].changes["orders"].num_rows == 0
+
+
+def test_mixed_batch_and_upstream_sources_number_together(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    other = f"{topic_name}-batch"
+    kafka.create_topic(topic_name, 1)
+    kafka.create_topic(other, 1)
+    batch = SourceSpec(name="events", topic=other, schema=ORDERS)
+    builders.append(b := make_builder(kafka, [counted_source(topic_name), batch]))
+    produce(kafka, other, [(None, order(1)), (None, order(2))])
+    txn = UpstreamProducer(kafka, topic_name, "U", 1)
+    txn.send(3, 0)
+    txn.commit()
+    txs = poll_until(b, lambda ts: len(ts) == 2)
+    assert sorted(t.number for t in txs) == [1, 2]
+    assert integrate(txs, "events") == expect([1, 2])
+    assert integrate(txs, "orders") == expect([3])
+
+
+# ---- restart ------------------------------------------------------------------------------
+
+
+def test_state_round_trip_keeps_numbers_upsert_rows_and_emitted_transactions(
+    kafka: KafkaEndpoint, topic_name: str, tmp_path: Path
+) -> None:
+    """B closes while A is open, so the saved offsets point before B's record: after the
+    restore, B is not emitted again, A gets the next number, and upserts see the old rows."""
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert",
+                      upstream=COUNTED)
+    group = uuid.uuid4().hex
+    first = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=FAST)
+    try:
+        seed = UpstreamProducer(kafka, topic_name, "S", 1)
+        seed.send(1, 0)
+        seed.commit()
+        a = UpstreamProducer(kafka, topic_name, "A", 2)
+        a.send(1, 0, value=_json(1).replace(b'"qty": 1', b'"qty": 9'))
+        a.producer.flush(10)
+        b_txn = UpstreamProducer(kafka, topic_name, "B", 1)
+        b_txn.send(2, 0)
+        b_txn.commit()
+        txs = poll_until(first, lambda ts: len(ts) == 2)
+        assert [(t.number, t.upstream_id) for t in txs] == [(1, "S"), (2, "B")]
+        first.commit(txs[-1])
+        # Pinned before A's first record (which precedes B's), not after B.
+        assert txs[-1].offsets[topic_name][0] < txs[-1].ranges[topic_name][0][0]
+        state = first.state()
+        assert state.emitted_upstream_ids == ["B"] and state.next_number == 3
+        state.save(tmp_path / "ckpt")
+    finally:
+        first.close()
+
+    second = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=FAST)
+    try:
+        second.restore(SourceState.load(tmp_path / "ckpt"))
+        a.send(3, 0)
+        a.commit()
+        (t,) = poll_until(second, lambda ts: len(ts) == 1)
+        assert (t.number, t.upstream_id) == (3, "A")
+        assert rows(t) == [
+            {"id": 1, "item": "i1", "qty": 1, "time": 3, "diff": -1},
+            {"id": 1, "item": "i1", "qty": 9, "time": 3, "diff": 1},
+            {"id": 3, "item": "i3", "qty": 3, "time": 3, "diff": 1},
+        ]
+        assert second.stats.replayed_skipped == 1
+    finally:
+        second.close()
+
+
+# ---- the vectorized upsert against a row-at-a-time model ----------------------------------
+
+_events = st.lists(
+    st.tuples(st.integers(1, 3), st.integers(0, 4), st.one_of(st.none(), st.integers(0, 2))),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(initial=st.dictionaries(st.integers(0, 4), st.integers(0, 2), max_size=4), events=_events)
+def test_upsert_matches_model(initial: dict[int, int], events: list[tuple[int, int, int | None]]
+                              ) -> None:
+    """Events are (transaction, key, qty or None for a delete); several transactions per call."""
+    current = pa.Table.from_pylist([order(k, qty=v, item="x") for k, v in initial.items()],
+                                   schema=ORDERS.arrow_schema())
+    state = UpsertState(ORDERS, current)
+    records = pa.Table.from_pylist(
+        [{"id": k, "item": None if q is None else "x", "qty": q, "time": t, SEQ: i,
+          DELETE: q is None} for i, (t, k, q) in enumerate(events)],
+        schema=pa.schema([*ORDERS.arrow_schema(), pa.field("time", pa.int64()),
+                          pa.field(SEQ, pa.int64()), pa.field(DELETE, pa.bool_())]),
+    )
+    changes, counts = state.apply(records)
+
+    model = dict(initial)
+    expected: list[tuple[int, int, int, int]] = []
+    absent = 0
+    for t in sorted({e[0] for e in events}):
+        last = {k: q for (tt, k, q) in events if tt == t}
+        for k, q in sorted(last.items()):
+            old = model.get(k)
+            if q is None:
+                absent += old is None
+                if old is not None:
+                    expected.append((t, k, old, -1))
+                    del model[k]
+            elif old != q:
+                if old is not None:
+                    expected.append((t, k, old, -1))
+                expected.append((t, k, q, 1))
+                model[k] = q
+    got = sorted((r["time"], r["id"], r["qty"], r["diff"]) for r in changes.to_pylist())
+    assert got == sorted(expected)
+    assert counts.absent_deletes == absent
+    assert sorted((r["id"], r["qty"]) for r in state.rows.to_pylist()) == sorted(model.items())
