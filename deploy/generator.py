@@ -1,6 +1,7 @@
 """A small event generator for docker-compose.yml: upsert records for the example pipeline.
 
-Writes JSON rows keyed by primary key to the `customers` and `orders` topics, the upsert
+Writes JSON rows keyed by primary key (a JSON object of the key columns) to the `customers`
+and `orders` topics, the upsert
 semantics of deploy/pipeline.yaml: a record replaces the row of its key, a tombstone (null
 value) deletes it. It first upserts every customer, then creates orders, updates their status
 or amount, and now and then deletes one, so the snapshot in PostgreSQL keeps changing.
@@ -25,6 +26,7 @@ REGIONS = ("north", "south", "east", "west")
 STATUSES = ("new", "paid", "shipped", "delivered")
 
 Event = tuple[str, int, dict[str, Any] | None]  # (source, primary key, row or None to delete)
+KEY_COLUMNS = {"customers": "customer_id", "orders": "order_id"}
 
 
 def events(rng: random.Random, customers: int) -> Iterator[Event]:
@@ -92,7 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     interval = 1.0 / args.rate
     for count, (source, key, row) in enumerate(events(rng, args.customers), start=1):
         value = None if row is None else json.dumps(row).encode()
-        producer.produce(topics[source], key=str(key).encode(), value=value,
+        # The key as a JSON object of the key columns: a tombstone has only its key to say
+        # which row it deletes.
+        producer.produce(topics[source], key=json.dumps({KEY_COLUMNS[source]: key}).encode(),
+                         value=value,
                          on_delivery=delivered)
         producer.poll(0)
         if count == args.events:
