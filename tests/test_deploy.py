@@ -157,6 +157,24 @@ def test_chart_passes_helm_lint_strict(case: str) -> None:
     assert not problems and not report["errors"], report
 
 
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"spark": {"master": "yarn"}}, "/spark/master"),
+        ({"sprak": {"master": "local[2]"}}, "sprak"),
+        ({"service": {"port": "8080"}}, "/service/port"),
+        ({"pipeline": {"checkpoint": {"dir": "/data"}}}, "/pipeline"),
+        ({"spark": {"conf": {"executor.memory": "2g"}}}, "executor.memory"),
+    ],
+)
+def test_chart_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
+    """values.schema.json, applied by Helm itself: a typo fails the render, not the pod."""
+    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
+    with pytest.raises(helm.HelmValuesError, match="schema") as failure:
+        render(values)
+    assert complaint in str(failure.value)
+
+
 def test_chart_defaults_run_one_hardened_replica_with_probes() -> None:
     objects = render({})
     kinds = by_kind(objects)
