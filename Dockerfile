@@ -49,7 +49,7 @@ RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/txs
     && chown -R txstream:txstream /var/lib/txstream
 USER 10001:10001
 
-# Port of /healthz, /readyz and /metrics: keep equal to `http.port` of the pipeline config.
+# Port of /healthz, /readyz and /metrics: keep equal to `http_port` of the pipeline config.
 ENV TXSTREAM_HEALTHCHECK_PORT=8080
 EXPOSE 8080
 

@@ -163,7 +163,7 @@ def test_chart_passes_helm_lint_strict(case: str) -> None:
         ({"spark": {"master": "yarn"}}, "/spark/master"),
         ({"sprak": {"master": "local[2]"}}, "sprak"),
         ({"service": {"port": "8080"}}, "/service/port"),
-        ({"pipeline": {"checkpoint": {"dir": "/data"}}}, "/pipeline"),
+        ({"pipeline": {"checkpoint_dir": "/data"}}, "/pipeline"),
         ({"spark": {"conf": {"executor.memory": "2g"}}}, "executor.memory"),
     ],
 )
@@ -247,8 +247,8 @@ def test_chart_on_kubernetes_spark_with_object_store_and_service_monitor() -> No
     service = kinds["Service"]
     data = kinds["ConfigMap"]["data"]
     config = yaml.safe_load(data["pipeline.yaml"])
-    assert config["checkpoint"] == {"dir": "s3a://checkpoints/orders"}
-    assert config["http"] == {"port": 9100}
+    assert config["checkpoint_dir"] == "s3a://checkpoints/orders"
+    assert config["http_port"] == 9100
     spark_conf = dict(line.split(" ", 1) for line in data["spark-defaults.conf"].splitlines())
     assert spark_conf["spark.kubernetes.namespace"] == "pipelines"
     assert spark_conf["spark.kubernetes.container.image"] == (
@@ -288,16 +288,20 @@ def test_chart_on_a_standalone_cluster_with_an_existing_claim() -> None:
     assert executor_pod_template(objects) is None
 
 
-def test_pipeline_config_sources_match_the_source_specs() -> None:
-    from schemas.sources import BatchPolicy, SourceSpec
+def test_pipeline_config_is_a_pipeline_config() -> None:
+    """deploy/pipeline.yaml is what `txstream run` accepts, with connections from the env."""
+    from schemas.config import PipelineConfig
 
-    config = yaml.safe_load(PIPELINE.read_text())
-    specs = [SourceSpec.model_validate(source) for source in config["sources"]]
-    assert {spec.name for spec in specs} == {"customers", "orders"}
-    assert all(spec.semantics == "upsert" and spec.schema.primary_key for spec in specs)
-    BatchPolicy.model_validate(config["transactions"])
-    module, function = config["pipeline"].split(":")
-    assert callable(getattr(importlib.import_module(module), function))
+    config = PipelineConfig.from_mapping(
+        yaml.safe_load(PIPELINE.read_text()),
+        env={"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092",
+             "DATABASE_URL": "postgresql://txstream@postgres/txstream"},
+    )
+    assert {source.name for source in config.sources} == {"customers", "orders"}
+    assert all(s.semantics == "upsert" and s.schema.primary_key for s in config.sources)
+    module, function = config.pipeline.split(":")
+    outputs = getattr(importlib.import_module(module), function)().outputs
+    assert {sink.output for sink in config.sinks} == set(outputs)
 
 
 # ---------------------------------------------------------------------------- Dockerfile
