@@ -1,4 +1,4 @@
-"""Table schemas: column names, types and primary keys, and their Arrow / Spark / PostgreSQL types."""
+"""Table schemas: column names, types, primary keys; their Arrow, Spark and PostgreSQL types."""
 
 from __future__ import annotations
 

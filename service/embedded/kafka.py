@@ -43,7 +43,8 @@ class _MockCluster:
     def __init__(self, brokers: int = 1) -> None:
         import confluent_kafka
 
-        libdir = os.path.join(os.path.dirname(confluent_kafka.__file__), "..", "confluent_kafka.libs")
+        package_dir = os.path.dirname(confluent_kafka.__file__)
+        libdir = os.path.join(package_dir, "..", "confluent_kafka.libs")
         paths = glob.glob(os.path.join(libdir, "librdkafka*.so*"))
         if not paths:
             raise KafkaUnavailableError("librdkafka shared library not found in confluent-kafka")
@@ -53,7 +54,9 @@ class _MockCluster:
             ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
         ]
         lib.rd_kafka_new.restype = ctypes.c_void_p
-        lib.rd_kafka_new.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.rd_kafka_new.argtypes = [
+            ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
+        ]
         lib.rd_kafka_mock_cluster_new.restype = ctypes.c_void_p
         lib.rd_kafka_mock_cluster_new.argtypes = [ctypes.c_void_p, ctypes.c_int]
         lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p

@@ -59,7 +59,7 @@ class EmbeddedPostgres:
     """
 
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         self._run_as = self._server_user()
@@ -97,7 +97,8 @@ class EmbeddedPostgres:
                 raise PostgresUnavailableError(f"initdb failed: {res.stderr.strip()}")
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 "
-            f"-c unix_socket_directories={self.data_dir} -c fsync=off "
+            # TCP only: a socket path under a deep work dir can exceed the OS limit.
+            "-c unix_socket_directories='' -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=50"
         )
         res = self._run(

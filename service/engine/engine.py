@@ -109,7 +109,7 @@ class Engine:
 
     def _to_spark(self, op: SourceOp, changes: pa.Table) -> DataFrame:
         name = op.node.label
-        want = op.columns + [TIME, DIFF]
+        want = [*op.columns, TIME, DIFF]
         missing = [c for c in want if c not in changes.column_names]
         if missing:
             raise EngineInputError(f"{name}: changes lack column(s) {', '.join(missing)}")

@@ -398,7 +398,7 @@ class ReduceOp(Operator):
               for c, n in self.nn_names.items()],
         )
         acc_delta = self._cached(acc_delta)
-        touched = acc_delta.select(*key_cols).distinct()
+        touched = self._cached(acc_delta.select(*key_cols).distinct())
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then each transaction's delta.
         timeline = acc_delta

@@ -1,0 +1,86 @@
+"""Sample events for the example pipeline: upserts and deletes of customers and orders.
+
+Messages are keyed by a JSON object of the primary key columns (a tombstone, value null, has only
+its key to say which row it deletes); values are JSON rows. Used by `txstream demo` and by the
+docker-compose event generator.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+REGIONS = ("north", "south", "east", "west")
+STATUSES = ("new", "paid", "shipped", "delivered", "refunded")
+KEY_COLUMNS = {"customers": "customer_id", "orders": "order_id"}
+
+Event = tuple[str, int, dict[str, Any] | None]  # (source, primary key, row; None deletes)
+
+
+@dataclass
+class OrderWorld:
+    """The current rows, as the events so far leave them: what a correct snapshot must show."""
+
+    customers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    orders: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def apply(self, event: Event) -> None:
+        source, key, row = event
+        table = self.customers if source == "customers" else self.orders
+        if row is None:
+            table.pop(key, None)
+        else:
+            table[key] = row
+
+
+def events(rng: random.Random, customers: int) -> Iterator[Event]:
+    """An endless stream: every customer first, then orders created, updated (status or
+    amount), moved between customers, deleted; now and then a customer changes region."""
+    for customer_id in range(1, customers + 1):
+        yield "customers", customer_id, _customer(rng, customer_id)
+    orders: dict[int, dict[str, Any]] = {}
+    next_order_id = 1
+    while True:
+        roll = rng.random()
+        if roll < 0.45 or not orders:
+            row = {
+                "order_id": next_order_id,
+                "customer_id": rng.randint(1, customers),
+                # Whole cents keep sums readable when compared by eye in PostgreSQL.
+                "amount": rng.randint(100, 50_000) / 100,
+                "status": STATUSES[0],
+            }
+            orders[next_order_id] = row
+            next_order_id += 1
+            yield "orders", row["order_id"], row
+        elif roll < 0.85:
+            order_id = rng.choice(list(orders))
+            row = dict(orders[order_id])
+            if rng.random() < 0.7:
+                row["status"] = rng.choice(STATUSES)
+            else:
+                row["amount"] = rng.randint(100, 50_000) / 100
+            orders[order_id] = row
+            yield "orders", order_id, row
+        elif roll < 0.93:
+            customer_id = rng.randint(1, customers)
+            yield "customers", customer_id, _customer(rng, customer_id)
+        else:
+            order_id = rng.choice(list(orders))
+            del orders[order_id]
+            yield "orders", order_id, None
+
+
+def _customer(rng: random.Random, customer_id: int) -> dict[str, Any]:
+    return {"customer_id": customer_id, "name": f"customer {customer_id}",
+            "region": rng.choice(REGIONS)}
+
+
+def encode(event: Event) -> tuple[bytes, bytes | None]:
+    """The Kafka key and value of an event."""
+    source, key, row = event
+    return (json.dumps({KEY_COLUMNS[source]: key}).encode(),
+            None if row is None else json.dumps(row).encode())
