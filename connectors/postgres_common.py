@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
+from connectors.changes import changes_columns
 from connectors.sink import SinkDataError, SinkSchemaError, SinkWriteError
 from schemas.sinks import RetryPolicy
 from schemas.tables import TableSchema
@@ -38,34 +39,6 @@ def check_identifier(name: str, what: str) -> str:
             "PostgreSQL would truncate it, choose a shorter name"
         )
     return name
-
-
-def changes_columns(schema: TableSchema) -> list[str]:
-    return [*schema.names, "time", "diff"]
-
-
-def conform_changes(changes: pa.Table, schema: TableSchema) -> pa.Table:
-    """`changes` with exactly the schema's columns, `time` and `diff`, in order and Arrow types."""
-    expected = schema.arrow_schema(with_changes=True)
-    missing = [n for n in expected.names if n not in changes.column_names]
-    if missing:
-        raise SinkDataError(
-            f"changes lack column(s) {', '.join(missing)}; expected {', '.join(expected.names)}"
-        )
-    try:
-        return changes.select(expected.names).cast(expected)
-    except (ValueError, pa.ArrowNotImplementedError) as exc:  # ArrowInvalid is a ValueError
-        raise SinkDataError(f"changes do not convert to the table's column types: {exc}") from exc
-
-
-def check_unit_diffs(changes: pa.Table) -> None:
-    """A keyed table changes each key by at most one insertion and one deletion per time."""
-    bad = pc.sum(pc.invert(pc.is_in(changes["diff"], pa.array([-1, 1], pa.int64())))).as_py()
-    if bad:
-        raise SinkDataError(
-            f"{bad} change(s) have a diff other than +1/-1: a keyed table holds each key at most "
-            "once, so its changes must be consolidated single insertions and deletions"
-        )
 
 
 def encode_csv(changes: pa.Table) -> bytes:

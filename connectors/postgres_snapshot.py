@@ -20,16 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from connectors.postgres_common import (
-    Connection,
-    changes_columns,
-    check_identifier,
-    check_unit_diffs,
-    conform_changes,
-    copy_into,
-    ensure_table,
-)
-from connectors.sink import SinkDataError, SinkSchemaError
+from connectors.changes import changes_columns, check_unit_diffs, conform_changes
+from connectors.postgres_common import Connection, check_identifier, copy_into, ensure_table
+from connectors.sink import ClosingSink, SinkDataError, SinkSchemaError
 from schemas.sinks import RetryPolicy, TombstonePurge
 from schemas.tables import TableSchema
 
@@ -65,7 +58,7 @@ def last_change_per_key(changes: pa.Table, key: list[str]) -> pa.Table:
     return ordered.filter(first)
 
 
-class PostgresSnapshotSink:
+class PostgresSnapshotSink(ClosingSink):
     """The live snapshot of one keyed output table in `db_schema.table`.
 
     `mode="create"` creates the table if missing and validates an existing one; `"replace"`
@@ -96,7 +89,11 @@ class PostgresSnapshotSink:
         self._url = url
         self._db = Connection(url, self._retry, f"txstream snapshot {table}")
         self._upsert = self._upsert_statement()
-        self._db.run(lambda conn: self._set_up(conn, replace=mode == "replace"))
+        try:
+            self._db.run(lambda conn: self._set_up(conn, replace=mode == "replace"))
+        except BaseException:
+            self._db.close()
+            raise
         self._watermark: int | None = None
         self._purge = purge
         self._stop = threading.Event()

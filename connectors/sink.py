@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
 
 import pyarrow as pa
 
@@ -35,3 +36,17 @@ class Sink(Protocol):
     def write(self, changes: pa.Table) -> None: ...
 
     def close(self) -> None: ...
+
+
+class ClosingSink:
+    """Mixin: a sink used as a context manager is closed on leaving the block."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

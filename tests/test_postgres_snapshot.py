@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from typing import Any
 
 import psycopg
@@ -15,7 +16,7 @@ from psycopg import sql
 
 from connectors.postgres_snapshot import PostgresSnapshotSink
 from connectors.sink import Sink, SinkDataError, SinkSchemaError
-from schemas.sinks import RetryPolicy
+from schemas.sinks import RetryPolicy, TombstonePurge
 from schemas.tables import TableSchema
 from service.embedded.postgres import PostgresEndpoint
 
@@ -49,27 +50,27 @@ def keyed_streams(draw: st.DrawFn) -> tuple[list[list[Change]], dict[int, dict[s
     state: dict[int, dict[str, Any]] = {}
     transactions: list[list[Change]] = []
     names = st.sampled_from(["a", "b", "", "ü"])
-    for time in range(1, draw(st.integers(1, 8)) + 1):
+    for t in range(1, draw(st.integers(1, 8)) + 1):
         txn: list[Change] = []
         for key in draw(st.sets(st.integers(0, 5), max_size=4)):
             new = {"id": key, "name": draw(names), "score": float(draw(st.integers(0, 3)))}
             old = state.get(key)
             action = draw(st.sampled_from(["upsert", "delete"]))
             if old is not None and (action == "delete" or old != new):
-                txn.append((old, time, -1))
+                txn.append((old, t, -1))
                 del state[key]
             if action == "upsert" and (old is None or old != new):
-                txn.append((new, time, 1))
+                txn.append((new, t, 1))
                 state[key] = new
         transactions.append(txn)
     return transactions, state
 
 
 def apply_in_order(url: str, db_schema: str, transactions: list[list[Change]]) -> None:
-    sink = PostgresSnapshotSink(url, "in_order", SCHEMA, db_schema=db_schema, mode="replace")
-    for txn in transactions:
-        sink.write(changes_table(txn))
-    sink.close()
+    with PostgresSnapshotSink(url, "in_order", SCHEMA, db_schema=db_schema,
+                              mode="replace") as sink:
+        for txn in transactions:
+            sink.write(changes_table(txn))
 
 
 @settings(max_examples=20, deadline=None,
@@ -91,33 +92,31 @@ def test_out_of_order_delivery_ends_in_the_in_order_table(
 
     redelivered = transactions + rng.sample(transactions, k=len(transactions) // 2)
     rng.shuffle(redelivered)
-    sink = PostgresSnapshotSink(postgres.url, "shuffled", SCHEMA, db_schema=pg_schema,
-                                mode="replace")
-    for txn in redelivered:
-        sink.write(changes_table(txn))
+    with PostgresSnapshotSink(postgres.url, "shuffled", SCHEMA, db_schema=pg_schema,
+                              mode="replace") as sink:
+        for txn in redelivered:
+            sink.write(changes_table(txn))
     assert whole_table(postgres.url, pg_schema, "shuffled") == expected
 
     singles = [c for txn in transactions for c in txn]
     singles += rng.sample(singles, k=len(singles) // 3)
     rng.shuffle(singles)
-    sink = PostgresSnapshotSink(postgres.url, "shuffled", SCHEMA, db_schema=pg_schema,
-                                mode="replace")
-    while singles:
-        cut = rng.randint(1, 4)
-        sink.write(changes_table(singles[:cut]))
-        singles = singles[cut:]
-    sink.close()
+    with PostgresSnapshotSink(postgres.url, "shuffled", SCHEMA, db_schema=pg_schema,
+                              mode="replace") as sink:
+        while singles:
+            cut = rng.randint(1, 4)
+            sink.write(changes_table(singles[:cut]))
+            singles = singles[cut:]
     assert whole_table(postgres.url, pg_schema, "shuffled") == expected
 
 
 def test_older_insert_after_newer_delete_does_not_resurrect(
         postgres: PostgresEndpoint, pg_schema: str) -> None:
-    sink = PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema)
-    assert isinstance(sink, Sink)
-    row = {"id": 1, "name": "x", "score": 1.0}
-    sink.write(changes_table([(row, 5, -1)]))
-    sink.write(changes_table([(row, 3, 1)]))
-    sink.close()
+    with PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema) as sink:
+        assert isinstance(sink, Sink)
+        row = {"id": 1, "name": "x", "score": 1.0}
+        sink.write(changes_table([(row, 5, -1)]))
+        sink.write(changes_table([(row, 3, 1)]))
     assert whole_table(postgres.url, pg_schema, "t") == [(1, "x", 1.0, 5, -1)]
     assert live(postgres.url, pg_schema, "t_live") == []
 
@@ -155,9 +154,8 @@ def test_refuses_a_table_without_primary_key(postgres: PostgresEndpoint, pg_sche
 @pytest.mark.parametrize("table", ['we"ird', "x; DROP TABLE t; --", "Ünïcødé ☃", "a.b"])
 def test_hostile_table_names_are_quoted(postgres: PostgresEndpoint, pg_schema: str,
                                         table: str) -> None:
-    sink = PostgresSnapshotSink(postgres.url, table, SCHEMA, db_schema=pg_schema)
-    sink.write(changes_table([({"id": 1, "name": "n", "score": 0.5}, 1, 1)]))
-    sink.close()
+    with PostgresSnapshotSink(postgres.url, table, SCHEMA, db_schema=pg_schema) as sink:
+        sink.write(changes_table([({"id": 1, "name": "n", "score": 0.5}, 1, 1)]))
     assert live(postgres.url, pg_schema, f"{table}_live") == [(1, "n", 0.5)]
     with psycopg.connect(postgres.url) as conn:
         tables = conn.execute("SELECT relname FROM pg_class c JOIN pg_namespace n"
@@ -179,69 +177,80 @@ def test_names_postgres_would_truncate_are_refused(postgres: PostgresEndpoint,
 def test_hostile_values(postgres: PostgresEndpoint, pg_schema: str) -> None:
     """Extremes of bigint and double (NaN, infinities, subnormals) and text with quotes,
     commas, newlines and unicode round-trip exactly; empty text stays distinct from NULL."""
-    sink = PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema)
-    values = [
-        (2**63 - 1, 'a "quoted", comma\nnewline\\', math.nan),
-        (-(2**63), "", math.inf),
-        (0, None, -math.inf),
-        (1, "☃ 𝄞 \u200b", 5e-324),
-        (2, "\\N", 1.7976931348623157e308),
-        (3, "NULL", 0.1 + 0.2),
-    ]
-    sink.write(changes_table([({"id": i, "name": n, "score": s}, 1, 1) for i, n, s in values]))
-    got = {r[0]: r for r in live(postgres.url, pg_schema, "t_live")}
-    for i, name, score in values:
-        assert got[i][1] == name
-        assert (math.isnan(got[i][2]) and math.isnan(score)) or got[i][2] == score
-    with pytest.raises(SinkDataError, match="'name' contains a NUL"):
-        sink.write(changes_table([({"id": 9, "name": "a\x00b", "score": 0.0}, 2, 1)]))
-    sink.close()
+    with PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema) as sink:
+        values = [
+            (2**63 - 1, 'a "quoted", comma\nnewline\\', math.nan),
+            (-(2**63), "", math.inf),
+            (0, None, -math.inf),
+            (1, "☃ 𝄞 \u200b", 5e-324),
+            (2, "\\N", 1.7976931348623157e308),
+            (3, "NULL", 0.1 + 0.2),
+        ]
+        sink.write(changes_table([({"id": i, "name": n, "score": s}, 1, 1) for i, n, s in values]))
+        got = {r[0]: r for r in live(postgres.url, pg_schema, "t_live")}
+        for i, name, score in values:
+            assert got[i][1] == name
+            assert (math.isnan(got[i][2]) and math.isnan(score)) or got[i][2] == score
+        with pytest.raises(SinkDataError, match="'name' contains a NUL"):
+            sink.write(changes_table([({"id": 9, "name": "a\x00b", "score": 0.0}, 2, 1)]))
 
 
 def test_bad_batches_are_refused_whole(postgres: PostgresEndpoint, pg_schema: str) -> None:
-    sink = PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema)
-    with pytest.raises(SinkDataError, match="lack column"):
-        sink.write(pa.table({"id": [1], "time": [1], "diff": [1]}))
-    with pytest.raises(SinkDataError, match="diff other than"):
-        sink.write(changes_table([({"id": 1, "name": "a", "score": 1.0}, 1, 2)]))
-    with pytest.raises(SinkDataError, match="'id' with null values"):
-        sink.write(pa.table({"id": pa.array([None], pa.int64()), "name": ["a"],
-                             "score": [1.0], "time": [1], "diff": [1]}))
-    # A constraint the server enforces fails the whole transaction: no row of it is visible.
-    with psycopg.connect(postgres.url, autocommit=True) as conn:
-        conn.execute(sql.SQL("ALTER TABLE {} ADD CHECK (score < 100)").format(
-            sql.Identifier(pg_schema, "t")))
-    batch = [({"id": i, "name": "a", "score": float(i)}, 1, 1) for i in (1, 2, 500)]
-    with pytest.raises(SinkDataError, match="check constraint"):
-        sink.write(changes_table(batch))
-    assert whole_table(postgres.url, pg_schema, "t") == []
-    sink.close()
+    with PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema) as sink:
+        with pytest.raises(SinkDataError, match="lack column"):
+            sink.write(pa.table({"id": [1], "time": [1], "diff": [1]}))
+        with pytest.raises(SinkDataError, match="diff other than"):
+            sink.write(changes_table([({"id": 1, "name": "a", "score": 1.0}, 1, 2)]))
+        with pytest.raises(SinkDataError, match="'id' with null values"):
+            sink.write(pa.table({"id": pa.array([None], pa.int64()), "name": ["a"],
+                                 "score": [1.0], "time": [1], "diff": [1]}))
+        # A constraint the server enforces fails the whole transaction: no row of it is visible.
+        with psycopg.connect(postgres.url, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER TABLE {} ADD CHECK (score < 100)").format(
+                sql.Identifier(pg_schema, "t")))
+        batch = [({"id": i, "name": "a", "score": float(i)}, 1, 1) for i in (1, 2, 500)]
+        with pytest.raises(SinkDataError, match="check constraint"):
+            sink.write(changes_table(batch))
+        assert whole_table(postgres.url, pg_schema, "t") == []
 
 
 def test_connection_loss_is_retried(postgres: PostgresEndpoint, pg_schema: str) -> None:
-    sink = PostgresSnapshotSink(postgres.url, pg_schema, SCHEMA, db_schema=pg_schema,
-                                live_view="t_live",
-                                retry=RetryPolicy(attempts=3, initial_backoff_s=0.01))
-    sink.write(changes_table([({"id": 1, "name": "a", "score": 1.0}, 1, 1)]))
-    with psycopg.connect(postgres.url, autocommit=True) as conn:
-        killed = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                              " WHERE application_name = %s",
-                              [f"txstream snapshot {pg_schema}"]).fetchall()
-    assert killed == [(True,)]
-    sink.write(changes_table([({"id": 2, "name": "b", "score": 2.0}, 2, 1)]))
-    sink.close()
+    retry = RetryPolicy(attempts=3, initial_backoff_s=0.01)
+    with PostgresSnapshotSink(postgres.url, pg_schema, SCHEMA, db_schema=pg_schema,
+                              live_view="t_live", retry=retry) as sink:
+        sink.write(changes_table([({"id": 1, "name": "a", "score": 1.0}, 1, 1)]))
+        with psycopg.connect(postgres.url, autocommit=True) as conn:
+            killed = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                  " WHERE application_name = %s",
+                                  [f"txstream snapshot {pg_schema}"]).fetchall()
+        assert killed == [(True,)]
+        sink.write(changes_table([({"id": 2, "name": "b", "score": 2.0}, 2, 1)]))
     assert [r[0] for r in live(postgres.url, pg_schema, "t_live")] == [1, 2]
 
 
 def test_purge_keeps_tombstones_above_the_watermark(postgres: PostgresEndpoint,
                                                     pg_schema: str) -> None:
-    sink = PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema)
-    rows = [{"id": i, "name": "a", "score": 0.0} for i in range(4)]
-    sink.write(changes_table([(r, 1, 1) for r in rows]))
-    sink.write(changes_table([(rows[0], 2, -1), (rows[1], 3, -1), (rows[2], 4, -1)]))
-    assert sink.purge_tombstones() == 0  # no watermark declared yet: every tombstone may matter
-    sink.advance_watermark(3)
-    assert sink.purge_tombstones() == 2
+    with PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema) as sink:
+        rows = [{"id": i, "name": "a", "score": 0.0} for i in range(4)]
+        sink.write(changes_table([(r, 1, 1) for r in rows]))
+        sink.write(changes_table([(rows[0], 2, -1), (rows[1], 3, -1), (rows[2], 4, -1)]))
+        assert sink.purge_tombstones() == 0  # no watermark declared yet: every tombstone may matter
+        sink.advance_watermark(3)
+        assert sink.purge_tombstones() == 2
+        assert [(r[0], r[3], r[4]) for r in whole_table(postgres.url, pg_schema, "t")] == [
+            (2, 4, -1), (3, 1, 1)]
+
+
+def test_background_purge(postgres: PostgresEndpoint, pg_schema: str) -> None:
+    purge = TombstonePurge(horizon=1, interval_s=0.05)
+    with PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema,
+                              purge=purge) as sink:
+        rows = [{"id": i, "name": "a", "score": 0.0} for i in range(3)]
+        sink.write(changes_table([(r, 1, 1) for r in rows]))
+        sink.write(changes_table([(rows[0], 2, -1), (rows[1], 3, -1)]))
+        sink.advance_watermark(3)  # horizon 1: tombstones up to time 2 may go
+        deadline = time.monotonic() + 10
+        while len(whole_table(postgres.url, pg_schema, "t")) > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert [(r[0], r[3], r[4]) for r in whole_table(postgres.url, pg_schema, "t")] == [
-        (2, 4, -1), (3, 1, 1)]
-    sink.close()
+        (1, 3, -1), (2, 1, 1)]

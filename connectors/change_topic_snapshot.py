@@ -1,0 +1,73 @@
+"""The PostgreSQL live snapshot of a change topic (the `changes` format of `KafkaSink`).
+
+The topic may be written by several producers and is read across partitions in no particular
+time order; the snapshot sink's time guard makes the result independent of that order, and of
+records delivered twice. Offsets are committed only after the batch is in PostgreSQL, so a crash
+redelivers (harmlessly) rather than loses changes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+
+from connectors.change_json import decode_changes
+from connectors.postgres_snapshot import PostgresSnapshotSink
+from connectors.sink import SinkDataError
+
+
+class ChangeTopicSnapshot:
+    """Consumes `topic` as consumer group `group_id` into `sink`."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, group_id: str,
+                 sink: PostgresSnapshotSink, *, batch_size: int = 10_000,
+                 consumer_config: dict[str, str] | None = None) -> None:
+        self.topic = topic
+        self.sink = sink
+        self._batch_size = batch_size
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": group_id,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            **(consumer_config or {}),
+        })
+        self._consumer.subscribe([topic])
+
+    def poll(self, timeout_s: float = 1.0) -> int:
+        """Apply the next batch of changes (up to `batch_size`, waiting up to `timeout_s`) and
+        commit its offsets; the number of changes applied."""
+        messages = self._consumer.consume(self._batch_size, timeout_s)
+        payloads = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(error)
+            payloads.append(self._payload(message))
+        if payloads:
+            self.sink.write(decode_changes(payloads, self.sink.schema))
+        if messages:
+            self._consumer.commit(asynchronous=False)
+        return len(payloads)
+
+    @staticmethod
+    def _payload(message: Message) -> bytes:
+        value = message.value()
+        if value is None:
+            raise SinkDataError(
+                f"{message.topic()}[{message.partition()}]@{message.offset()} has no value; a "
+                "change topic holds one JSON change per message"
+            )
+        return value
+
+    def run(self, stop: threading.Event, timeout_s: float = 1.0) -> None:
+        """Poll until `stop` is set."""
+        while not stop.is_set():
+            self.poll(timeout_s)
+
+    def close(self) -> None:
+        self._consumer.close()

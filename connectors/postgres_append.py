@@ -1,0 +1,80 @@
+"""Every change of an output table appended to a PostgreSQL table ("stream of changes").
+
+The table holds the columns plus `time` (BIGINT) and `diff` (BIGINT: a table without key is a
+multiset, its weights are any integer) and no key. Each write is one COPY in one transaction.
+
+Replays after a crash must not append a transaction twice. The sink assumes it is the table's
+only writer and writes transactions in time order (the engine's output), so it skips every
+change whose time is not above the greatest time already in the table.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg import sql
+
+from connectors.changes import conform_changes
+from connectors.postgres_common import Connection, check_identifier, copy_into, ensure_table
+from connectors.sink import ClosingSink, SinkSchemaError
+from schemas.sinks import RetryPolicy
+from schemas.tables import TableSchema
+
+
+class PostgresAppendSink(ClosingSink):
+    def __init__(self, url: str, table: str, schema: TableSchema, *, db_schema: str = "public",
+                 mode: Literal["create", "replace"] = "create",
+                 retry: RetryPolicy | None = None) -> None:
+        if mode not in ("create", "replace"):
+            raise SinkSchemaError(f"mode must be 'create' or 'replace', not {mode!r}")
+        self.schema = schema
+        self._db_schema = check_identifier(db_schema, "database schema")
+        self._table_name = check_identifier(table, "table")
+        self.table = sql.Identifier(self._db_schema, self._table_name)
+        self._db = Connection(url, retry or RetryPolicy(), f"txstream append {table}")
+        try:
+            self._last_time: int | None = self._db.run(
+                lambda conn: self._set_up(conn, replace=mode == "replace"))
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _set_up(self, conn: psycopg.Connection[tuple[object, ...]], *, replace: bool
+                ) -> int | None:
+        ensure_table(conn, self._db_schema, self._table_name, self.schema, diff_type="BIGINT",
+                     primary_key=(), replace=replace)
+        return self._max_time(conn)
+
+    def write(self, changes: pa.Table) -> None:
+        batch = conform_changes(changes, self.schema)
+        if self._last_time is not None:
+            batch = batch.filter(pc.greater(batch["time"], self._last_time))
+        if batch.num_rows == 0:
+            return
+
+        attempts = 0
+
+        def append(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+            nonlocal attempts
+            attempts += 1
+            rows = batch
+            if attempts > 1:
+                # The previous attempt may have committed before its connection failed.
+                last = self._max_time(conn)
+                if last is not None:
+                    rows = batch.filter(pc.greater(batch["time"], last))
+            with conn.cursor() as cur:
+                copy_into(cur, self.table, rows)
+
+        self._db.run(append)
+        self._last_time = int(pc.max(batch["time"]).as_py())
+
+    def _max_time(self, conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
+        row = conn.execute(sql.SQL('SELECT max("time") FROM {}').format(self.table)).fetchone()
+        return None if row is None or row[0] is None else int(str(row[0]))
+
+    def close(self) -> None:
+        self._db.close()

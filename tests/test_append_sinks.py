@@ -1,0 +1,227 @@
+"""Append-stream sinks (PostgreSQL COPY, Kafka, files) and the snapshot of a change topic,
+against the real PostgreSQL and the Kafka-protocol broker fixtures.
+
+The default broker is librdkafka's mock cluster. It writes transaction markers, but it serves
+records up to the high watermark instead of the last stable offset and does not filter aborted
+records, so under it a `read_committed` consumer does see the records of an open or aborted
+transaction. What it can show, and what these tests check, is that every write is exactly one
+Kafka transaction: its records are contiguous in the partition and followed by exactly one
+transaction marker (an offset no consumer receives). That no record of an open transaction is
+visible to `read_committed` consumers is checked only against a real Kafka
+(`KAFKA_BOOTSTRAP_SERVERS` or testcontainers); under the mock that test is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from psycopg import sql
+
+from connectors.change_json import decode_changes
+from connectors.change_topic_snapshot import ChangeTopicSnapshot
+from connectors.file_sink import FileSink
+from connectors.kafka_sink import KafkaSink
+from connectors.postgres_append import PostgresAppendSink
+from connectors.postgres_snapshot import PostgresSnapshotSink
+from connectors.sink import Sink, SinkSchemaError
+from schemas.sinks import UpdateRecord
+from schemas.tables import TableSchema
+from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from service.embedded.postgres import PostgresEndpoint
+
+SCHEMA = TableSchema.of({"id": "bigint", "name": "text", "score": "double", "at": "timestamp"},
+                        primary_key=["id"])
+
+
+def changes(rows: list[tuple[int, str | None, float, int, int]]) -> pa.Table:
+    """(id, name, score, time, diff) rows; `at` is a fixed instant."""
+    at = pa.scalar(1_700_000_000_000_000, pa.timestamp("us", tz="UTC")).as_py()
+    return pa.Table.from_pylist(
+        [{"id": i, "name": n, "score": s, "at": at, "time": t, "diff": d}
+         for i, n, s, t, d in rows],
+        schema=SCHEMA.arrow_schema(with_changes=True))
+
+
+TXN1 = changes([(1, "a", 1.0, 1, 1), (2, "b\n\"c\"", math.nan, 1, 1), (3, None, -0.0, 1, 1)])
+TXN2 = changes([(1, "a", 1.0, 2, -1), (1, "A", 2.0, 2, 1), (3, None, -0.0, 2, -1)])
+TXN3 = changes([(4, "ü", math.inf, 3, 1), (2, "b\n\"c\"", math.nan, 3, -1)])
+
+
+def same_changes(a: pa.Table, b: pa.Table) -> bool:
+    """Equal as lists of rows, NaN equal to NaN."""
+    def canon(t: pa.Table) -> list[str]:
+        return sorted(json.dumps(r, default=str) for r in t.to_pylist())
+    return canon(a) == canon(b)
+
+
+def test_postgres_append_copies_every_change_once(postgres: PostgresEndpoint,
+                                                  pg_schema: str) -> None:
+    with PostgresAppendSink(postgres.url, "log", SCHEMA, db_schema=pg_schema) as sink:
+        assert isinstance(sink, Sink)
+        sink.write(TXN1)
+        sink.write(TXN2)
+    # A restarted writer replays from its checkpoint: already appended transactions are skipped.
+    again = PostgresAppendSink(postgres.url, "log", SCHEMA, db_schema=pg_schema)
+    again.write(TXN2)
+    again.write(TXN3)
+    again.close()
+    with psycopg.connect(postgres.url) as conn, conn.cursor() as cur:
+        cur.execute(sql.SQL('SELECT * FROM {} ORDER BY "time", id, diff').format(
+            sql.Identifier(pg_schema, "log")))
+        stored = pa.Table.from_pylist(
+            [dict(zip([c.name for c in cur.description or []], r, strict=True))
+             for r in cur.fetchall()], schema=SCHEMA.arrow_schema(with_changes=True))
+    assert same_changes(stored, pa.concat_tables([TXN1, TXN2, TXN3]))
+    with pytest.raises(SinkSchemaError, match="'diff' has type bigint, expected smallint"):
+        PostgresSnapshotSink(postgres.url, "log", SCHEMA, db_schema=pg_schema)
+
+
+def test_jsonl_and_csv_files(tmp_path: Path) -> None:
+    jsonl = FileSink(tmp_path / "out.jsonl", "t", SCHEMA)
+    csv = FileSink(tmp_path / "out.csv", "t", SCHEMA, format="csv")
+    for sink in (jsonl, csv):
+        sink.write(TXN1)
+        sink.close()
+    # Reopened sinks append; a torn JSON line left by a crash is cut off first.
+    with open(tmp_path / "out.jsonl", "ab") as f:
+        f.write(b'{"id": 9, "na')
+    jsonl = FileSink(tmp_path / "out.jsonl", "t", SCHEMA)
+    csv = FileSink(tmp_path / "out.csv", "t", SCHEMA, format="csv")
+    for sink in (jsonl, csv):
+        sink.write(TXN2)
+        sink.close()
+    expected = pa.concat_tables([TXN1, TXN2])
+    lines = (tmp_path / "out.jsonl").read_bytes().splitlines()
+    assert json.loads(lines[1])["score"] == "NaN"
+    assert same_changes(decode_changes(lines, SCHEMA).cast(expected.schema), expected)
+    # Only an unquoted empty field is null ("nan" is a double, "" an empty string).
+    read = pacsv.read_csv(tmp_path / "out.csv", convert_options=pacsv.ConvertOptions(
+        column_types=expected.schema, null_values=[""], strings_can_be_null=True,
+        quoted_strings_can_be_null=False))
+    assert same_changes(read, expected)
+
+
+def test_update_record_files(tmp_path: Path) -> None:
+    sink = FileSink(tmp_path / "updates.jsonl", "t", SCHEMA, format="updates")
+    sink.write(pa.concat_tables([TXN1, TXN2]))
+    sink.close()
+    first, second = (UpdateRecord.model_validate_json(line)
+                     for line in (tmp_path / "updates.jsonl").read_bytes().splitlines())
+    assert (first.time, len(first.added)) == (1, 3)
+    assert [r["id"] for r in second.removed] == [3]
+    assert second.modified_columns == ["name", "score"]
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, count: int,
+               timeout_s: float = 20.0) -> list[Message]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        got += [m for m in consumer.consume(count - len(got), 0.5) if m.error() is None]
+    consumer.close()
+    return got
+
+
+def test_kafka_changes_one_transaction_per_write(kafka: KafkaEndpoint, topic_name: str) -> None:
+    kafka.create_topic(topic_name, 1)
+    sink = KafkaSink(kafka.bootstrap_servers, topic_name, "t", SCHEMA,
+                     transactional_id=f"txn-{topic_name}")
+    for txn in (TXN1, TXN2, TXN3):
+        sink.write(txn)
+    sink.close()
+    messages = read_topic(kafka.bootstrap_servers, topic_name, 1, 8)
+    # Each write's records are contiguous, then one offset holds its commit marker.
+    assert [m.offset() for m in messages] == [0, 1, 2, 4, 5, 6, 8, 9]
+    first = messages[1]
+    assert json.loads(first.key() or b"") == {"id": 2}
+    assert dict(first.headers() or []) == {"time": b"1", "diff": b"1"}
+    decoded = decode_changes([m.value() or b"" for m in messages], SCHEMA)
+    assert same_changes(decoded.cast(TXN1.schema), pa.concat_tables([TXN1, TXN2, TXN3]))
+
+
+def test_kafka_update_records(kafka: KafkaEndpoint, topic_name: str) -> None:
+    kafka.create_topic(topic_name, 1)
+    sink = KafkaSink(kafka.bootstrap_servers, topic_name, "scores", SCHEMA,
+                     transactional_id=f"txn-{topic_name}", format="updates")
+    sink.write(pa.concat_tables([TXN1, TXN2]))
+    sink.close()
+    first, second = read_topic(kafka.bootstrap_servers, topic_name, 1, 2)
+    assert first.key() == b"scores" and dict(second.headers() or []) == {"time": b"2"}
+    record = UpdateRecord.model_validate_json(second.value() or b"")
+    assert [(m.before["name"], m.after["name"]) for m in record.modified] == [("a", "A")]
+
+
+def test_read_committed_never_sees_an_open_transaction(kafka: KafkaEndpoint,
+                                                       topic_name: str) -> None:
+    if isinstance(kafka, MockKafkaBroker):
+        pytest.skip("librdkafka's mock broker serves records of open transactions to "
+                    "read_committed consumers; set KAFKA_BOOTSTRAP_SERVERS to a real Kafka")
+    kafka.create_topic(topic_name, 2)
+    sink = KafkaSink(kafka.bootstrap_servers, topic_name, "t", SCHEMA,
+                     transactional_id=f"txn-{topic_name}")
+    # The steps of `write`, stopped before the commit.
+    messages = sink.messages(TXN1)
+    sink._producer.begin_transaction()
+    sink.produce(messages)
+    sink._producer.flush(10)
+    assert read_topic(kafka.bootstrap_servers, topic_name, 2, 1, timeout_s=3) == []
+    sink._producer.commit_transaction(10)
+    assert len(read_topic(kafka.bootstrap_servers, topic_name, 2, 3)) == 3
+    sink.close()
+
+
+def test_snapshot_from_a_change_topic(postgres: PostgresEndpoint, pg_schema: str,
+                                      kafka: KafkaEndpoint, topic_name: str) -> None:
+    """Two producers write the transactions of one stream, one of them newest first and one
+    transaction twice, into three partitions; the snapshot read back ends as the in-order one."""
+    kafka.create_topic(topic_name, 3)
+    rng = random.Random(7)
+    state: dict[int, tuple[int, str | None, float]] = {}
+    transactions: list[pa.Table] = []
+    for t in range(1, 13):
+        rows: list[tuple[int, str | None, float, int, int]] = []
+        for key in rng.sample(range(8), 3):
+            if key in state:
+                rows.append((*state.pop(key), t, -1))
+            if rng.random() < 0.7:
+                state[key] = (key, rng.choice(["x", "y", None]), float(t))
+                rows.append((*state[key], t, 1))
+        transactions.append(changes(rows))
+    writers = [KafkaSink(kafka.bootstrap_servers, topic_name, "t", SCHEMA,
+                         transactional_id=f"{topic_name}-{w}") for w in range(2)]
+    for txn in transactions[0::2]:
+        writers[0].write(txn)
+    for txn in [*reversed(transactions[1::2]), transactions[3]]:
+        writers[1].write(txn)
+    for writer in writers:
+        writer.close()
+
+    with PostgresSnapshotSink(postgres.url, "snap", SCHEMA, db_schema=pg_schema) as sink:
+        reader = ChangeTopicSnapshot(kafka.bootstrap_servers, topic_name, f"g-{topic_name}", sink,
+                                     batch_size=7)
+        total = sum(t.num_rows for t in transactions) + transactions[3].num_rows
+        applied = 0
+        deadline = time.monotonic() + 30
+        while applied < total and time.monotonic() < deadline:
+            applied += reader.poll(0.5)
+        reader.close()
+    assert applied == total
+    with psycopg.connect(postgres.url) as conn:
+        live: list[tuple[Any, ...]] = conn.execute(sql.SQL(
+            "SELECT id, name, score FROM {} ORDER BY id").format(
+                sql.Identifier(pg_schema, "snap_live"))).fetchall()
+    assert live == sorted(state.values())
