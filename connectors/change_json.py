@@ -19,6 +19,16 @@ import pyarrow.compute as pc
 from connectors.sink import SinkDataError
 from schemas.tables import TableSchema
 
+
+class ChangeDecodeError(SinkDataError):
+    """A JSON change cannot be decoded; `index` is its position in the decoded batch (None when
+    the problem is a column of the whole batch)."""
+
+    def __init__(self, message: str, index: int | None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -73,11 +83,11 @@ def decode_changes(payloads: Iterable[bytes], schema: TableSchema) -> pa.Table:
         try:
             record = json.loads(payload)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise SinkDataError(f"change #{number} is not JSON: {exc}") from exc
+            raise ChangeDecodeError(f"change #{number} is not JSON: {exc}", number) from exc
         if not isinstance(record, dict) or "time" not in record or "diff" not in record:
-            raise SinkDataError(
+            raise ChangeDecodeError(
                 f"change #{number} is not a change object with the columns, 'time' and 'diff'"
-                " (an update-records topic cannot be read back as changes)"
+                " (an update-records topic cannot be read back as changes)", number,
             )
         for name, values in columns.items():
             values.append(record.get(name))
@@ -92,7 +102,8 @@ def decode_changes(payloads: Iterable[bytes], schema: TableSchema) -> pa.Table:
                 continue
             arrays.append(pa.array(values, field.type))
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise SinkDataError(
-                f"column {field.name!r} has a value that is not a {field.type}: {exc}") from exc
+            raise ChangeDecodeError(
+                f"column {field.name!r} has a value that is not a {field.type}: {exc}", None,
+            ) from exc
     # Nullable fields: a sink that needs a value (a key, `time`, `diff`) says which one is null.
     return pa.Table.from_arrays(arrays, names=target.names)

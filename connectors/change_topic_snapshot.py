@@ -12,12 +12,12 @@ import threading
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 
-from connectors.change_json import decode_changes
+from connectors.change_json import ChangeDecodeError, decode_changes
 from connectors.postgres_snapshot import PostgresSnapshotSink
-from connectors.sink import SinkDataError
+from connectors.sink import Closing, SinkDataError
 
 
-class ChangeTopicSnapshot:
+class ChangeTopicSnapshot(Closing):
     """Consumes `topic` as consumer group `group_id` into `sink`."""
 
     def __init__(self, bootstrap_servers: str, topic: str, group_id: str,
@@ -40,27 +40,32 @@ class ChangeTopicSnapshot:
         """Apply the next batch of changes (up to `batch_size`, waiting up to `timeout_s`) and
         commit its offsets; the number of changes applied."""
         messages = self._consumer.consume(self._batch_size, timeout_s)
-        payloads = []
+        records = []
         for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise KafkaException(error)
-            payloads.append(self._payload(message))
-        if payloads:
-            self.sink.write(decode_changes(payloads, self.sink.schema))
+            records.append(message)
+        if records:
+            try:
+                changes = decode_changes([self._payload(m) for m in records], self.sink.schema)
+            except ChangeDecodeError as exc:
+                where = (_where(records[exc.index]) if exc.index is not None
+                         else f"{self.topic} ({_where(records[0])} to {_where(records[-1])})")
+                raise ChangeDecodeError(f"{where}: {exc}", exc.index) from exc
+            self.sink.write(changes)
         if messages:
             self._consumer.commit(asynchronous=False)
-        return len(payloads)
+        return len(records)
 
     @staticmethod
     def _payload(message: Message) -> bytes:
         value = message.value()
         if value is None:
             raise SinkDataError(
-                f"{message.topic()}[{message.partition()}]@{message.offset()} has no value; a "
-                "change topic holds one JSON change per message"
+                f"{_where(message)} has no value; a change topic holds one JSON change per message"
             )
         return value
 
@@ -71,3 +76,7 @@ class ChangeTopicSnapshot:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _where(message: Message) -> str:
+    return f"{message.topic()}[{message.partition()}]@{message.offset()}"

@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.change_json import encode_rows
 from connectors.changes import conform_changes
-from connectors.sink import ClosingSink, SinkWriteError
+from connectors.sink import Closing, SinkWriteError
 from connectors.update_records import update_records
 from schemas.sinks import RetryPolicy
 from schemas.tables import TableSchema
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 Message = tuple[bytes | None, bytes, list[tuple[str, bytes]]]  # key, value, headers
 
 
-class KafkaSink(ClosingSink):
+class KafkaSink(Closing):
     """Writes the changes of `table` to `topic` with the transactional id `transactional_id`.
 
     The transactional id must be stable across restarts of one writer (it fences a zombie

@@ -22,7 +22,7 @@ from psycopg import sql
 
 from connectors.changes import changes_columns, check_unit_diffs, conform_changes
 from connectors.postgres_common import Connection, check_identifier, copy_into, ensure_table
-from connectors.sink import ClosingSink, SinkDataError, SinkSchemaError
+from connectors.sink import Closing, SinkDataError, SinkSchemaError
 from schemas.sinks import RetryPolicy, TombstonePurge
 from schemas.tables import TableSchema
 
@@ -58,7 +58,7 @@ def last_change_per_key(changes: pa.Table, key: list[str]) -> pa.Table:
     return ordered.filter(first)
 
 
-class PostgresSnapshotSink(ClosingSink):
+class PostgresSnapshotSink(Closing):
     """The live snapshot of one keyed output table in `db_schema.table`.
 
     `mode="create"` creates the table if missing and validates an existing one; `"replace"`

@@ -38,8 +38,8 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-class ClosingSink:
-    """Mixin: a sink used as a context manager is closed on leaving the block."""
+class Closing:
+    """Mixin: a sink (or reader) used as a context manager is closed on leaving the block."""
 
     def close(self) -> None:
         raise NotImplementedError

@@ -25,10 +25,10 @@ import psycopg
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 from psycopg import sql
 
-from connectors.change_json import decode_changes
+from connectors.change_json import ChangeDecodeError, decode_changes
 from connectors.change_topic_snapshot import ChangeTopicSnapshot
 from connectors.file_sink import FileSink
 from connectors.kafka_sink import KafkaSink
@@ -210,16 +210,22 @@ def test_snapshot_from_a_change_topic(postgres: PostgresEndpoint, pg_schema: str
     for writer in writers:
         writer.close()
 
-    with PostgresSnapshotSink(postgres.url, "snap", SCHEMA, db_schema=pg_schema) as sink:
-        reader = ChangeTopicSnapshot(kafka.bootstrap_servers, topic_name, f"g-{topic_name}", sink,
-                                     batch_size=7)
-        total = sum(t.num_rows for t in transactions) + transactions[3].num_rows
-        applied = 0
-        deadline = time.monotonic() + 30
+    total = sum(t.num_rows for t in transactions) + transactions[3].num_rows
+    applied = 0
+    deadline = time.monotonic() + 30
+    with (PostgresSnapshotSink(postgres.url, "snap", SCHEMA, db_schema=pg_schema) as sink,
+          ChangeTopicSnapshot(kafka.bootstrap_servers, topic_name, f"g-{topic_name}", sink,
+                              batch_size=7) as reader):
         while applied < total and time.monotonic() < deadline:
             applied += reader.poll(0.5)
-        reader.close()
-    assert applied == total
+        assert applied == total
+        # A record that is no change names its place in the topic.
+        producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+        producer.produce(topic_name, b"not json", partition=1)
+        producer.flush(10)
+        with pytest.raises(ChangeDecodeError, match=rf"{topic_name}\[1\]@\d+: change #0 is"):
+            while time.monotonic() < deadline:
+                reader.poll(0.5)
     with psycopg.connect(postgres.url) as conn:
         live: list[tuple[Any, ...]] = conn.execute(sql.SQL(
             "SELECT id, name, score FROM {} ORDER BY id").format(

@@ -201,6 +201,9 @@ def test_bad_batches_are_refused_whole(postgres: PostgresEndpoint, pg_schema: st
             sink.write(pa.table({"id": [1], "time": [1], "diff": [1]}))
         with pytest.raises(SinkDataError, match="diff other than"):
             sink.write(changes_table([({"id": 1, "name": "a", "score": 1.0}, 1, 2)]))
+        with pytest.raises(SinkDataError, match="do not convert"):  # beyond BIGINT
+            sink.write(pa.table({"id": pa.array([2**64 - 1], pa.uint64()), "name": ["a"],
+                                 "score": [1.0], "time": [1], "diff": [1]}))
         with pytest.raises(SinkDataError, match="'id' with null values"):
             sink.write(pa.table({"id": pa.array([None], pa.int64()), "name": ["a"],
                                  "score": [1.0], "time": [1], "diff": [1]}))
