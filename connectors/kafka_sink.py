@@ -96,15 +96,22 @@ class KafkaSink(Closing):
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                if error.fatal() or attempt == self._retry.attempts:
+                if error.fatal():
+                    raise SinkWriteError(
+                        f"the Kafka producer for topic {self.topic!r} failed fatally: "
+                        f"{error.str()}. Another producer with the same transactional id may "
+                        "have fenced it (use one writer per id); nothing of this write was "
+                        "committed. Create a new sink and write the same changes again"
+                    ) from exc
+                self._abort()
+                if attempt == self._retry.attempts:
                     raise SinkWriteError(
                         f"writing {len(messages)} message(s) to Kafka topic {self.topic!r} failed"
-                        f" after {attempt} attempt(s): {error.str()}. Nothing of them is visible"
-                        " to read_committed consumers; write the same changes again"
+                        f" {attempt} times, last: {error.str()}. The transaction was aborted, so"
+                        " read_committed consumers see none of it; write the same changes again"
                     ) from exc
                 log.warning("Kafka transaction failed (attempt %d), retrying in %.2fs: %s",
                             attempt, delay, error.str())
-                self._abort()
                 time.sleep(delay)
                 delay = min(delay * 2, self._retry.max_backoff_s)
 

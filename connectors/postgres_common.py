@@ -186,6 +186,11 @@ class Connection:
                 delay = min(delay * 2, self._retry.max_backoff_s)
             except (psycopg.DataError, psycopg.IntegrityError) as exc:
                 raise SinkDataError(f"PostgreSQL rejected the data: {exc}") from exc
+            except psycopg.Error as exc:
+                # E.g. the table was dropped or altered under the sink: retrying cannot help.
+                raise SinkWriteError(
+                    f"PostgreSQL refused the transaction: {exc}. Nothing of it was applied"
+                ) from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def close(self) -> None:

@@ -47,15 +47,14 @@ def last_change_per_key(changes: pa.Table, key: list[str]) -> pa.Table:
     ordered = changes.take(pc.sort_indices(changes, sort_keys=order))
     if ordered.num_rows < 2:
         return ordered
-    n = ordered.num_rows
-    starts: pa.ChunkedArray | pa.Array | None = None
+    # A row starts a new key when any key column differs from the row before it.
+    starts: pa.ChunkedArray | None = None
     for name in key:
         column = ordered[name]
-        differs = pc.not_equal(column.slice(1), column.slice(0, n - 1))
+        differs = pc.not_equal(column.slice(1), column.slice(0, ordered.num_rows - 1))
         starts = differs if starts is None else pc.or_(starts, differs)
     assert starts is not None  # a keyed table has at least one key column
-    first = pa.chunked_array([pa.array([True]), *pa.chunked_array(starts).chunks])
-    return ordered.filter(first)
+    return ordered.filter(pa.chunked_array([pa.array([True]), *starts.chunks]))
 
 
 class PostgresSnapshotSink(Closing):

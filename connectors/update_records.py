@@ -55,10 +55,14 @@ def update_records(changes: pa.Table, table: str, schema: TableSchema) -> list[U
     has_after = pc.is_valid(joined["after?"])
     has_before = pc.is_valid(joined["before?"])
     modified = pc.and_(has_after, has_before)
-    # Per row and value column: does a modify change it?
-    differs = {
+    # Per row and value column: does a modify change it? Then per time: does any?
+    differs = pa.table({"time": joined["time"], **{
         name: pc.and_(modified, pc.invert(_same(joined[name], joined[_BEFORE + name])))
         for name in values
+    }})
+    changed = {
+        row.pop("time"): [name for name in values if row[f"{name}_any"]]
+        for row in differs.group_by("time").aggregate([(n, "any") for n in values]).to_pylist()
     }
     new = json_columns(joined.select(schema.names))
     old = json_columns(joined.select([n if n in key else _BEFORE + n for n in schema.names]))
@@ -66,22 +70,18 @@ def update_records(changes: pa.Table, table: str, schema: TableSchema) -> list[U
     times = joined["time"].to_pylist()
     kinds = zip(has_after.to_pylist(), has_before.to_pylist(), strict=True)
     records: dict[int, UpdateRecord] = {}
-    changed: dict[int, set[str]] = {}
-    flags = {name: d.to_pylist() for name, d in differs.items()}
     for i, (time, (is_after, is_before)) in enumerate(zip(times, kinds, strict=True)):
         record = records.get(time)
         if record is None:
             record = records[time] = UpdateRecord(table=table, time=time)
-            changed[time] = set()
         if is_after and is_before:
             record.modified.append(ModifiedRow(before=_row(old, i), after=_row(new, i)))
-            changed[time].update(name for name in values if flags[name][i])
         elif is_after:
             record.added.append(_row(new, i))
         else:
             record.removed.append(_row(old, i))
     for time, record in records.items():
-        record.modified_columns = [n for n in values if n in changed[time]]
+        record.modified_columns = changed[time]
     return list(records.values())
 
 

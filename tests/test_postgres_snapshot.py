@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -108,6 +109,40 @@ def test_out_of_order_delivery_ends_in_the_in_order_table(
             sink.write(changes_table(singles[:cut]))
             singles = singles[cut:]
     assert whole_table(postgres.url, pg_schema, "shuffled") == expected
+
+
+def test_concurrent_writers_end_in_the_in_order_table(postgres: PostgresEndpoint,
+                                                      pg_schema: str) -> None:
+    """Three writers apply disjoint shares of shuffled transactions at the same time (one
+    transaction twice); row locks taken in key order keep them from deadlocking."""
+    rng = random.Random(3)
+    transactions: list[list[Change]] = []
+    state: dict[int, dict[str, Any]] = {}
+    for t in range(1, 41):
+        txn: list[Change] = []
+        for key in rng.sample(range(30), 10):
+            if key in state:
+                txn.append((state.pop(key), t, -1))
+            if rng.random() < 0.8:
+                state[key] = {"id": key, "name": rng.choice("abc"), "score": float(t)}
+                txn.append((state[key], t, 1))
+        transactions.append(txn)
+    apply_in_order(postgres.url, pg_schema, transactions)
+    shuffled = [*transactions, transactions[5]]
+    rng.shuffle(shuffled)
+    with PostgresSnapshotSink(postgres.url, "shared", SCHEMA, db_schema=pg_schema):
+        pass  # created once, so that the writers only validate it
+
+    def writer(share: list[list[Change]]) -> None:
+        with PostgresSnapshotSink(postgres.url, "shared", SCHEMA, db_schema=pg_schema) as sink:
+            for txn in share:
+                sink.write(changes_table(txn))
+
+    with ThreadPoolExecutor(3) as pool:
+        for done in [pool.submit(writer, shuffled[w::3]) for w in range(3)]:
+            done.result()
+    assert whole_table(postgres.url, pg_schema, "shared") == whole_table(
+        postgres.url, pg_schema, "in_order")
 
 
 def test_older_insert_after_newer_delete_does_not_resurrect(
