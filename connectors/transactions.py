@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,9 +72,10 @@ from schemas.sources import BatchPolicy, SourceSpec, SourceSpecError
 
 log = logging.getLogger(__name__)
 
-_BATCH = "_batch"
+_KEY = "_key"  # the open transaction a pending row belongs to
 _PARTITION = "_partition"
 _OFFSET = "_offset"
+_INTERNAL = frozenset({*BOOKKEEPING, _KEY, _PARTITION, _OFFSET})
 _TP = tuple[str, int]
 Offsets = dict[str, dict[int, int]]
 Ranges = dict[str, dict[int, tuple[int, int]]]
@@ -93,8 +95,16 @@ class Transaction(BaseModel):
     # Topic -> partition -> [first, last + 1) offsets of this transaction's records.
     ranges: Ranges = Field(default_factory=dict)
 
+    def log_entry(self) -> TransactionLogEntry:
+        """What to record (before the sinks see it) to rebuild this transaction after a crash."""
+        return TransactionLogEntry(number=self.number, upstream_id=self.upstream_id,
+                                   ranges=self.ranges)
+
 
 class TransactionLogEntry(BaseModel):
+    """A transaction's identity: rebuilt from the same records with the same number on replay
+    (a mini-batch by its offset ranges, an upstream transaction by its id)."""
+
     number: int
     upstream_id: str | None
     ranges: Ranges
@@ -121,7 +131,6 @@ class SourceState(BaseModel):
     upsert_rows: dict[str, pa.Table] = Field(default_factory=dict)
     # Upstream transactions already emitted whose records may lie beyond `offsets`.
     emitted_upstream_ids: list[str] = Field(default_factory=list)
-    log: list[TransactionLogEntry] = Field(default_factory=list)
 
     def save(self, directory: Path) -> None:
         """`state.json` plus one Parquet file per upsert source."""
@@ -142,20 +151,19 @@ class SourceState(BaseModel):
 
 @dataclass
 class _Open:
-    """An open transaction: a mini-batch (`batch` set) or an upstream transaction."""
+    """An open transaction: a mini-batch ("b:<n>"), an upstream transaction ("u:<id>") or a
+    mini-batch being replayed ("r:<number>")."""
 
-    batch: int | None
-    upstream_id: str | None
+    key: str
     started: float
+    upstream_id: str | None = None
+    number: int | None = None  # fixed by a replay
+    due: dict[_TP, int] | None = None  # replayed mini-batch: complete once read up to these
     seen: int = 0
     expected: int | None = None
     first: dict[_TP, int] = field(default_factory=dict)
     last: dict[_TP, int] = field(default_factory=dict)
     last_seq: int = -1
-
-    @property
-    def key(self) -> str:
-        return f"b:{self.batch}" if self.batch is not None else f"u:{self.upstream_id}"
 
 
 def consolidate(changes: pa.Table, columns: list[str]) -> pa.Table:
@@ -234,7 +242,6 @@ class TransactionBuilder:
         self._batch_started = 0.0
         self._skip_ids: set[str] = set()
         self._emitted: dict[str, dict[_TP, int]] = {}  # upstream id -> last offset per partition
-        self._log: list[TransactionLogEntry] = []
         self._stats = IngestStats()
         self._assign(None)
 
@@ -311,99 +318,114 @@ class TransactionBuilder:
         seq0 = self._seq
         self._seq += n
         self._stats.events += n
-        topics = [m.topic() for m in records]
+        topics = np.array([m.topic() for m in records], dtype=object)
         partitions = np.fromiter((m.partition() for m in records), np.int64, n)
         offsets = np.fromiter((m.offset() for m in records), np.int64, n)
-        by_topic: dict[str, list[int]] = {}
-        for i, topic in enumerate(topics):
-            by_topic.setdefault(topic, []).append(i)
-        keys = np.full(n, None, dtype=object)
-        counts = np.full(n, -1, dtype=np.int64)
+        by_topic = {t: np.flatnonzero(topics == t) for t in self._by_topic}
         batches = np.full(n, -1, dtype=np.int64)
+        replayed = np.full(n, -1, dtype=np.int64)
+        txids = np.full(n, None, dtype=object)
+        counts = np.full(n, -1, dtype=np.int64)
 
+        batched = np.concatenate([
+            np.zeros(0, dtype=np.int64),
+            *(ix for t, ix in by_topic.items() if self._by_topic[t].upstream is None),
+        ])
+        batched = np.sort(batched[self._replay_batches(batched, topics, partitions, offsets,
+                                                       replayed)])
         # Records of sources without upstream ids fill mini-batches in consumption order.
-        batched = np.sort(np.concatenate(
-            [np.asarray(ix) for t, ix in by_topic.items() if self._by_topic[t].upstream is None]
-            or [np.zeros(0, dtype=np.int64)]
-        ))
         if len(batched):
             if self._batch_fill == 0:
                 self._batch_started = now
             slots = self._batch_fill + np.arange(len(batched))
             batches[batched] = self._batch_no + slots // self._policy.max_events
-            keys[batched] = [f"b:{b}" for b in batches[batched]]
             total = self._batch_fill + len(batched)
             self._batch_no += total // self._policy.max_events
             self._batch_fill = total % self._policy.max_events
             if total >= self._policy.max_events and self._batch_fill:
                 self._batch_started = now
 
-        bad: list[BadRecord] = []
+        decoded = {}
         for topic, idx in by_topic.items():
+            if not len(idx):
+                continue
             spec = self._by_topic[topic]
-            decoded = self._decoders[spec.name].decode(
-                [records[i] for i in idx], [seq0 + i for i in idx]
-            )
-            self._stats.ignored_tombstones += decoded.ignored_tombstones
-            rows = decoded.rows
-            local = (rows.column(SEQ).to_numpy() - seq0).astype(np.int64)
+            batch = self._decoders[spec.name].decode([records[i] for i in idx], seq0 + idx)
+            self._stats.ignored_tombstones += batch.ignored_tombstones
+            local = batch.rows.column(SEQ).to_numpy() - seq0
             if spec.upstream is not None:
-                txids = rows.column(TXID).to_numpy(zero_copy_only=False)
-                keys[local] = [f"u:{t}" for t in txids]
-                counts[local] = pc.fill_null(rows.column(TXCOUNT), -1).to_numpy()
-                for b in decoded.bad:
+                txids[local] = batch.rows.column(TXID).to_numpy(zero_copy_only=False)
+                counts[local] = pc.fill_null(batch.rows.column(TXCOUNT), -1).to_numpy()
+                for b in batch.bad:  # rare: let a bad record count towards its transaction
                     if b.upstream_id is not None:
-                        keys[b.seq - seq0] = f"u:{b.upstream_id}"
+                        txids[b.seq - seq0] = b.upstream_id
                         counts[b.seq - seq0] = b.upstream_count or -1
-                rows, local = self._drop_replayed(rows, local, keys, seq0)
-            rows = rows.append_column(_BATCH, pa.array(batches[local]))
+            decoded[spec.name] = (batch, local)
+        self._drop_replayed(txids)
+        keys = _keys(batches, replayed, txids)
+
+        bad: list[BadRecord] = []
+        for name, (batch, local) in decoded.items():
+            rows = batch.rows
+            row_keys = keys.take(pa.array(local, pa.int64()))
+            kept = pc.is_valid(row_keys)
+            rows = rows.append_column(_KEY, row_keys)
             rows = rows.append_column(_PARTITION, pa.array(partitions[local]))
-            rows = rows.append_column(_OFFSET, pa.array(offsets[local]))
+            rows = rows.append_column(_OFFSET, pa.array(offsets[local])).filter(kept)
             if rows.num_rows:
-                self._pending[spec.name].append(rows)
-            bad += decoded.bad
+                self._pending[name].append(rows)
+            bad += batch.bad
         self._dead_letter(bad)
         self._track(keys, counts, topics, partitions, offsets, seq0, now)
 
-    def _drop_replayed(
-        self, rows: pa.Table, local: np.ndarray, keys: np.ndarray, seq0: int
-    ) -> tuple[pa.Table, np.ndarray]:
-        """After a restore: records of upstream transactions emitted before are not re-read
-        into a second transaction."""
-        if not self._skip_ids or rows.num_rows == 0:
-            return rows, local
-        skip = pc.is_in(rows.column(TXID), value_set=pa.array(sorted(self._skip_ids)))
-        skip_np = pc.fill_null(skip, False).to_numpy(zero_copy_only=False)
-        if not skip_np.any():
-            return rows, local
-        self._stats.replayed_skipped += int(skip_np.sum())
-        keys[local[skip_np]] = None
-        return rows.filter(pa.array(~skip_np)), local[~skip_np]
+    def _replay_batches(
+        self, idx: np.ndarray, topics: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
+        replayed: np.ndarray,
+    ) -> np.ndarray:
+        """Marks records of mini-batches being replayed (by their recorded offset ranges) in
+        `replayed`; returns the mask of `idx` records left for new mini-batches."""
+        free = np.ones(len(idx), dtype=bool)
+        for txn in self._open.values():
+            if txn.due is None or txn.number is None:
+                continue
+            for (topic, partition), first in txn.first.items():
+                hit = ((topics[idx] == topic) & (partitions[idx] == partition)
+                       & (offsets[idx] >= first) & (offsets[idx] < txn.due[(topic, partition)]))
+                replayed[idx[hit]] = txn.number
+                free &= ~hit
+        return free
+
+    def _drop_replayed(self, txids: np.ndarray) -> None:
+        """After a restore: records of upstream transactions emitted before are not read into
+        a second transaction."""
+        if not self._skip_ids:
+            return
+        skip = np.isin(txids, list(self._skip_ids))
+        self._stats.replayed_skipped += int(skip.sum())
+        txids[skip] = None
 
     def _track(
         self,
-        keys: np.ndarray,
+        keys: pa.Array,
         counts: np.ndarray,
-        topics: list[str],
+        topics: np.ndarray,
         partitions: np.ndarray,
         offsets: np.ndarray,
         seq0: int,
         now: float,
     ) -> None:
-        """Per open transaction: records seen, expected count, offset range per partition."""
-        known = np.flatnonzero(keys != None)  # noqa: E711 (elementwise on an object array)
-        if not len(known):
-            return
+        """Per open transaction: records seen, expected count, offset range per partition.
+        Grouped in Arrow; the loop runs over (transaction, partition) pairs, not records."""
         table = pa.table(
             {
-                "k": pa.array(list(keys[known]), pa.string()),
-                "t": pa.array([topics[i] for i in known], pa.string()),
-                "p": pa.array(partitions[known]),
-                "o": pa.array(offsets[known]),
-                "s": pa.array(known + seq0),
-                "c": pa.array(counts[known]),
+                "k": keys,
+                "t": pa.array(topics, pa.string()),
+                "p": pa.array(partitions),
+                "o": pa.array(offsets),
+                "s": pa.array(np.arange(len(offsets)) + seq0),
+                "c": pa.array(counts),
             }
-        )
+        ).filter(pc.is_valid(keys))
         groups = table.group_by(["k", "t", "p"], use_threads=False).aggregate(
             [("o", "min"), ("o", "max"), ("s", "max"), ("c", "max"), ("o", "count")]
         ).to_pylist()
@@ -412,10 +434,8 @@ class TransactionBuilder:
             key, tp = g["k"], (g["t"], g["p"])
             txn = self._open.get(key)
             if txn is None:
-                batch = int(key[2:]) if key.startswith("b:") else None
-                txn = _Open(batch=batch, upstream_id=None if batch is not None else key[2:],
-                            started=now)
-                self._open[key] = txn
+                upstream = key[2:] if key.startswith("u:") else None
+                txn = self._open[key] = _Open(key=key, started=now, upstream_id=upstream)
             txn.seen += g["o_count"]
             if g["c_max"] > 0:
                 txn.expected = g["c_max"]
@@ -430,8 +450,10 @@ class TransactionBuilder:
     # ---- closing -------------------------------------------------------------------------
 
     def _complete(self, txn: _Open) -> bool:
-        if txn.batch is not None:
-            return txn.batch < self._batch_no
+        if txn.due is not None:
+            return all(self._positions.get(tp, 0) >= end for tp, end in txn.due.items())
+        if txn.upstream_id is None:
+            return int(txn.key[2:]) < self._batch_no
         if txn.expected is not None:
             if txn.seen > txn.expected:
                 log.warning("upstream transaction %s: %d records read, %d announced",
@@ -446,14 +468,28 @@ class TransactionBuilder:
                    and not self._complete(t)]
         for txn in expired:
             self._abandon(txn)
-        ready = sorted((t for t in self._open.values() if self._complete(t)),
-                       key=lambda t: t.last_seq)
+        # Replayed transactions go first, in their recorded order; new ones wait for them.
+        replays = sorted((t for t in self._open.values() if t.number is not None),
+                         key=lambda t: t.number or 0)
+        ready: list[_Open] = []
+        for txn in replays:
+            if not self._complete(txn):
+                break
+            ready.append(txn)
+        if len(ready) == len(replays):
+            fresh = sorted((t for t in self._open.values()
+                            if t.number is None and self._complete(t)),
+                           key=lambda t: t.last_seq)
+            for txn in fresh:
+                txn.number = self._next_number
+                self._next_number += 1
+            ready += fresh
         if not ready:
             return []
-        numbers = {t.key: self._next_number + i for i, t in enumerate(ready)}
-        self._next_number += len(ready)
+        numbers: dict[str, int] = {}
         for txn in ready:
             del self._open[txn.key]
+            numbers[txn.key] = txn.number or 0
         per_source = {name: self._take(name, numbers) for name in self._sources}
         out: list[Transaction] = []
         still_open = list(self._open.values())
@@ -461,22 +497,24 @@ class TransactionBuilder:
             number = numbers[txn.key]
             # Offsets are safe up to the first record of any transaction still open then.
             pinned = still_open + ready[i + 1:]
-            offsets: Offsets = {}
-            for tp, position in self._positions.items():
-                safe = min([position, *(t.first[tp] for t in pinned if tp in t.first)])
-                offsets.setdefault(tp[0], {})[tp[1]] = safe
             ranges: Ranges = {}
             for tp, first in txn.first.items():
                 ranges.setdefault(tp[0], {})[tp[1]] = (first, txn.last[tp] + 1)
             changes = {name: _slice_time(table, number) for name, table in per_source.items()}
-            out.append(Transaction(number=number, changes=changes, offsets=offsets,
+            out.append(Transaction(number=number, changes=changes,
+                                   offsets=self._safe_offsets(pinned),
                                    upstream_id=txn.upstream_id, ranges=ranges))
-            self._log.append(TransactionLogEntry(number=number, upstream_id=txn.upstream_id,
-                                                 ranges=ranges))
             if txn.upstream_id is not None:
                 self._emitted[txn.upstream_id] = dict(txn.last)
         self._stats.transactions += len(out)
         return out
+
+    def _safe_offsets(self, pinned: list[_Open]) -> Offsets:
+        offsets: Offsets = {}
+        for tp, position in self._positions.items():
+            safe = min([position, *(t.first[tp] for t in pinned if tp in t.first)])
+            offsets.setdefault(tp[0], {})[tp[1]] = safe
+        return offsets
 
     def _take(self, name: str, numbers: dict[str, int]) -> pa.Table:
         """Removes the rows of the closing transactions from the source's pending rows and
@@ -487,16 +525,11 @@ class TransactionBuilder:
         if not pending:
             return schema.empty_table()
         rows = pa.concat_tables(pending) if len(pending) > 1 else pending[0]
-        if spec.upstream is None:
-            closing = {int(k[2:]): v for k, v in numbers.items() if k.startswith("b:")}
-            key_col, value_set = rows.column(_BATCH), pa.array(list(closing), pa.int64())
-        else:
-            closing = {k[2:]: v for k, v in numbers.items() if k.startswith("u:")}
-            key_col, value_set = rows.column(TXID), pa.array(list(closing), pa.string())
-        where = pc.index_in(key_col, value_set=value_set)
-        number = pc.take(pa.array(list(closing.values()), pa.int64()), where)
+        where = pc.index_in(rows.column(_KEY), value_set=pa.array(list(numbers), pa.string()))
+        number = pc.take(pa.array(list(numbers.values()), pa.int64()), where)
         closed = pc.is_valid(number)
-        self._pending[name] = [rows.filter(pc.invert(closed))] if not pc.all(closed).as_py() else []
+        rest = rows.filter(pc.invert(closed))
+        self._pending[name] = [rest] if rest.num_rows else []
         rows = rows.filter(closed).append_column("time", number.filter(closed))
         if spec.semantics == "upsert":
             changes, counts = self._upsert[name].apply(rows)
@@ -523,15 +556,14 @@ class TransactionBuilder:
         log.warning(reason)
         bad: list[BadRecord] = []
         for name, pending in self._pending.items():
-            if not pending or self._sources[name].upstream is None:
+            if not pending:
                 continue
             rows = pa.concat_tables(pending)
-            mine = pc.fill_null(pc.equal(rows.column(TXID), txn.upstream_id), False)
+            mine = pc.fill_null(pc.equal(rows.column(_KEY), txn.key), False)
             self._pending[name] = [rows.filter(pc.invert(mine))]
             spec = self._sources[name]
             for row in rows.filter(mine).to_pylist():
-                value = {k: v for k, v in row.items() if k not in BOOKKEEPING
-                         and not k.startswith("_")}
+                value = {k: v for k, v in row.items() if k not in _INTERNAL}
                 bad.append(BadRecord(
                     source=name, topic=spec.topic, partition=row[_PARTITION],
                     offset=row[_OFFSET], seq=row[SEQ], key=None,
@@ -564,7 +596,12 @@ class TransactionBuilder:
             except KafkaException as exc:
                 raise KafkaSourceError(f"could not commit offsets {transaction.offsets}: "
                                        f"{exc}") from exc
-        self._log = [e for e in self._log if e.number > transaction.number]
+        # Emitted upstream transactions entirely below the committed offsets can no longer be
+        # read again: forget them.
+        self._emitted = {
+            uid: last for uid, last in self._emitted.items()
+            if any(o >= transaction.offsets.get(t, {}).get(p, 0) for (t, p), o in last.items())
+        }
 
     @property
     def stats(self) -> IngestStats:
@@ -590,22 +627,41 @@ class TransactionBuilder:
             offsets=offsets,
             upsert_rows={name: st.rows for name, st in self._upsert.items()},
             emitted_upstream_ids=beyond,
-            log=list(self._log),
         )
 
-    def restore(self, state: SourceState) -> None:
-        """Resume from `state` (before the first poll): numbering, upsert rows, offsets."""
+    def restore(self, state: SourceState, replay: Sequence[TransactionLogEntry] = ()) -> None:
+        """Resume from `state` (before the first poll): numbering, upsert rows, offsets.
+
+        `replay`: the log entries (`Transaction.log_entry()`) of transactions emitted after
+        `state` was taken; they are rebuilt from the same records with the same numbers, in
+        order, before any new transaction."""
         if self._seq:
             raise KafkaSourceError("restore() must be called before the first poll()")
         missing = set(self._upsert) - set(state.upsert_rows)
         if missing:
             raise KafkaSourceError(f"state has no upsert rows for sources {sorted(missing)}; "
                                    "it was saved by a pipeline with other sources")
-        self._next_number = state.next_number
+        numbers = [e.number for e in replay]
+        if numbers != list(range(state.next_number, state.next_number + len(numbers))):
+            raise KafkaSourceError(
+                f"replay entries {numbers} do not continue the state's numbering at "
+                f"{state.next_number}; pass the log of the transactions emitted after it"
+            )
         for name, st in self._upsert.items():
             self._upsert[name] = UpsertState(st.schema, state.upsert_rows[name])
-        self._skip_ids = set(state.emitted_upstream_ids)
-        self._log = list(state.log)
+        self._skip_ids = set(state.emitted_upstream_ids) - {e.upstream_id for e in replay}
+        now = time.monotonic()
+        for entry in replay:
+            spans = {(t, p): r for t, parts in entry.ranges.items() for p, r in parts.items()}
+            if entry.upstream_id is not None:
+                txn = _Open(key=f"u:{entry.upstream_id}", started=now,
+                            upstream_id=entry.upstream_id, number=entry.number)
+            else:
+                txn = _Open(key=f"r:{entry.number}", started=now, number=entry.number,
+                            due={tp: end for tp, (_, end) in spans.items()},
+                            first={tp: start for tp, (start, _) in spans.items()})
+            self._open[txn.key] = txn
+        self._next_number = state.next_number + len(replay)
         self._positions = {}
         self._assign(state.offsets)
 
@@ -613,6 +669,23 @@ class TransactionBuilder:
         if self._dead is not None:
             self._dead.flush()
         self._consumer.close()
+
+
+def _keys(batches: np.ndarray, replayed: np.ndarray, txids: np.ndarray) -> pa.Array:
+    """Per record, the key of its open transaction; null for a record in none (dead-lettered
+    without a readable upstream id, or skipped as emitted before a restart)."""
+    null = pa.scalar(None, pa.string())
+
+    def tagged(prefix: str, values: pa.Array, valid: pa.Array) -> pa.Array:
+        text = pc.binary_join_element_wise(prefix, pc.cast(values, pa.string()), "")
+        return pc.if_else(valid, text, null)
+
+    b, r, u = pa.array(batches), pa.array(replayed), pa.array(txids, pa.string())
+    return pc.coalesce(
+        tagged("r:", r, pc.greater_equal(r, 0)),
+        tagged("b:", b, pc.greater_equal(b, 0)),
+        tagged("u:", u, pc.is_valid(u)),
+    )
 
 
 def _slice_time(changes: pa.Table, number: int) -> pa.Table:

@@ -26,7 +26,7 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     rows,
 )
 
-from connectors.kafka_source import DELETE, SEQ
+from connectors.kafka_source import DELETE, SEQ, KafkaSourceError
 from connectors.transactions import SourceState, TransactionBuilder
 from connectors.upsert import UpsertState
 from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
@@ -334,3 +334,39 @@ def test_upsert_matches_model(initial: dict[int, int], events: list[tuple[int, i
     assert got == sorted(expected)
     assert counts.absent_deletes == absent
     assert sorted((r["id"], r["qty"]) for r in state.rows.to_pylist()) == sorted(model.items())
+
+
+def test_replay_rebuilds_emitted_mini_batches_with_their_numbers(
+    kafka: KafkaEndpoint, topic_name: str
+) -> None:
+    """A crash after T2 reached the sinks but before the checkpoint that covers it: the
+    restored builder rebuilds T2 from its logged offset ranges (not from its own, different
+    batch size), then numbers new batches after it."""
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
+    group = uuid.uuid4().hex
+    first = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group,
+                               policy=FAST.model_copy(update={"max_events": 3}))
+    try:
+        produce(kafka, topic_name, [(None, order(i)) for i in range(3)])
+        (t1,) = poll_until(first, lambda ts: len(ts) == 1)
+        first.commit(t1)
+        checkpoint = first.state()
+        produce(kafka, topic_name, [(None, order(i)) for i in range(3, 7)])
+        (t2,) = poll_until(first, lambda ts: len(ts) == 1)
+        assert t2.number == 2 and integrate([t2], "orders") == expect([3, 4, 5])
+    finally:
+        first.close()
+
+    second = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group,
+                                policy=FAST.model_copy(update={"max_events": 2}))
+    try:
+        with pytest.raises(KafkaSourceError, match="do not continue"):
+            second.restore(checkpoint, replay=[t2.log_entry().model_copy(update={"number": 5})])
+        second.restore(checkpoint, replay=[t2.log_entry()])
+        again, t3 = poll_until(second, lambda ts: len(ts) == 2)
+        assert again.number == 2 and integrate([again], "orders") == integrate([t2], "orders")
+        assert again.ranges == t2.ranges
+        assert t3.number == 3 and integrate([t3], "orders") == expect([6])
+    finally:
+        second.close()

@@ -1,0 +1,177 @@
+"""Ingest throughput: records/s from Kafka to closed transactions (consolidated delta Arrow
+tables), for JSON records of ~200 bytes, append-only and upsert. Prints one JSON object.
+
+Uses `KAFKA_BOOTSTRAP_SERVERS` when set, else starts librdkafka's mock broker process. Also
+times decoding + upsert/consolidation alone on messages fetched beforehand, to separate the
+broker's and the client's share from ours.
+
+    .venv/bin/python bench/ingest.py [--records 100000] [--keys 50000] [--batch 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import pandas  # noqa: F401 (pyarrow's to_numpy imports it once: keep that out of the timings)
+import pyarrow as pa
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from connectors.kafka_source import DIFF, SourceDecoder
+from connectors.transactions import TransactionBuilder, consolidate
+from connectors.upsert import UpsertState
+from schemas.sources import BatchPolicy, SourceSpec
+from schemas.tables import TableSchema
+from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker, kafka_from_env
+
+SCHEMA = TableSchema.of(
+    {"id": "bigint", "customer": "text", "item": "text", "qty": "int", "price": "double",
+     "status": "text", "created": "timestamp"},
+    primary_key=["id"],
+)
+
+
+def record(rng: random.Random, key: int) -> bytes:
+    value = {
+        "id": key,
+        "customer": f"customer-{rng.randrange(100_000):06d}",
+        "item": f"sku-{rng.randrange(1_000_000):07d}-{'x' * rng.randrange(35, 55)}",
+        "qty": rng.randrange(1, 100),
+        "price": round(rng.random() * 1000, 2),
+        "status": rng.choice(["new", "paid", "shipped", "cancelled"]),
+        "created": f"2026-11-21T10:{rng.randrange(60):02d}:{rng.randrange(60):02d}Z",
+    }
+    return json.dumps(value).encode()
+
+
+def fill(kafka: KafkaEndpoint, topic: str, n: int, keys: int, partitions: int
+         ) -> tuple[int, int]:
+    """Produces `n` records; returns their average size and how many the broker kept (the mock
+    broker drops the oldest segments beyond roughly 25k records per partition)."""
+    kafka.create_topic(topic, partitions)
+    rng = random.Random(7)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 50,
+                         "batch.num.messages": 10_000, "queue.buffering.max.messages": 500_000})
+    size = 0
+    for _ in range(n):
+        key = rng.randrange(keys)
+        value = record(rng, key)
+        size += len(value)
+        while True:
+            try:
+                producer.produce(topic, key=str(key).encode(), value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    probe = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "bench-probe"})
+    kept = 0
+    for p in range(partitions):
+        low, high = probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        kept += high - low
+    probe.close()
+    return size // n, kept
+
+
+def run(kafka: KafkaEndpoint, topic: str, semantics: str, n: int, batch: int) -> dict[str, Any]:
+    spec = SourceSpec(name="orders", topic=topic, schema=SCHEMA, semantics=semantics)
+    policy = BatchPolicy(max_events=batch, max_delay_ms=100, max_poll_records=batch * 5)
+    expected = -(-n // batch)  # the last, partial batch closes on time
+    builder = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=uuid.uuid4().hex,
+                                 policy=policy)
+    try:
+        start = time.perf_counter()
+        transactions = rows = 0
+        while transactions < expected:
+            for t in builder.poll(0.5):
+                transactions += 1
+                rows += t.changes["orders"].num_rows
+            if time.perf_counter() - start > 300:
+                raise RuntimeError(f"{transactions} of {expected} transactions after 300 s")
+        elapsed = time.perf_counter() - start
+        stats = builder.stats
+    finally:
+        builder.close()
+    return {
+        "semantics": semantics,
+        "records": n,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(n / elapsed),
+        "transactions": transactions,
+        "change_rows": rows,
+        "bad_records": stats.bad_records,
+        "unchanged_upserts": stats.unchanged_upserts,
+    }
+
+
+def decode_only(kafka: KafkaEndpoint, topic: str, semantics: str, n: int, batch: int,
+                partitions: int) -> dict[str, Any]:
+    """Decoding, upsert and consolidation alone, on messages fetched beforehand."""
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers,
+                         "group.id": uuid.uuid4().hex})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    messages: list[Any] = []
+    deadline = time.perf_counter() + 120
+    while len(messages) < n and time.perf_counter() < deadline:
+        messages += [m for m in consumer.consume(batch, 0.5) if m.error() is None]
+    consumer.close()
+    spec = SourceSpec(name="orders", topic=topic, schema=SCHEMA, semantics=semantics)
+    decoder = SourceDecoder(spec)
+    state = UpsertState(SCHEMA)
+    columns = SCHEMA.names
+    start = time.perf_counter()
+    for lo in range(0, len(messages), batch):
+        chunk = messages[lo:lo + batch]
+        rows = decoder.decode(chunk, range(lo, lo + len(chunk))).rows
+        rows = rows.append_column("time", pa.array(np.full(rows.num_rows, lo // batch + 1)))
+        if semantics == "upsert":
+            state.apply(rows)
+        else:
+            consolidate(rows.select([*columns, "time", DIFF]).rename_columns(
+                [*columns, "time", "diff"]), columns)
+    elapsed = time.perf_counter() - start
+    return {"semantics": semantics, "records": len(messages), "seconds": round(elapsed, 3),
+            "records_per_s": round(len(messages) / elapsed)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--keys", type=int, default=50_000)
+    parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    args = parser.parse_args()
+    kafka = kafka_from_env()
+    try:
+        topic = f"bench-{uuid.uuid4().hex[:8]}"
+        t0 = time.perf_counter()
+        avg, kept = fill(kafka, topic, args.records, args.keys, args.partitions)
+        produce_s = time.perf_counter() - t0
+        results = [run(kafka, topic, s, kept, args.batch)
+                   for s in ("append_only", "upsert")]
+        decoding = [decode_only(kafka, topic, s, kept, args.batch, args.partitions)
+                    for s in ("append_only", "upsert")]
+    finally:
+        kafka.stop()
+    print(json.dumps({
+        "broker": "librdkafka mock" if isinstance(kafka, MockKafkaBroker)
+        else os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "testcontainers"),
+        "avg_value_bytes": avg,
+        "keys": args.keys,
+        "batch_events": args.batch,
+        "records_kept_by_broker": kept,
+        "produce_records_per_s": round(args.records / produce_s),
+        "kafka_to_transactions": results,
+        "decode_upsert_consolidate_only": decoding,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
