@@ -24,6 +24,7 @@ from confluent_kafka import Message, Producer
 from pydantic import BaseModel, ConfigDict
 
 from schemas.sources import KafkaMetadata, RecordField, SourceSpec, SourceSpecError, split_path
+from schemas.tables import ColumnType
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,26 @@ def rows_schema(spec: SourceSpec) -> pa.Schema:
     )
 
 
+def _np(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean Arrow array without nulls as numpy."""
+    return mask.to_numpy(zero_copy_only=False)
+
+
+def _json_type(ctype: ColumnType) -> pa.DataType:
+    # Arrow's JSON reader takes date32 values as day numbers: dates are read as text instead.
+    return pa.string() if ctype is ColumnType.DATE else ctype.arrow
+
+
+def _dates(text: pa.Array, which: np.ndarray, errors: _Errors, where: str) -> pa.Array:
+    """ISO dates (YYYY-MM-DD) from text; a value that is not one fails its record."""
+    parsed = pc.strptime(text, format="%Y-%m-%d", unit="s", error_is_null=True)
+    # strptime rolls impossible days over (Feb 30 -> Mar 1): only a round trip proves a date.
+    same = pc.equal(pc.strftime(parsed, format="%Y-%m-%d"), text)
+    errors.add(_np(pc.and_(pc.is_valid(text), pc.invert(pc.fill_null(same, False)))) & which,
+               f"field {where!r} is not a date (YYYY-MM-DD)")
+    return pc.cast(parsed, pa.date32())
+
+
 def _header(message: Message, name: str) -> bytes | None:
     for key, value in message.headers() or ():
         if key == name:
@@ -135,24 +156,24 @@ class _Parsed:
 
     def present(self, path: tuple[str, ...]) -> np.ndarray:
         """Debezium: whether the envelope has a non-null struct at `path`."""
-        return pc.or_(
+        return _np(pc.or_(
             pc.is_valid(self.get(("payload", *path))), pc.is_valid(self.get(path))
-        ).to_numpy(zero_copy_only=False)
+        ))
 
 
 class _Errors:
-    """First failure reason per record of a batch, from vectorized masks."""
+    """First failure reason per record of a batch, from vectorized masks; reasons are only
+    formatted for the failing records."""
 
     def __init__(self, n: int) -> None:
-        self.reasons: list[str | None] = [None] * n
+        self.failed = np.zeros(n, dtype=bool)
+        self.reasons: dict[int, str] = {}
 
     def add(self, mask: np.ndarray, reason: str | Callable[[int], str]) -> None:
-        for i in np.flatnonzero(mask):
-            if self.reasons[i] is None:
-                self.reasons[i] = reason(int(i)) if callable(reason) else reason
-
-    def ok(self) -> np.ndarray:
-        return np.array([r is None for r in self.reasons], dtype=bool)
+        new = mask & ~self.failed
+        for i in np.flatnonzero(new):
+            self.reasons[int(i)] = reason(int(i)) if callable(reason) else reason
+        self.failed |= new
 
 
 class SourceDecoder:
@@ -173,7 +194,8 @@ class SourceDecoder:
         envelopes: list[tuple[str, ...]] = [(), ("payload",)] if self._debezium else [()]
         for prefix in prefixes:
             for col in self._value_cols:
-                _tree_insert(tree, prefix + spec.path_of(col), self._schema.column(col).type.arrow)
+                _tree_insert(tree, prefix + spec.path_of(col),
+                             _json_type(self._schema.column(col).type))
         extra: list[tuple[tuple[str, ...], pa.DataType]] = []
         if self._debezium:
             extra.append((("op",), pa.string()))
@@ -203,11 +225,10 @@ class SourceDecoder:
 
     # ---- parsing -------------------------------------------------------------------------
 
-    def _read(self, values: Sequence[bytes]) -> pa.Table | None:
-        payload = b"\n".join(values)
+    def _read(self, values: Sequence[bytes], payload: bytes | None = None) -> pa.Table | None:
         try:
             table = pajson.read_json(
-                io.BytesIO(payload),
+                io.BytesIO(b"\n".join(values) if payload is None else payload),
                 read_options=self._read_options,
                 parse_options=self._parse_options,
             )
@@ -220,16 +241,18 @@ class SourceDecoder:
     def _parse(self, values: list[bytes]) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
         """Parse records; returns the table of the good ones, their indices and the bad ones'
         parse errors by index."""
-        # JSON text never needs a raw line break (strings escape them), so breaks are spaces.
-        joined_breaks = sum(v.count(b"\n") + v.count(b"\r") for v in values)
-        if joined_breaks:
+        payload = b"\n".join(values)
+        if payload.count(b"\n") != len(values) - 1 or b"\r" in payload:
+            # JSON text never needs a raw line break (strings escape them): make them spaces.
             values = [v.replace(b"\n", b" ").replace(b"\r", b" ") for v in values]
+            payload = b"\n".join(values)
         tables: list[pa.Table] = []
         good: list[np.ndarray] = []
         errors: dict[int, str] = {}
 
         def run(lo: int, hi: int) -> None:
-            table = self._read(values[lo:hi])
+            whole = lo == 0 and hi == len(values)
+            table = self._read(values[lo:hi], payload if whole else None)
             if table is not None:
                 tables.append(table)
                 good.append(np.arange(lo, hi))
@@ -291,9 +314,8 @@ class SourceDecoder:
         records = np.asarray(candidates, dtype=np.int64)[ok]
         if len(records):
             rows, errors = self._rows(_Parsed(parsed), records, messages)
-            for local, reason in enumerate(errors.reasons):
-                if reason is not None:
-                    reject(int(records[local]), reason)
+            for local, reason in errors.reasons.items():
+                reject(int(records[local]), reason)
             parts.append(rows)
 
         ignored = 0
@@ -344,8 +366,10 @@ class SourceDecoder:
                     cols[col] = parsed.envelope((*prefix, *spec.path_of(col)))
                 else:
                     cols[col] = parsed.get(spec.path_of(col))
+                if col not in meta and self._schema.column(col).type is ColumnType.DATE:
+                    cols[col] = _dates(cols[col], which, errors, spec.fields.get(col, col))
             for col in required:
-                missing = pc.is_null(cols[col]).to_numpy(zero_copy_only=False) & which
+                missing = _np(pc.is_null(cols[col])) & which
                 where = spec.fields.get(col, col)
                 errors.add(missing, f"missing or null required field {where!r} "
                                     f"(column {col!r})")
@@ -368,23 +392,28 @@ class SourceDecoder:
         pieces: list[tuple[pa.Table, np.ndarray]] = []
         if self._debezium:
             op = parsed.envelope(("op",))
-            op_np = np.asarray(op.to_pylist(), dtype=object)
-            known = np.isin(op_np, _DEBEZIUM_OPS)
-            errors.add(~known, lambda i: f"unknown Debezium op {op_np[i]!r}; expected one of "
-                                         "c, r, u, d")
+
+            def is_op(*ops: str) -> np.ndarray:
+                return _np(pc.fill_null(pc.is_in(op, value_set=pa.array(ops)), False))
+
+            def said(i: int) -> str:
+                return repr(op[i].as_py())
+
+            errors.add(~is_op(*_DEBEZIUM_OPS), lambda i: f"unknown Debezium op {said(i)}; "
+                                                          "expected one of c, r, u, d")
             has_before = parsed.present(("before",))
             has_after = parsed.present(("after",))
-            inserts = np.isin(op_np, ("c", "r", "u"))
-            errors.add(inserts & ~has_after, lambda i: f"Debezium op {op_np[i]!r} without "
-                                                       "an 'after' row")
+            inserts = is_op("c", "r", "u")
+            errors.add(inserts & ~has_after,
+                       lambda i: f"Debezium op {said(i)} without an 'after' row")
             if spec.semantics == "upsert":
-                deletes = op_np == "d"
+                deletes = is_op("d")
                 errors.add(deletes & ~has_before, "Debezium delete without a 'before' row")
                 pieces.append(build(("after",), inserts, 1, False, required_all))
                 pieces.append(build(("before",), deletes, 1, True, required_keys))
             else:
-                retracts = np.isin(op_np, ("u", "d"))
-                errors.add(retracts & ~has_before, lambda i: f"Debezium op {op_np[i]!r} without "
+                retracts = is_op("u", "d")
+                errors.add(retracts & ~has_before, lambda i: f"Debezium op {said(i)} without "
                            "a 'before' row; insert_delete needs full before images (REPLICA "
                            "IDENTITY FULL), or use semantics 'upsert'")
                 pieces.append(build(("after",), inserts, 1, False, required_all))
@@ -394,13 +423,13 @@ class SourceDecoder:
             pieces.append(build((), local >= 0, diff, False, required_all))
         elif spec.semantics == "upsert" and spec.delete_field is not None:
             flag = parsed.get(split_path(spec.delete_field))
-            deletes = pc.fill_null(flag, False).to_numpy(zero_copy_only=False)
+            deletes = _np(pc.fill_null(flag, False))
             pieces.append(build((), ~deletes, 1, False, required_all))
             pieces.append(build((), deletes, 1, True, required_keys))
         else:
             pieces.append(build((), local >= 0, 1, False, required_all))
 
-        valid = errors.ok()
+        valid = ~errors.failed
         kept = [t.filter(pa.array(which & valid)) for t, which in pieces]
         return pa.concat_tables(kept), errors
 
@@ -415,7 +444,7 @@ class SourceDecoder:
             weights = pa.array(list(spec.diff_values.values()), pa.int64())
             diff = pc.take(weights, pc.index_in(raw, value_set=names))
             expected = f"one of {sorted(spec.diff_values)}"
-        invalid = pc.fill_null(pc.equal(diff, 0), True).to_numpy(zero_copy_only=False)
+        invalid = _np(pc.fill_null(pc.equal(diff, 0), True))
         errors.add(invalid, f"diff field {spec.diff_field!r} is missing or not {expected}")
         return pc.fill_null(diff, 0)
 
@@ -438,12 +467,12 @@ class SourceDecoder:
             return pc.cast(texts, dtype, safe=False) if dtype != pa.string() else texts
 
         txid = read(upstream.id, pa.string())
-        errors.add(pc.is_null(txid).to_numpy(zero_copy_only=False),
+        errors.add(_np(pc.is_null(txid)),
                    f"no upstream transaction id ({self._where(upstream.id)})")
         if upstream.count is None:
             return txid, pa.nulls(n, pa.int64())
         txcount = read(upstream.count, pa.int64())
-        errors.add(pc.fill_null(pc.less(txcount, 1), True).to_numpy(zero_copy_only=False),
+        errors.add(_np(pc.fill_null(pc.less(txcount, 1), True)),
                    f"no positive upstream record count ({self._where(upstream.count)})")
         return txid, txcount
 

@@ -274,3 +274,29 @@ def test_debezium_create_update_delete_snapshot(
     b.commit(t2)
     (letter,) = read_dead_letters(kafka, dlq, 1)
     assert "unknown Debezium op 't'" in letter["txstream.error"]
+
+
+def test_column_types_dates_timestamps_booleans(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    schema = TableSchema.of({"id": "bigint", "day": "date", "at": "timestamp", "ok": "boolean",
+                             "price": "double"})
+    spec = SourceSpec(name="typed", topic=topic_name, schema=schema)
+    builders.append(b := make_builder(kafka, [spec], dlq))
+    produce(kafka, topic_name, [
+        (None, {"id": 1, "day": "2024-02-29", "at": "2024-02-29T10:00:00+01:00", "ok": True,
+                "price": 2}),
+        (None, {"id": 2, "day": "2024-02-30"}),  # not a date
+        (None, {"id": 3, "day": 19000}),  # a number where a date is due
+        (None, {"id": 4, "ok": "yes"}),  # not a boolean
+    ])
+    (t,) = poll_until(b, lambda ts: len(ts) == 1)
+    (row,) = t.changes["typed"].to_pylist()
+    assert str(row["day"]) == "2024-02-29" and row["at"].isoformat() == "2024-02-29T09:00:00+00:00"
+    assert row["ok"] is True and row["price"] == 2.0
+    assert b.stats.bad_records == 3
+    b.commit(t)
+    errors = {int(x["txstream.offset"]): x["txstream.error"]
+              for x in read_dead_letters(kafka, dlq, 3)}
+    assert "not a date" in errors[1] and "day" in errors[2] and "ok" in errors[3]
