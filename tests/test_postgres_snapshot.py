@@ -111,6 +111,45 @@ def test_out_of_order_delivery_ends_in_the_in_order_table(
     assert whole_table(postgres.url, pg_schema, "shuffled") == expected
 
 
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=keyed_streams(), seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_purging_below_the_watermark_never_changes_the_outcome(
+    postgres: PostgresEndpoint, pg_schema: str,
+    stream: tuple[list[list[Change]], dict[int, dict[str, Any]]], seed: int,
+    data: st.DataObject,
+) -> None:
+    """All transactions up to W and some later ones delivered shuffled, watermark W declared
+    and tombstones purged, then the other later ones shuffled with duplicates of any later one:
+    the live rows and every tombstone newer than W are those of in-order application."""
+    transactions, _ = stream
+    watermark = data.draw(st.integers(0, len(transactions) // 2))
+    rng = random.Random(seed)
+    apply_in_order(postgres.url, pg_schema, transactions)
+    after = transactions[watermark:]
+    rng.shuffle(after)
+    cut = rng.randint(0, len(after))
+    early = transactions[:watermark] + after[:cut]
+    late = after[cut:] + rng.sample(after, k=len(after) // 2)
+    rng.shuffle(early)
+    rng.shuffle(late)
+    with PostgresSnapshotSink(postgres.url, "purged", SCHEMA, db_schema=pg_schema,
+                              mode="replace") as sink:
+        for txn in early:
+            sink.write(changes_table(txn))
+        sink.advance_watermark(watermark)
+        sink.purge_tombstones()
+        for txn in late:
+            sink.write(changes_table(txn))
+
+    def kept(table: str) -> list[tuple[Any, ...]]:
+        return [r for r in whole_table(postgres.url, pg_schema, table)
+                if r[-1] == 1 or r[-2] > watermark]
+    assert kept("purged") == kept("in_order")
+    assert all(r[-1] == 1 or r[-2] > watermark
+               for r in whole_table(postgres.url, pg_schema, "purged"))
+
+
 def test_concurrent_writers_end_in_the_in_order_table(postgres: PostgresEndpoint,
                                                       pg_schema: str) -> None:
     """Three writers apply disjoint shares of shuffled transactions at the same time (one
@@ -292,3 +331,16 @@ def test_background_purge(postgres: PostgresEndpoint, pg_schema: str) -> None:
             time.sleep(0.05)
     assert [(r[0], r[3], r[4]) for r in whole_table(postgres.url, pg_schema, "t")] == [
         (1, 3, -1), (2, 1, 1)]
+
+
+def test_hostile_database_schema_name(postgres: PostgresEndpoint) -> None:
+    db_schema = 'sch"; DROP SCHEMA public; --ü'
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(db_schema)))
+    try:
+        with PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=db_schema) as sink:
+            sink.write(changes_table([({"id": 1, "name": "n", "score": 0.5}, 1, 1)]))
+        assert live(postgres.url, db_schema, "t_live") == [(1, "n", 0.5)]
+    finally:
+        with psycopg.connect(postgres.url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(db_schema)))
