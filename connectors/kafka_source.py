@@ -21,9 +21,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 from confluent_kafka import Message, Producer
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from schemas.sources import KafkaMetadata, RecordField, SourceSpec, SourceSpecError, split_path
+from schemas.sources import (
+    KafkaMetadata,
+    RecordField,
+    SourceSpec,
+    SourceSpecError,
+    row_model,
+    split_path,
+)
 from schemas.tables import ColumnType
 
 log = logging.getLogger(__name__)
@@ -185,6 +192,7 @@ class SourceDecoder:
         self._value_cols = spec.value_columns()
         self._debezium = spec.format == "debezium"
         self._out_schema = rows_schema(spec)
+        self._row_model = row_model(spec.table_schema, self._value_cols, f"{spec.name}_row")
         tree: _Tree = {}
         prefixes: list[tuple[str, ...]] = (
             [("before",), ("after",), ("payload", "before"), ("payload", "after")]
@@ -272,6 +280,31 @@ class SourceDecoder:
         return table, indices, errors
 
     def _single_error(self, value: bytes) -> str:
+        """Why one record was rejected, in terms of the user's fields (pydantic), falling back
+        to the Arrow reader's message."""
+        try:
+            obj = json.loads(value)
+        except ValueError as exc:
+            return f"malformed JSON: {exc}"
+        if not isinstance(obj, dict):
+            return f"value is a JSON {type(obj).__name__}, not an object"
+        if self._debezium:
+            envelope = obj["payload"] if isinstance(obj.get("payload"), dict) else obj
+            rows = [(f"{part}.", envelope.get(part)) for part in ("before", "after")]
+        else:
+            rows = [("", obj)]
+        for prefix, row in rows:
+            if not isinstance(row, dict):
+                continue
+            flat = {c: _walk(row, self.spec.path_of(c)) for c in self._value_cols}
+            try:
+                self._row_model.model_validate(flat)
+            except ValidationError as exc:
+                return "; ".join(
+                    f"field {prefix + self.spec.fields.get(str(e['loc'][0]), str(e['loc'][0]))!r}"
+                    f": {e['msg']} (got {e.get('input')!r:.80})"
+                    for e in exc.errors()
+                )
         try:
             pajson.read_json(
                 io.BytesIO(value),
@@ -292,6 +325,7 @@ class SourceDecoder:
             bad.append(self._bad(messages[i], seqs[i], reason))
 
         candidates: list[int] = []
+        values: list[bytes] = []
         tombstones: list[int] = []
         upsert = spec.semantics == "upsert"
         for i, message in enumerate(messages):
@@ -306,9 +340,10 @@ class SourceDecoder:
                           f"{spec.max_value_bytes} of source {spec.name!r}")
             else:
                 candidates.append(i)
+                values.append(value)
 
         parts: list[pa.Table] = []
-        parsed, ok, parse_errors = self._parse([messages[i].value() for i in candidates])
+        parsed, ok, parse_errors = self._parse(values)
         for local, reason in parse_errors.items():
             reject(candidates[local], reason)
         records = np.asarray(candidates, dtype=np.int64)[ok]
@@ -335,7 +370,8 @@ class SourceDecoder:
 
         seq_arr = np.asarray(seqs, dtype=np.int64)
         out = [
-            p.set_column(p.schema.get_field_index(SEQ), SEQ, pa.array(seq_arr[p.column(SEQ)]))
+            p.set_column(p.schema.get_field_index(SEQ), SEQ,
+                         pa.array(seq_arr[p.column(SEQ).to_numpy()]))
             for p in parts
             if p.num_rows
         ]

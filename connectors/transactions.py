@@ -260,7 +260,11 @@ class TransactionBuilder:
                 )
             tps += [TopicPartition(topic, p) for p in sorted(meta.partitions)]
         if offsets is None:
-            tps = self._consumer.committed(tps, timeout=10)
+            try:
+                tps = self._consumer.committed(tps, timeout=10)
+            except KafkaException as exc:
+                raise KafkaSourceError(f"could not read the committed offsets of group "
+                                       f"partitions {tps}: {exc}") from exc
         else:
             for tp in tps:
                 tp.offset = offsets.get(tp.topic, {}).get(tp.partition, OFFSET_BEGINNING)

@@ -3,10 +3,19 @@ how it decodes it and how it groups records into numbered transactions."""
 
 from __future__ import annotations
 
+import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from schemas.tables import ColumnType, TableSchema
 
@@ -35,6 +44,37 @@ METADATA_TYPES: dict[KafkaMetadata, frozenset[ColumnType]] = {
     KafkaMetadata.OFFSET: frozenset({ColumnType.BIGINT}),
     KafkaMetadata.TIMESTAMP: frozenset({ColumnType.TIMESTAMP}),
 }
+
+
+_INT32 = Field(ge=-(2**31), le=2**31 - 1)
+_INT64 = Field(ge=-(2**63), le=2**63 - 1)
+# JSON value types per column type: strict, as Arrow's JSON reader is (no "1" for 1, no 1 for
+# true), except timestamps and dates, which JSON can only carry as ISO text.
+_JSON_TYPES: dict[ColumnType, Any] = {
+    ColumnType.BIGINT: Annotated[int, Strict(), _INT64],
+    ColumnType.INT: Annotated[int, Strict(), _INT32],
+    ColumnType.DOUBLE: Annotated[float, Strict()],
+    ColumnType.TEXT: Annotated[str, Strict()],
+    ColumnType.BOOLEAN: Annotated[bool, Strict()],
+    ColumnType.TIMESTAMP: datetime.datetime,
+    ColumnType.DATE: datetime.date,
+}
+
+
+def row_model(schema: TableSchema, columns: list[str], name: str = "Row") -> type[BaseModel]:
+    """A pydantic model of one JSON row of `columns` of `schema` (non-nullable columns are
+    required). The batch decoder validates with Arrow; this model explains a rejected record."""
+    fields: dict[str, Any] = {}
+    for i, col in enumerate(columns):
+        column = schema.column(col)
+        json_type = _JSON_TYPES[column.type]
+        # Positional names with the column as alias: a column may be called like a BaseModel
+        # attribute ("json", "copy").
+        fields[f"c{i}"] = (
+            (json_type, Field(alias=col)) if not column.nullable
+            else (json_type | None, Field(default=None, alias=col))
+        )
+    return create_model(name, **fields)
 
 
 def split_path(path: str) -> tuple[str, ...]:
