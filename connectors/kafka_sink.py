@@ -12,6 +12,7 @@ transactions of a write all at once or not at all. A failed write is aborted and
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Literal
 
@@ -20,13 +21,14 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.change_json import encode_rows
 from connectors.changes import conform_changes
-from connectors.sink import Closing, SinkWriteError
+from connectors.sink import Closing, SinkSchemaError, SinkWriteError
 from connectors.update_records import update_records
 from schemas.sinks import RetryPolicy
 from schemas.tables import TableSchema
 
 log = logging.getLogger(__name__)
 
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic names
 Message = tuple[bytes | None, bytes, list[tuple[str, bytes]]]  # key, value, headers
 
 
@@ -41,6 +43,11 @@ class KafkaSink(Closing):
                  transactional_id: str, format: Literal["changes", "updates"] = "changes",
                  retry: RetryPolicy | None = None, timeout_s: float = 30.0,
                  producer_config: dict[str, str] | None = None) -> None:
+        if not _TOPIC.match(topic):
+            raise SinkSchemaError(
+                f"{topic!r} is not a valid Kafka topic name: use 1 to 249 characters out of "
+                "letters, digits, '.', '_' and '-'"
+            )
         self.topic = topic
         self.table = table
         self.schema = schema

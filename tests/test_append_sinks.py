@@ -165,6 +165,12 @@ def test_kafka_update_records(kafka: KafkaEndpoint, topic_name: str) -> None:
     assert [(m.before["name"], m.after["name"]) for m in record.modified] == [("a", "A")]
 
 
+@pytest.mark.parametrize("topic", ["", "a b", "x;y", "ü", "t" * 250])
+def test_kafka_topic_names_are_checked(kafka: KafkaEndpoint, topic: str) -> None:
+    with pytest.raises(SinkSchemaError, match="not a valid Kafka topic name"):
+        KafkaSink(kafka.bootstrap_servers, topic, "t", SCHEMA, transactional_id="unused")
+
+
 def test_read_committed_never_sees_an_open_transaction(kafka: KafkaEndpoint,
                                                        topic_name: str) -> None:
     if isinstance(kafka, MockKafkaBroker):
