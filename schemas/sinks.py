@@ -1,8 +1,10 @@
-"""Models of the output side: sink settings and the Deephaven-style update record."""
+"""Models of the output side: sink settings (`SinkSettings`, one per kind, told apart by
+`kind`) and the Deephaven-style update record."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -60,3 +62,58 @@ class UpdateRecord(BaseModel):
         if self.modified_columns and not self.modified:
             raise ValueError("modified_columns given without modified rows")
         return self
+
+
+class PostgresSnapshotSettings(BaseModel):
+    """A live snapshot in PostgreSQL (`connectors.postgres_snapshot`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["postgres_snapshot"] = "postgres_snapshot"
+    table: str
+    db_schema: str = "public"
+    mode: Literal["create", "replace"] = "create"
+    live_view: str | None = None
+    retry: RetryPolicy = RetryPolicy()
+    purge: TombstonePurge | None = None
+
+
+class PostgresAppendSettings(BaseModel):
+    """Every change appended to a PostgreSQL table (`connectors.postgres_append`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["postgres_append"] = "postgres_append"
+    table: str
+    db_schema: str = "public"
+    mode: Literal["create", "replace"] = "create"
+    retry: RetryPolicy = RetryPolicy()
+
+
+class KafkaSinkSettings(BaseModel):
+    """Changes or update records to a Kafka topic, transactionally (`connectors.kafka_sink`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["kafka"] = "kafka"
+    topic: str
+    transactional_id: str = Field(description="stable per writer, distinct between writers")
+    format: Literal["changes", "updates"] = "changes"
+    retry: RetryPolicy = RetryPolicy()
+    producer_config: dict[str, str] = Field(default_factory=dict)
+
+
+class FileSinkSettings(BaseModel):
+    """Changes (JSON lines or CSV) or update records appended to a file (`connectors.file_sink`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["file"] = "file"
+    path: Path
+    format: Literal["jsonl", "csv", "updates"] = "jsonl"
+
+
+SinkSettings = Annotated[
+    PostgresSnapshotSettings | PostgresAppendSettings | KafkaSinkSettings | FileSinkSettings,
+    Field(discriminator="kind"),
+]

@@ -27,15 +27,17 @@ import pyarrow.csv as pacsv
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 from psycopg import sql
+from pydantic import TypeAdapter, ValidationError
 
 from connectors.change_json import ChangeDecodeError, decode_changes
 from connectors.change_topic_snapshot import ChangeTopicSnapshot
+from connectors.factory import open_sink
 from connectors.file_sink import FileSink
 from connectors.kafka_sink import KafkaSink
 from connectors.postgres_append import PostgresAppendSink
 from connectors.postgres_snapshot import PostgresSnapshotSink
 from connectors.sink import Sink, SinkSchemaError
-from schemas.sinks import UpdateRecord
+from schemas.sinks import SinkSettings, UpdateRecord
 from schemas.tables import TableSchema
 from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 from service.embedded.postgres import PostgresEndpoint
@@ -237,3 +239,29 @@ def test_snapshot_from_a_change_topic(postgres: PostgresEndpoint, pg_schema: str
             "SELECT id, name, score FROM {} ORDER BY id").format(
                 sql.Identifier(pg_schema, "snap_live"))).fetchall()
     assert live == sorted(state.values())
+
+
+def test_sinks_open_from_settings(postgres: PostgresEndpoint, pg_schema: str,
+                                  kafka: KafkaEndpoint, topic_name: str, tmp_path: Path) -> None:
+    kafka.create_topic(topic_name, 1)
+    documents: list[dict[str, Any]] = [
+        {"kind": "postgres_snapshot", "table": "snap", "db_schema": pg_schema,
+         "purge": {"horizon": 10}},
+        {"kind": "postgres_append", "table": "log", "db_schema": pg_schema},
+        {"kind": "kafka", "topic": topic_name, "transactional_id": topic_name,
+         "format": "updates"},
+        {"kind": "file", "path": str(tmp_path / "out.csv"), "format": "csv"},
+    ]
+    adapter: TypeAdapter[SinkSettings] = TypeAdapter(SinkSettings)
+    kinds = []
+    for document in documents:
+        with open_sink(adapter.validate_python(document), "scores", SCHEMA,
+                       database_url=postgres.url,
+                       kafka_bootstrap_servers=kafka.bootstrap_servers) as sink:
+            sink.write(TXN1)
+            kinds.append(type(sink).__name__)
+    assert kinds == ["PostgresSnapshotSink", "PostgresAppendSink", "KafkaSink", "FileSink"]
+    with pytest.raises(SinkSchemaError, match="needs a database URL"):
+        open_sink(adapter.validate_python(documents[0]), "scores", SCHEMA)
+    with pytest.raises(ValidationError, match="'ftp' found using 'kind' does not match"):
+        adapter.validate_python({"kind": "ftp"})

@@ -1,0 +1,47 @@
+"""Opening a sink from its settings (`schemas.sinks.SinkSettings`)."""
+
+from __future__ import annotations
+
+from connectors.file_sink import FileSink
+from connectors.kafka_sink import KafkaSink
+from connectors.postgres_append import PostgresAppendSink
+from connectors.postgres_snapshot import PostgresSnapshotSink
+from connectors.sink import Sink, SinkSchemaError
+from schemas.sinks import (
+    FileSinkSettings,
+    KafkaSinkSettings,
+    PostgresAppendSettings,
+    PostgresSnapshotSettings,
+    SinkSettings,
+)
+from schemas.tables import TableSchema
+
+
+def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
+              database_url: str | None = None, kafka_bootstrap_servers: str | None = None
+              ) -> Sink:
+    """The sink `settings` describe for the output table `output` with `schema`."""
+    match settings:
+        case PostgresSnapshotSettings() | PostgresAppendSettings() if not database_url:
+            raise SinkSchemaError(f"the {settings.kind} sink of {output!r} needs a database URL")
+        case KafkaSinkSettings() if not kafka_bootstrap_servers:
+            raise SinkSchemaError(f"the Kafka sink of {output!r} needs bootstrap servers")
+        case PostgresSnapshotSettings():
+            assert database_url is not None
+            return PostgresSnapshotSink(
+                database_url, settings.table, schema, db_schema=settings.db_schema,
+                mode=settings.mode, live_view=settings.live_view, retry=settings.retry,
+                purge=settings.purge)
+        case PostgresAppendSettings():
+            assert database_url is not None
+            return PostgresAppendSink(database_url, settings.table, schema,
+                                      db_schema=settings.db_schema, mode=settings.mode,
+                                      retry=settings.retry)
+        case KafkaSinkSettings():
+            assert kafka_bootstrap_servers is not None
+            return KafkaSink(kafka_bootstrap_servers, settings.topic, output, schema,
+                             transactional_id=settings.transactional_id,
+                             format=settings.format, retry=settings.retry,
+                             producer_config=settings.producer_config)
+        case FileSinkSettings():
+            return FileSink(settings.path, output, schema, format=settings.format)
