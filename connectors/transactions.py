@@ -27,10 +27,12 @@ late can split a transaction, which then closes early. Prefer counts when the up
 Partitions added to a topic while running are not picked up until restart.
 
 Numbers are assigned when transactions close, in order of completion. Each transaction records
-its upstream id and the offset range of its records per partition (`Transaction.ranges`);
-`state()` / `restore()` carry the next number, the upsert rows, the safe offsets and the ids of
-upstream transactions already emitted whose records lie beyond those offsets, so a restart
-resumes with the next number and emits none of them twice.
+its upstream id and the offset range of its records per partition (`Transaction.ranges`,
+`Transaction.log_entry()`). `state()` is the state through the last committed transaction: the
+next number, the upsert rows, the safe offsets and the ids of upstream transactions already
+emitted whose records lie beyond those offsets. `restore(state, replay=log entries of the
+transactions emitted after it)` resumes there: the replayed transactions are rebuilt from the
+same records with the same numbers, and nothing before them is emitted twice.
 """
 
 from __future__ import annotations
@@ -241,7 +243,12 @@ class TransactionBuilder:
         self._batch_fill = 0
         self._batch_started = 0.0
         self._skip_ids: set[str] = set()
-        self._emitted: dict[str, dict[_TP, int]] = {}  # upstream id -> last offset per partition
+        # Upstream id -> (number, last offset per partition) of emitted upstream transactions.
+        self._emitted: dict[str, tuple[int, dict[_TP, int]]] = {}
+        # Returned by `poll`, not yet passed to `commit`: `state()` is taken before them.
+        self._uncommitted: list[Transaction] = []
+        self._committed_number = first_number - 1
+        self._committed_offsets: Offsets = {}
         self._stats = IngestStats()
         self._assign(None)
 
@@ -273,6 +280,7 @@ class TransactionBuilder:
                 tp.offset = OFFSET_BEGINNING
             else:
                 self._positions[(tp.topic, tp.partition)] = tp.offset
+                self._committed_offsets.setdefault(tp.topic, {})[tp.partition] = tp.offset
         self._consumer.assign(tps)
 
     # ---- polling -------------------------------------------------------------------------
@@ -509,8 +517,9 @@ class TransactionBuilder:
                                    offsets=self._safe_offsets(pinned),
                                    upstream_id=txn.upstream_id, ranges=ranges))
             if txn.upstream_id is not None:
-                self._emitted[txn.upstream_id] = dict(txn.last)
+                self._emitted[txn.upstream_id] = (number, dict(txn.last))
         self._stats.transactions += len(out)
+        self._uncommitted += out
         return out
 
     def _safe_offsets(self, pinned: list[_Open]) -> Offsets:
@@ -600,11 +609,16 @@ class TransactionBuilder:
             except KafkaException as exc:
                 raise KafkaSourceError(f"could not commit offsets {transaction.offsets}: "
                                        f"{exc}") from exc
+        self._uncommitted = [t for t in self._uncommitted if t.number > transaction.number]
+        self._committed_number = transaction.number
+        self._committed_offsets = transaction.offsets
         # Emitted upstream transactions entirely below the committed offsets can no longer be
         # read again: forget them.
         self._emitted = {
-            uid: last for uid, last in self._emitted.items()
-            if any(o >= transaction.offsets.get(t, {}).get(p, 0) for (t, p), o in last.items())
+            uid: (number, last) for uid, (number, last) in self._emitted.items()
+            if number > transaction.number or any(
+                o >= transaction.offsets.get(t, {}).get(p, 0) for (t, p), o in last.items()
+            )
         }
 
     @property
@@ -616,22 +630,21 @@ class TransactionBuilder:
         return self._next_number
 
     def state(self) -> SourceState:
-        """The state after the last transaction returned by `poll`: call it once those are all
-        processed (a checkpoint then covers them, and a restore resumes right after)."""
-        offsets: Offsets = {}
-        for tp, position in self._positions.items():
-            safe = min([position, *(t.first[tp] for t in self._open.values() if tp in t.first)])
-            offsets.setdefault(tp[0], {})[tp[1]] = safe
-        beyond = [
-            uid for uid, last in self._emitted.items()
-            if any(o >= offsets.get(tp[0], {}).get(tp[1], 0) for tp, o in last.items())
+        """The state through the last transaction passed to `commit` (transactions polled but
+        not committed yet are rolled back out of it): checkpoint it with the engine's state of
+        that transaction; a restore resumes right after it."""
+        offsets = self._committed_offsets
+        emitted = [
+            uid for uid, (number, last) in self._emitted.items()
+            if number <= self._committed_number
+            and any(o >= offsets.get(t, {}).get(p, 0) for (t, p), o in last.items())
         ]
-        return SourceState(
-            next_number=self._next_number,
-            offsets=offsets,
-            upsert_rows={name: st.rows for name, st in self._upsert.items()},
-            emitted_upstream_ids=beyond,
-        )
+        rows: dict[str, pa.Table] = {}
+        for name, upsert in self._upsert.items():
+            later = [t.changes[name] for t in self._uncommitted]
+            rows[name] = upsert.rows_before(pa.concat_tables(later)) if later else upsert.rows
+        return SourceState(next_number=self._committed_number + 1, offsets=offsets,
+                           upsert_rows=rows, emitted_upstream_ids=emitted)
 
     def restore(self, state: SourceState, replay: Sequence[TransactionLogEntry] = ()) -> None:
         """Resume from `state` (before the first poll): numbering, upsert rows, offsets.
@@ -666,7 +679,9 @@ class TransactionBuilder:
                             first={tp: start for tp, (start, _) in spans.items()})
             self._open[txn.key] = txn
         self._next_number = state.next_number + len(replay)
+        self._committed_number = state.next_number - 1
         self._positions = {}
+        self._committed_offsets = {}
         self._assign(state.offsets)
 
     def close(self) -> None:

@@ -126,3 +126,19 @@ class UpsertState:
             unchanged=int((has_old & ~deleted & ~changed).sum()),
         )
         return changes, counts
+
+    def rows_before(self, later: pa.Table) -> pa.Table:
+        """The current rows as they were before `later`: changes this state emitted since then
+        (columns + time + diff). A key's row then is the one its earliest later transaction
+        retracted; a key that transaction only inserted had none."""
+        if later.num_rows == 0:
+            return self.rows
+        keys = self._keys
+        earliest = later.group_by(keys, use_threads=False).aggregate([("time", "min")])
+        firsts = later.join(earliest, keys=keys, join_type="inner")
+        was = pc.and_(pc.equal(firsts.column("time"), firsts.column("time_min")),
+                      pc.equal(firsts.column("diff"), -1))
+        restored = firsts.filter(was).select(self._columns).cast(self._arrow)
+        untouched = self.rows.join(earliest.select(keys), keys=keys, join_type="left anti")
+        return pa.concat_tables([untouched.select(self._columns).cast(self._arrow), restored])
+

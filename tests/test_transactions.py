@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from confluent_kafka import Producer
 from hypothesis import given, settings
@@ -301,7 +302,8 @@ _events = st.lists(
 @given(initial=st.dictionaries(st.integers(0, 4), st.integers(0, 2), max_size=4), events=_events)
 def test_upsert_matches_model(initial: dict[int, int], events: list[tuple[int, int, int | None]]
                               ) -> None:
-    """Events are (transaction, key, qty or None for a delete); several transactions per call."""
+    """Events are (transaction, key, qty or None for a delete); several transactions per call,
+    and the rows before the last call recovered from its changes."""
     current = pa.Table.from_pylist([order(k, qty=v, item="x") for k, v in initial.items()],
                                    schema=ORDERS.arrow_schema())
     state = UpsertState(ORDERS, current)
@@ -311,7 +313,13 @@ def test_upsert_matches_model(initial: dict[int, int], events: list[tuple[int, i
         schema=pa.schema([*ORDERS.arrow_schema(), pa.field("time", pa.int64()),
                           pa.field(SEQ, pa.int64()), pa.field(DELETE, pa.bool_())]),
     )
-    changes, counts = state.apply(records)
+    # Two calls (transactions 1-2, then 3), as two polls would make them.
+    late = pc.equal(records.column("time"), 3)
+    early_changes, early_counts = state.apply(records.filter(pc.invert(late)))
+    after_early = state.rows
+    late_changes, late_counts = state.apply(records.filter(late))
+    changes = pa.concat_tables([early_changes, late_changes])
+    assert _sorted(state.rows_before(late_changes)) == _sorted(after_early)
 
     model = dict(initial)
     expected: list[tuple[int, int, int, int]] = []
@@ -332,8 +340,12 @@ def test_upsert_matches_model(initial: dict[int, int], events: list[tuple[int, i
                 model[k] = q
     got = sorted((r["time"], r["id"], r["qty"], r["diff"]) for r in changes.to_pylist())
     assert got == sorted(expected)
-    assert counts.absent_deletes == absent
+    assert early_counts.absent_deletes + late_counts.absent_deletes == absent
     assert sorted((r["id"], r["qty"]) for r in state.rows.to_pylist()) == sorted(model.items())
+
+
+def _sorted(table: pa.Table) -> list[dict[str, Any]]:
+    return sorted(table.to_pylist(), key=lambda r: r["id"])
 
 
 def test_replay_rebuilds_emitted_mini_batches_with_their_numbers(
@@ -370,3 +382,37 @@ def test_replay_rebuilds_emitted_mini_batches_with_their_numbers(
         assert t3.number == 3 and integrate([t3], "orders") == expect([6])
     finally:
         second.close()
+
+
+def test_state_is_taken_through_the_last_committed_transaction(
+    kafka: KafkaEndpoint, topic_name: str
+) -> None:
+    """Polled T2 and T3 are not committed: the state rolls their upserts back, and a builder
+    restored from it rebuilds T2 and T3 with the same numbers and changes."""
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert")
+    group = uuid.uuid4().hex
+    policy = FAST.model_copy(update={"max_events": 2})
+    first = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=policy)
+    try:
+        produce(kafka, topic_name, [
+            ("1", order(1)), ("2", order(2)),  # T1
+            ("1", order(1, qty=10)), ("3", order(3)),  # T2
+            ('{"id": 2}', None), ("1", order(1, qty=11)),  # T3
+        ])
+        txs = poll_until(first, lambda ts: len(ts) == 3)
+        first.commit(txs[0])
+        state = first.state()
+    finally:
+        first.close()
+    assert state.next_number == 2 and state.offsets == {topic_name: {0: 2}}
+    assert sorted(state.upsert_rows["orders"].to_pylist(), key=lambda r: r["id"]) == [
+        order(1), order(2)
+    ]
+    second = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=policy)
+    try:
+        second.restore(state)
+        again = poll_until(second, lambda ts: len(ts) == 2)
+    finally:
+        second.close()
+    assert [(t.number, rows(t)) for t in again] == [(t.number, rows(t)) for t in txs[1:]]
