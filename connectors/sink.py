@@ -29,8 +29,9 @@ class Sink(Protocol):
     """An output connector.
 
     `changes` holds the output table's columns plus `time` (int64) and `diff` (int64); it is
-    consolidated and may span several consecutive stream transactions. A sink makes each call
-    atomically visible, or raises and makes none of it visible.
+    consolidated and may span several consecutive stream transactions. A sink to a
+    transactional destination (PostgreSQL, Kafka) makes each call atomically visible, or raises
+    and makes none of it visible; the file sink's weaker guarantee is in its docstring.
     """
 
     def write(self, changes: pa.Table) -> None: ...
