@@ -45,9 +45,9 @@ class StandaloneCluster:
     conf_dir: Path
     log_dir: Path
 
-    def driver_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+    def driver_env(self) -> dict[str, str]:
         """Environment for a driver process (`SPARK_MASTER` is what the service reads)."""
-        env = dict(os.environ if base is None else base)
+        env = dict(os.environ)
         env.update(
             SPARK_MASTER=self.master_url,
             SPARK_CONF_DIR=str(self.conf_dir),
@@ -58,6 +58,14 @@ class StandaloneCluster:
             SPARK_DRIVER_MEMORY="1g",
         )
         return env
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the master's and the worker's logs, for failure messages."""
+        parts = []
+        for log in sorted(self.log_dir.glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.name}\n" + "\n".join(tail))
+        return "\n".join(parts)
 
     def status(self) -> dict[str, Any]:
         """The master's state as its web UI serves it as JSON (workers, apps)."""
@@ -71,14 +79,6 @@ def _free_port() -> int:
         sock.bind((HOST, 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _log_tail(log_dir: Path, lines: int = 30) -> str:
-    parts = []
-    for log in sorted(log_dir.glob("*.log")):
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
-        parts.append(f"--- {log.name}\n" + "\n".join(tail))
-    return "\n".join(parts)
 
 
 @contextmanager
@@ -142,7 +142,7 @@ def standalone_cluster(
         deadline = time.monotonic() + timeout
         while True:
             if any(proc.poll() is not None for proc in daemons):
-                raise SparkClusterError(f"a Spark daemon exited\n{_log_tail(log_dir)}")
+                raise SparkClusterError(f"a Spark daemon exited\n{cluster.log_tail()}")
             try:
                 workers = cluster.status().get("workers", [])
                 if any(worker.get("state") == "ALIVE" for worker in workers):
@@ -151,7 +151,7 @@ def standalone_cluster(
                 pass  # the master's UI is not up yet
             if time.monotonic() > deadline:
                 raise SparkClusterError(
-                    f"no worker registered within {timeout:.0f} s\n{_log_tail(log_dir)}"
+                    f"no worker registered within {timeout:.0f} s\n{cluster.log_tail()}"
                 )
             time.sleep(0.5)
         yield cluster

@@ -47,7 +47,7 @@ def test_standalone_cluster_runs_a_job(spark_cluster: StandaloneCluster) -> None
     )
     result = subprocess.run([sys.executable, "-c", script], env=spark_cluster.driver_env(),
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, f"{result.stderr[-3000:]}\n{spark_cluster.log_tail()}"
     answer = json.loads(result.stdout.strip().splitlines()[-1])
     expected = {str(k): sum(1 for i in range(1000) if i % 7 == k) for k in range(7)}
     assert answer["counts"] == expected
@@ -106,7 +106,8 @@ def generate_events(seed: int, transactions: int = 40) -> list[dict[str, Any]]:
     return events
 
 
-def _replay(events_path: Path, output: Path, env: dict[str, str]) -> list[str]:
+def _replay(events_path: Path, output: Path, cluster: StandaloneCluster, master: str
+            ) -> list[str]:
     """Run `txstream replay` on the example pipeline; its output lines, canonical and sorted.
 
     Two Spark jobs of 20 transactions: on the cluster, operator state then lives in the
@@ -116,10 +117,12 @@ def _replay(events_path: Path, output: Path, env: dict[str, str]) -> list[str]:
     result = subprocess.run(
         [str(TXSTREAM), "replay", "examples.orders:pipeline",
          "--input", str(events_path), "--output", str(output), "--batch-transactions", "20"],
-        env=env, capture_output=True, text=True, timeout=600,
+        env={**cluster.driver_env(), "SPARK_MASTER": master},
+        capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, (
-        f"txstream replay failed ({result.returncode}):\n{result.stderr[-4000:]}"
+        f"txstream replay on {master} failed ({result.returncode}):\n{result.stderr[-4000:]}"
+        f"\n{cluster.log_tail()}"
     )
     lines = [line for line in output.read_text().splitlines() if line.strip()]
     return sorted(json.dumps(json.loads(line), sort_keys=True) for line in lines)
@@ -133,10 +136,9 @@ def test_replay_on_cluster_matches_local(
     events_path = tmp_path / "events.jsonl"
     events_path.write_text("".join(json.dumps(e) + "\n" for e in generate_events(seed=7)))
 
-    local_env = spark_cluster.driver_env()
-    local_env["SPARK_MASTER"] = "local[2]"
-    local = _replay(events_path, tmp_path / "local.jsonl", local_env)
-    on_cluster = _replay(events_path, tmp_path / "cluster.jsonl", spark_cluster.driver_env())
+    local = _replay(events_path, tmp_path / "local.jsonl", spark_cluster, "local[2]")
+    on_cluster = _replay(events_path, tmp_path / "cluster.jsonl", spark_cluster,
+                         spark_cluster.master_url)
 
     assert local, "the local replay produced no output"
     assert on_cluster == local
