@@ -1,10 +1,10 @@
 """A small event generator for docker-compose.yml: upsert records for the example pipeline.
 
 Writes JSON rows keyed by primary key (a JSON object of the key columns) to the `customers`
-and `orders` topics, the upsert
-semantics of deploy/pipeline.yaml: a record replaces the row of its key, a tombstone (null
-value) deletes it. It first upserts every customer, then creates orders, updates their status
-or amount, and now and then deletes one, so the snapshot in PostgreSQL keeps changing.
+and `orders` topics, the upsert semantics of deploy/pipeline.yaml: a record replaces the row of
+its key, a tombstone (null value) deletes it. It first upserts every customer, then creates
+orders, changes their status, moves customers between regions and now and then deletes an
+order, so the snapshot in PostgreSQL keeps changing.
 
     python deploy/generator.py --rate 20            # forever, 20 events per second
     python deploy/generator.py --events 500 --seed 7
@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         # The key as a JSON object of the key columns: a tombstone has only its key to say
         # which row it deletes.
         producer.produce(topics[source], key=json.dumps({KEY_COLUMNS[source]: key}).encode(),
-                         value=value,
-                         on_delivery=delivered)
+                         value=value, on_delivery=delivered)
         producer.poll(0)
         if count == args.events:
             break
