@@ -41,7 +41,8 @@ DIFF = "_diff"  # +1 / -1 (append_only, insert_delete); +1 for upserts
 DELETE = "_delete"  # upsert: the record deletes its key
 TXID = "_txid"  # upstream transaction id (null without upstream transactions)
 TXCOUNT = "_txcount"  # expected record count of the upstream transaction, when carried
-BOOKKEEPING = (SEQ, DIFF, DELETE, TXID, TXCOUNT)
+TXEND = "_txend"  # the record carries the upstream transaction's end marker
+BOOKKEEPING = (SEQ, DIFF, DELETE, TXID, TXCOUNT, TXEND)
 
 _DEBEZIUM_OPS = ("c", "r", "u", "d")
 _Tree = dict[str, "pa.DataType | _Tree"]
@@ -69,6 +70,7 @@ class BadRecord(BaseModel):
     # still counts towards its upstream transaction's expected count.
     upstream_id: str | None = None
     upstream_count: int | None = None
+    upstream_end: bool = False
 
 
 @dataclass
@@ -87,6 +89,7 @@ def rows_schema(spec: SourceSpec) -> pa.Schema:
             pa.field(DELETE, pa.bool_()),
             pa.field(TXID, pa.string()),
             pa.field(TXCOUNT, pa.int64()),
+            pa.field(TXEND, pa.bool_()),
         ]
     )
 
@@ -109,6 +112,17 @@ def _dates(text: pa.Array, which: np.ndarray, errors: _Errors, where: str) -> pa
     errors.add(_np(pc.and_(pc.is_valid(text), pc.invert(pc.fill_null(same, False)))) & which,
                f"field {where!r} is not a date (YYYY-MM-DD)")
     return pc.cast(parsed, pa.date32())
+
+
+def _header_values(texts: pa.Array, dtype: pa.DataType) -> pa.Array:
+    """Header texts as `dtype`; a value that is not one becomes null (and fails its record
+    where the value is required) instead of failing the batch."""
+    if dtype == pa.int64():
+        digits = pc.fill_null(pc.match_substring_regex(texts, r"^\s*[+-]?\d{1,18}\s*$"), False)
+        return pc.cast(pc.utf8_trim_whitespace(pc.if_else(digits, texts, None)), pa.int64())
+    if dtype == pa.bool_():
+        return pc.is_in(pc.utf8_lower(texts), value_set=pa.array(["true", "1"]))
+    return texts
 
 
 def _header(message: Message, name: str) -> bytes | None:
@@ -219,6 +233,8 @@ class SourceDecoder:
                 extra.append((split_path(upstream.id.field), id_type))
             if upstream.count is not None and upstream.count.field is not None:
                 extra.append((split_path(upstream.count.field), pa.int64()))
+            if upstream.end is not None and upstream.end.field is not None:
+                extra.append((split_path(upstream.end.field), pa.bool_()))
         for envelope in envelopes:
             for path, dtype in extra:
                 _tree_insert(tree, envelope + path, dtype)
@@ -322,7 +338,7 @@ class SourceDecoder:
         bad: list[BadRecord] = []
 
         def reject(i: int, reason: str) -> None:
-            bad.append(self._bad(messages[i], seqs[i], reason))
+            bad.append(self.bad_record(messages[i], seqs[i], reason))
 
         candidates: list[int] = []
         values: list[bytes] = []
@@ -388,7 +404,7 @@ class SourceDecoder:
         spec = self.spec
         n = len(records)
         errors = _Errors(n)
-        txid, txcount = self._upstream_columns(parsed, records, messages, errors)
+        txid, txcount, txend = self._upstream_columns(parsed, records, messages, errors)
         meta = self._metadata_columns(records, messages)
         local = np.arange(n)
 
@@ -418,6 +434,7 @@ class SourceDecoder:
                     DELETE: pa.array(np.full(n, delete)),
                     TXID: txid,
                     TXCOUNT: txcount,
+                    TXEND: txend,
                 },
                 schema=self._out_schema,
             )
@@ -486,11 +503,13 @@ class SourceDecoder:
 
     def _upstream_columns(
         self, parsed: _Parsed, records: np.ndarray, messages: Sequence[Message], errors: _Errors
-    ) -> tuple[pa.Array, pa.Array]:
+    ) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """Upstream transaction id, expected count and end marker of each record."""
         n = len(records)
         upstream = self.spec.upstream
+        no_end = pa.array(np.zeros(n, dtype=bool))
         if upstream is None:
-            return pa.nulls(n, pa.string()), pa.nulls(n, pa.int64())
+            return pa.nulls(n, pa.string()), pa.nulls(n, pa.int64()), no_end
 
         def read(where: RecordField, dtype: pa.DataType) -> pa.Array:
             if where.field is not None:
@@ -499,18 +518,24 @@ class SourceDecoder:
                 return arr.cast(dtype)
             assert where.header is not None
             raw = [_header(messages[i], where.header) for i in records]
-            texts = pa.array([None if r is None else r.decode("utf-8", "replace") for r in raw])
-            return pc.cast(texts, dtype, safe=False) if dtype != pa.string() else texts
+            return _header_values(
+                pa.array([None if r is None else r.decode("utf-8", "replace") for r in raw],
+                         pa.string()),
+                dtype,
+            )
 
         txid = read(upstream.id, pa.string())
         errors.add(_np(pc.is_null(txid)),
                    f"no upstream transaction id ({self._where(upstream.id)})")
-        if upstream.count is None:
-            return txid, pa.nulls(n, pa.int64())
-        txcount = read(upstream.count, pa.int64())
-        errors.add(_np(pc.fill_null(pc.less(txcount, 1), True)),
-                   f"no positive upstream record count ({self._where(upstream.count)})")
-        return txid, txcount
+        txcount = pa.nulls(n, pa.int64())
+        if upstream.count is not None:
+            txcount = read(upstream.count, pa.int64())
+            errors.add(_np(pc.fill_null(pc.less(txcount, 1), True)),
+                       f"no positive upstream record count ({self._where(upstream.count)})")
+        txend = no_end
+        if upstream.end is not None:
+            txend = pc.fill_null(read(upstream.end, pa.bool_()), False)
+        return txid, txcount, txend
 
     @staticmethod
     def _where(where: RecordField) -> str:
@@ -573,14 +598,15 @@ class SourceDecoder:
                 errors[i] = (f"tombstone key {raw[:200]!r} does not carry the primary key "
                              f"{pk}; use a JSON object of the key columns as the message key")
                 continue
-            txid = txcount = None
+            txid, txcount, txend = None, None, False
             if upstream is not None:
-                txid, txcount = self._upstream_of(messages[i], None)
+                txid, txcount, txend = self._upstream_of(messages[i], None)
                 if txid is None:
                     errors[i] = ("tombstone without an upstream transaction id; tombstones have "
                                  "no value, so put the id in a header")
                     continue
-            rows.append({**row, SEQ: i, DIFF: 1, DELETE: True, TXID: txid, TXCOUNT: txcount})
+            rows.append({**row, SEQ: i, DIFF: 1, DELETE: True, TXID: txid, TXCOUNT: txcount,
+                         TXEND: txend})
             kept.append(i)
         try:
             table = pa.Table.from_pylist(rows, schema=self._out_schema)
@@ -597,7 +623,7 @@ class SourceDecoder:
 
     # ---- bad records ---------------------------------------------------------------------
 
-    def _bad(self, message: Message, seq: int, reason: str) -> BadRecord:
+    def bad_record(self, message: Message, seq: int, reason: str) -> BadRecord:
         return BadRecord(
             source=self.spec.name,
             topic=message.topic(),
@@ -618,29 +644,35 @@ class SourceDecoder:
         return [self._attach(b) for b in bad]
 
     def _attach(self, bad: BadRecord) -> BadRecord:
+        upstream = self.spec.upstream
+        assert upstream is not None
         value: Any = None
-        if bad.value is not None and self.spec.upstream is not None and (
-            self.spec.upstream.id.field is not None
-            or (self.spec.upstream.count is not None and self.spec.upstream.count.field)
-        ):
+        in_value = [w for w in (upstream.id, upstream.count, upstream.end)
+                    if w is not None and w.field is not None]
+        if bad.value is not None and in_value:
             try:
                 value = json.loads(bad.value)
             except ValueError:
                 value = None
-        txid, txcount = self._upstream_of(bad, value)
-        return bad.model_copy(update={"upstream_id": txid, "upstream_count": txcount})
+        txid, txcount, txend = self._upstream_of(bad, value)
+        return bad.model_copy(
+            update={"upstream_id": txid, "upstream_count": txcount, "upstream_end": txend}
+        )
 
     def _upstream_of(
         self, record: Message | BadRecord, value: Any
-    ) -> tuple[str | None, int | None]:
+    ) -> tuple[str | None, int | None, bool]:
+        """Per record (tombstones, bad records): upstream id, expected count, end marker."""
         upstream = self.spec.upstream
         assert upstream is not None
         headers = record.headers if isinstance(record, BadRecord) else (record.headers() or [])
 
-        def read(where: RecordField) -> Any:
+        def read(where: RecordField | None) -> Any:
+            if where is None:
+                return None
             if where.header is not None:
                 found = next((v for k, v in headers if k == where.header), None)
-                return None if found is None else found.decode("utf-8", "replace")
+                return None if found is None else found.decode("utf-8", "replace").strip()
             assert where.field is not None
             path = split_path(where.field)
             hit = _walk(value, path)
@@ -648,13 +680,13 @@ class SourceDecoder:
                 hit = _walk(value, ("payload", *path))
             return hit
 
-        txid = read(upstream.id)
-        count: Any = None if upstream.count is None else read(upstream.count)
+        txid, count, end = read(upstream.id), read(upstream.count), read(upstream.end)
         try:
             count_int = None if count is None else int(count)
         except (TypeError, ValueError):
             count_int = None
-        return (None if txid is None else str(txid)), count_int
+        ended = end is True or (isinstance(end, str) and end.lower() in ("true", "1"))
+        return (None if txid is None else str(txid)), count_int, ended
 
 
 class DeadLetterWriter:

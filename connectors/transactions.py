@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +63,7 @@ from connectors.kafka_source import (
     DIFF,
     SEQ,
     TXCOUNT,
+    TXEND,
     TXID,
     BadRecord,
     DeadLetterWriter,
@@ -79,6 +80,7 @@ _PARTITION = "_partition"
 _OFFSET = "_offset"
 _INTERNAL = frozenset({*BOOKKEEPING, _KEY, _PARTITION, _OFFSET})
 _TP = tuple[str, int]
+_LATE_WINDOW = 10_000
 Offsets = dict[str, dict[int, int]]
 Ranges = dict[str, dict[int, tuple[int, int]]]
 
@@ -121,6 +123,7 @@ class IngestStats(BaseModel):
     ignored_tombstones: int = 0  # Debezium compaction tombstones
     incomplete_upstream: int = 0  # upstream transactions dead-lettered after the timeout
     replayed_skipped: int = 0  # records of transactions emitted before a restart
+    late_upstream_records: int = 0  # records of an upstream transaction already emitted
 
 
 class SourceState(BaseModel):
@@ -163,6 +166,8 @@ class _Open:
     due: dict[_TP, int] | None = None  # replayed mini-batch: complete once read up to these
     seen: int = 0
     expected: int | None = None
+    awaits_end: bool = False  # its source marks the last record of a transaction
+    ended: bool = False  # that marker was read
     first: dict[_TP, int] = field(default_factory=dict)
     last: dict[_TP, int] = field(default_factory=dict)
     last_seq: int = -1
@@ -338,6 +343,7 @@ class TransactionBuilder:
         replayed = np.full(n, -1, dtype=np.int64)
         txids = np.full(n, None, dtype=object)
         counts = np.full(n, -1, dtype=np.int64)
+        ends = np.zeros(n, dtype=bool)
 
         batched = np.concatenate([
             np.zeros(0, dtype=np.int64),
@@ -368,15 +374,17 @@ class TransactionBuilder:
             if spec.upstream is not None:
                 txids[local] = batch.rows.column(TXID).to_numpy(zero_copy_only=False)
                 counts[local] = pc.fill_null(batch.rows.column(TXCOUNT), -1).to_numpy()
+                ends[local] = batch.rows.column(TXEND).to_numpy()
                 for b in batch.bad:  # rare: let a bad record count towards its transaction
                     if b.upstream_id is not None:
-                        txids[b.seq - seq0] = b.upstream_id
-                        counts[b.seq - seq0] = b.upstream_count or -1
+                        i = b.seq - seq0
+                        txids[i], counts[i], ends[i] = (b.upstream_id, b.upstream_count or -1,
+                                                        b.upstream_end)
             decoded[spec.name] = (batch, local)
-        self._drop_replayed(txids)
+        bad = self._drop_seen(txids, records, seq0,
+                              {b.seq for batch, _ in decoded.values() for b in batch.bad})
         keys = _keys(batches, replayed, txids)
 
-        bad: list[BadRecord] = []
         for name, (batch, local) in decoded.items():
             rows = batch.rows
             row_keys = keys.take(pa.array(local, pa.int64()))
@@ -388,7 +396,11 @@ class TransactionBuilder:
                 self._pending[name].append(rows)
             bad += batch.bad
         self._dead_letter(bad)
-        self._track(keys, counts, topics, partitions, offsets, seq0, now)
+        awaits_end = np.zeros(n, dtype=bool)
+        for topic, idx in by_topic.items():
+            upstream = self._by_topic[topic].upstream
+            awaits_end[idx] = upstream is not None and upstream.end is not None
+        self._track(keys, counts, ends, awaits_end, topics, partitions, offsets, seq0, now)
 
     def _replay_batches(
         self, idx: np.ndarray, topics: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
@@ -407,19 +419,39 @@ class TransactionBuilder:
                 free &= ~hit
         return free
 
-    def _drop_replayed(self, txids: np.ndarray) -> None:
-        """After a restore: records of upstream transactions emitted before are not read into
-        a second transaction."""
-        if not self._skip_ids:
-            return
-        skip = np.isin(txids, list(self._skip_ids))
-        self._stats.replayed_skipped += int(skip.sum())
-        txids[skip] = None
+    def _drop_seen(self, txids: np.ndarray, records: list[Message], seq0: int,
+                   already_bad: set[int]) -> list[BadRecord]:
+        """Records of upstream transactions already emitted leave `txids` (so they join no
+        transaction): silently when emitted before a restore (replayed input), and to the
+        dead-letter topic when emitted by this builder (the rule closed the transaction before
+        this record was read; see the limits above) rather than as a second transaction."""
+        ids = pa.array(txids, pa.string())
+        skipped = _member(ids, self._skip_ids)
+        self._stats.replayed_skipped += int(skipped.sum())
+        txids[skipped] = None
+        late = _member(ids, self._emitted) & ~skipped
+        bad: list[BadRecord] = []
+        for i in np.flatnonzero(late):
+            uid, txids[i] = txids[i], None
+            self._stats.late_upstream_records += 1
+            if seq0 + i in already_bad:
+                continue
+            message = records[i]
+            decoder = self._decoders[self._by_topic[message.topic()].name]
+            bad.append(decoder.bad_record(
+                message, seq0 + int(i),
+                f"record of upstream transaction {uid!r} read after the transaction was "
+                f"emitted as #{self._emitted[uid][0]}; its partitions were read out of step: "
+                "carry expected counts in the records to close transactions exactly",
+            ))
+        return bad
 
     def _track(
         self,
         keys: pa.Array,
         counts: np.ndarray,
+        ends: np.ndarray,
+        awaits_end: np.ndarray,
         topics: np.ndarray,
         partitions: np.ndarray,
         offsets: np.ndarray,
@@ -436,10 +468,13 @@ class TransactionBuilder:
                 "o": pa.array(offsets),
                 "s": pa.array(np.arange(len(offsets)) + seq0),
                 "c": pa.array(counts),
+                "e": pa.array(ends),
+                "m": pa.array(awaits_end),
             }
         ).filter(pc.is_valid(keys))
         groups = table.group_by(["k", "t", "p"], use_threads=False).aggregate(
-            [("o", "min"), ("o", "max"), ("s", "max"), ("c", "max"), ("o", "count")]
+            [("o", "min"), ("o", "max"), ("s", "max"), ("c", "max"), ("o", "count"),
+             ("e", "any"), ("m", "any")]
         ).to_pylist()
         latest: dict[_TP, tuple[int, str]] = {}
         for g in groups:
@@ -451,6 +486,8 @@ class TransactionBuilder:
             txn.seen += g["o_count"]
             if g["c_max"] > 0:
                 txn.expected = g["c_max"]
+            txn.ended |= g["e_any"]
+            txn.awaits_end |= g["m_any"]
             txn.first[tp] = min(txn.first.get(tp, g["o_min"]), g["o_min"])
             txn.last[tp] = max(txn.last.get(tp, g["o_max"]), g["o_max"])
             txn.last_seq = max(txn.last_seq, g["s_max"])
@@ -471,6 +508,8 @@ class TransactionBuilder:
                 log.warning("upstream transaction %s: %d records read, %d announced",
                             txn.upstream_id, txn.seen, txn.expected)
             return txn.seen >= txn.expected
+        if txn.awaits_end:
+            return txn.ended
         return all(self._last_key.get(tp) != txn.key or tp in self._eof for tp in txn.last)
 
     def _close_ready(self, now: float) -> list[Transaction]:
@@ -613,10 +652,11 @@ class TransactionBuilder:
         self._committed_number = transaction.number
         self._committed_offsets = transaction.offsets
         # Emitted upstream transactions entirely below the committed offsets can no longer be
-        # read again: forget them.
+        # read again after a restore; late records of the last _LATE_WINDOW ones are still
+        # recognized.
         self._emitted = {
             uid: (number, last) for uid, (number, last) in self._emitted.items()
-            if number > transaction.number or any(
+            if number > transaction.number - _LATE_WINDOW or any(
                 o >= transaction.offsets.get(t, {}).get(p, 0) for (t, p), o in last.items()
             )
         }
@@ -688,6 +728,11 @@ class TransactionBuilder:
         if self._dead is not None:
             self._dead.flush()
         self._consumer.close()
+
+
+def _member(ids: pa.Array, values: Iterable[str]) -> np.ndarray:
+    found = pc.is_in(ids, value_set=pa.array(list(values), pa.string()))
+    return pc.fill_null(found, False).to_numpy(zero_copy_only=False)
 
 
 def _keys(batches: np.ndarray, replayed: np.ndarray, txids: np.ndarray) -> pa.Array:

@@ -103,12 +103,16 @@ class RecordField(BaseModel):
 
 
 class UpstreamTransactions(BaseModel):
-    """Where records carry their upstream transaction id, and optionally the expected number of
-    records of that transaction (across every partition and topic of the pipeline's sources).
+    """Where records carry their upstream transaction id and, optionally, how the upstream
+    tells that a transaction is complete.
 
-    With `count`, a transaction closes as soon as that many of its records were read (valid or
-    not). Without it, it closes when every partition it was seen on has moved on to another id
-    or reached its end (needs `isolation.level=read_committed`); see `TransactionBuilder`.
+    - `count`: the number of records of the transaction across every partition and topic of
+      the pipeline's sources; it closes once that many were read (valid or not).
+    - `end`: a marker (boolean field, or header "true"/"1") on the transaction's last record;
+      it closes once the marker was read.
+    - neither: it closes when every partition it was seen on has moved on to another id or
+      reached its end (needs `isolation.level=read_committed`).
+    See `connectors.transactions` for the limits of each rule.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -117,6 +121,13 @@ class UpstreamTransactions(BaseModel):
     # JSON type of an id read from a field (header ids are always read as UTF-8 text).
     id_type: Literal["text", "bigint"] = "text"
     count: RecordField | None = None
+    end: RecordField | None = None
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> UpstreamTransactions:
+        if self.count is not None and self.end is not None:
+            raise SourceSpecError("give 'count' or 'end' for upstream transactions, not both")
+        return self
 
 
 class SourceSpec(BaseModel):

@@ -416,3 +416,41 @@ def test_state_is_taken_through_the_last_committed_transaction(
     finally:
         second.close()
     assert [(t.number, rows(t)) for t in again] == [(t.number, rows(t)) for t in txs[1:]]
+
+
+def test_end_marker_closes_upstream_transactions_and_late_records_are_dead_lettered(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    marked = UpstreamTransactions(id=RecordField(header="txid"), end=RecordField(field="last"))
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, upstream=marked)
+    builders.append(b := make_builder(kafka, [spec], dlq))
+
+    def tagged(i: int, txid: str, **extra: Any) -> Any:
+        return (None, order(i, **extra), [("txid", txid.encode())])
+
+    produce(kafka, topic_name, [tagged(1, "A"), tagged(2, "A"), tagged(3, "A", last=True),
+                                tagged(4, "B")])
+    (a,) = poll_until(b, lambda ts: len(ts) == 1)
+    assert a.upstream_id == "A" and integrate([a], "orders") == expect([1, 2, 3])
+    produce(kafka, topic_name, [tagged(5, "A"), tagged(6, "B", last=True)])
+    (b_txn,) = poll_until(b, lambda ts: len(ts) == 1)
+    assert b_txn.upstream_id == "B" and integrate([b_txn], "orders") == expect([4, 6])
+    assert b.stats.late_upstream_records == 1
+    b.commit(b_txn)
+    (letter,) = read_dead_letters(kafka, dlq, 1)
+    assert "after the transaction was emitted as #1" in letter["txstream.error"]
+    assert letter["value"] == _json(5)
+
+
+def test_unreadable_count_header_rejects_the_record_only(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    builders.append(b := make_builder(kafka, [counted_source(topic_name)]))
+    produce(kafka, topic_name, [
+        (None, order(1), [("txid", b"C"), ("txn", b"lots")]),
+        (None, order(2), [("txid", b"C"), ("txn", b"2")]),
+    ])
+    (t,) = poll_until(b, lambda ts: len(ts) == 1)
+    assert integrate([t], "orders") == expect([2]) and b.stats.bad_records == 1
