@@ -7,24 +7,29 @@ Transaction boundaries (one rule per source, one numbering for the pipeline):
 * Sources without upstream transaction ids: their records, in consumption order, form
   mini-batches closed every `BatchPolicy.max_events` records or `max_delay_ms` after the
   batch's first record (Pathway's autocommit).
-* Sources with upstream ids (`SourceSpec.upstream`): all records with one id, across every
-  partition and topic, form one transaction. It closes when known complete:
-  - with an expected count carried by the records: as soon as that many records of the id
-    were read (bad records whose id can still be read count too, so a poison record does not
-    hold its transaction back). This holds whatever order partitions are fetched in.
-  - without a count (needs `isolation.level=read_committed`): when every partition it was
-    read from has since delivered a record of another id, or reached its end.
+* Sources with upstream ids (`SourceSpec.upstream`, id in a field or a header): all records
+  with one id, across every partition and topic, form one transaction. It closes when known
+  complete, by the first rule the source configures:
+  1. expected count (`count`): as soon as that many records of the id were read. Bad records
+     whose id can still be read (header, or JSON with a wrong field) count too, so a poison
+     record neither holds its transaction back nor drops its valid records. Exact whatever
+     order the partitions are fetched in: the rule to prefer.
+  2. end marker (`end`): as soon as the record carrying the marker was read.
+  3. id change (neither; needs `isolation.level=read_committed`): when every partition it was
+     read from has since delivered a record of another id, or reached its end.
   An upstream transaction still incomplete `upstream_timeout_ms` after its first record is
-  never emitted; its records go to the dead-letter topic (an aborted transaction that the
-  broker did not filter, or lost records).
+  never emitted: its records go to the dead-letter topic (an aborted transaction the broker
+  did not hide, lost records, or a poison record whose id could not be read).
 
-Limits: the count rule relies on the count being right; a fully written upstream transaction
-that was aborted is only hidden by the broker (`read_committed` on Apache Kafka). The id-change
-rule assumes one upstream transaction's records are contiguous in each partition (one producer
-writing transactions one after the other, as Debezium does) and that every partition holding
-records of the transaction has delivered them before the others moved on; a partition fetched
-late can split a transaction, which then closes early. Prefer counts when the upstream has them.
-Partitions added to a topic while running are not picked up until restart.
+Limits. Aborted upstream transactions: with `read_committed`, Apache Kafka never delivers
+them; a broker that does (librdkafka's mock) is covered only while the aborted transaction is
+incomplete by the rule (a count not reached, no end marker), which then dead-letters it at the
+timeout. Rules 2 and 3 trust the fetch order: a partition fetched late can deliver records of a
+transaction after the marker, or after the other partitions moved on, was read; rule 3 also
+assumes a transaction's records are contiguous in each partition (one producer writing one
+transaction after the other, as Debezium does). Such late records are never emitted as a second
+transaction with the same id: they are dead-lettered with the reason and counted
+(`late_upstream_records`). Partitions added to a topic while running are picked up at restart.
 
 Numbers are assigned when transactions close, in order of completion. Each transaction records
 its upstream id and the offset range of its records per partition (`Transaction.ranges`,
@@ -210,10 +215,11 @@ class TransactionBuilder:
                 raise SourceSpecError(f"duplicate {label}: {', '.join(dupes)}; give each "
                                       "source its own name and topic")
         if policy.isolation_level != "read_committed":
-            uncounted = [s.name for s in sources if s.upstream and s.upstream.count is None]
-            if uncounted:
+            by_change = [s.name for s in sources
+                         if s.upstream and s.upstream.count is None and s.upstream.end is None]
+            if by_change:
                 raise SourceSpecError(
-                    f"sources {uncounted} close upstream transactions on id changes, which is "
+                    f"sources {by_change} close upstream transactions on id changes, which is "
                     "only sound with isolation_level='read_committed'; set it, or carry counts"
                 )
         self._policy = policy

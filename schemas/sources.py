@@ -131,7 +131,13 @@ class UpstreamTransactions(BaseModel):
 
 
 class SourceSpec(BaseModel):
-    """One Kafka topic read as one input table."""
+    """One Kafka topic read as one input table.
+
+    JSON values per column type: bigint/int integers (in range), double numbers, text strings,
+    boolean true/false, timestamp ISO-8601 text (UTC when no offset), date YYYY-MM-DD text.
+    Debezium's numeric temporal encodings (days / micros since the epoch) are not decoded:
+    give the connector ISO string converters, or declare such columns bigint.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
