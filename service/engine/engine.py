@@ -125,7 +125,8 @@ class Engine:
     def process(self, changes: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
         """Run one batch: `changes` maps source names to their columns plus `time` and `diff`
         (any number of consecutive transactions, all later than those already processed).
-        Returns every output's consolidated changes, sorted by time."""
+        Returns every output's consolidated changes, sorted by time, and within a time the
+        deletions (-1) before the insertions (+1)."""
         unknown = sorted(set(changes) - set(self.sources))
         if unknown:
             raise EngineInputError(
@@ -160,4 +161,4 @@ class Engine:
         if delta is None:
             return schema.empty_table()
         table = delta.select(*[f"`{c}`" for c in out.schema.names], TIME, DIFF).toArrow()
-        return table.cast(schema).sort_by([(TIME, "ascending")])
+        return table.cast(schema).sort_by([(TIME, "ascending"), (DIFF, "ascending")])
