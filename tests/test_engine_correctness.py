@@ -1,0 +1,215 @@
+"""The engine against DuckDB: random DAGs of every operator and the example pipeline under random
+transactions, checked after every transaction at several batch sizes; and definition errors.
+
+Default run: a few fixed seeds (two at batch sizes 1, 7 and all-in-one, the others in one
+batch size); `--long` runs many more seeds, each at every batch size.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Callable
+
+import pytest
+from engine_oracle import (
+    Columns,
+    RandomDag,
+    SourceSpec,
+    Transaction,
+    check_engine,
+    expected_tables,
+    multiset_diff,
+    random_transactions,
+    same_multiset,
+)
+from pyspark.sql import SparkSession
+
+from examples.orders import CUSTOMERS, ORDERS
+from examples.orders import pipeline as orders_pipeline
+from schemas.tables import TableSchema
+from service.engine import Engine, Pipeline, PipelineDefinitionError, Table
+from service.engine import reducers as r
+
+DAYS = [dt.date(2026, 1, 1), dt.date(2026, 1, 2), dt.date(2026, 1, 3), None]
+VALUES = [-1.5, 0.5, 1.0, 2.5, None]  # halves: sums are exact, so only avg needs a tolerance
+KEYS = [0, 1, 2, 3, None]
+TEXTS = ["x", "y", "z", None]
+
+SOURCES = (
+    SourceSpec("a", TableSchema.of({"id": "bigint", "k": "bigint", "v": "double", "s": "text"},
+                                   primary_key=["id"]),
+               {"id": range(6), "k": KEYS, "v": VALUES, "s": TEXTS}),
+    SourceSpec("b", TableSchema.of({"k": "bigint", "s": "text", "w": "double"}),
+               {"k": KEYS, "s": TEXTS, "w": VALUES}),
+    SourceSpec("c", TableSchema.of({"cid": "bigint", "k": "bigint", "n": "int", "f": "boolean",
+                                    "d": "date"}, primary_key=["cid"]),
+               {"cid": range(5), "k": KEYS, "n": [0, 1, 2, None], "f": [True, False, None],
+                "d": DAYS}),
+)
+EXAMPLE_SOURCES = (
+    SourceSpec("customers", CUSTOMERS,
+               {"customer_id": range(5), "name": ["ann", "bob", None],
+                "region": ["north", "south", None]}),
+    SourceSpec("orders", ORDERS,
+               {"order_id": range(8), "customer_id": [0, 1, 2, 3, 5, None],
+                "amount": VALUES, "status": ["paid", "open", "void", None]}),
+)
+# The example's outputs as SQL, written from its docstring, not from its code.
+EXAMPLE_VIEWS = (
+    ("paid_orders", "SELECT o.order_id, o.customer_id, c.region, o.amount FROM orders o "
+                    "JOIN customers c ON o.customer_id = c.customer_id WHERE o.status = 'paid'"),
+    ("region_totals", "SELECT region, COUNT(*), SUM(amount), MIN(amount), MAX(amount) "
+                      "FROM paid_orders GROUP BY region"),
+    ("customer_stats", "SELECT c.customer_id, c.name, COUNT(o.order_id), "
+                       "COALESCE(SUM(o.amount), 0) FROM customers c LEFT JOIN orders o "
+                       "ON o.customer_id = c.customer_id GROUP BY c.customer_id, c.name"),
+    ("statuses", "SELECT DISTINCT status FROM orders"),
+)
+EXAMPLE_OUTPUTS: dict[str, Columns] = {
+    "paid_orders": (("order_id", "bigint"), ("customer_id", "bigint"), ("region", "text"),
+                    ("amount", "double")),
+    "region_totals": (("region", "text"), ("orders", "bigint"), ("revenue", "double"),
+                      ("min_amount", "double"), ("max_amount", "double")),
+    "customer_stats": (("customer_id", "bigint"), ("name", "text"), ("n_orders", "bigint"),
+                       ("total", "double")),
+    "statuses": (("status", "text"),),
+}
+
+DAG_SIZE = 8  # random nodes besides the sources (renaming selects before joins come on top)
+TRANSACTIONS = 12
+DEFAULT_SEEDS = (1, 2, 3, 4)
+ALL_SIZES_SEEDS = (1, 2)  # in the default run; `--long` runs every seed at every batch size
+LONG_SEEDS = range(1, 41)
+ONE_BATCH = 0  # batch size meaning every transaction in one batch
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "seed" in metafunc.fixturenames:
+        long = metafunc.config.getoption("--long")
+        metafunc.parametrize("seed", LONG_SEEDS if long else DEFAULT_SEEDS)
+
+
+def _batch_sizes(seed: int, long_run: bool) -> tuple[int, ...]:
+    return (1, 7, ONE_BATCH) if long_run or seed in ALL_SIZES_SEEDS else (7,)
+
+
+def _check(spark: SparkSession, pipeline: Pipeline, specs: tuple[SourceSpec, ...],
+           outputs: dict[str, Columns], views: tuple[tuple[str, str], ...],
+           transactions: list[Transaction], sizes: tuple[int, ...],
+           describe: Callable[[str], str]) -> None:
+    """Every output after every transaction against DuckDB, at each batch size; and the same
+    output stream at every batch size."""
+    expected = expected_tables(specs, views, list(outputs), transactions)
+    streams = {
+        size: check_engine(spark, pipeline, specs, outputs, transactions, expected,
+                           size or len(transactions), describe)
+        for size in sizes
+    }
+    first, *others = sizes
+    for size in others:
+        for name in outputs:
+            got, want = streams[size][name], streams[first][name]
+            assert same_multiset(got, want), (
+                f"output {name}: the stream at batch size {size or 'all'} differs from the one "
+                f"at batch size {first or 'all'} as (time, diff, *row):\n"
+                f"{multiset_diff(got, want)}\n{describe(name)}"
+            )
+
+
+def _show(transactions: list[Transaction]) -> str:
+    return "\n".join(f"  t={t}: {tx}" for t, tx in enumerate(transactions, 1))
+
+
+def test_random_dag(spark: SparkSession, long_run: bool, seed: int) -> None:
+    rng = random.Random(seed)
+    dag = RandomDag(rng, SOURCES, DAG_SIZE)
+    transactions = random_transactions(rng, SOURCES, TRANSACTIONS)
+
+    def describe(name: str) -> str:
+        return f"seed {seed}, DAG:\n{dag.describe(name)}\ntransactions:\n{_show(transactions)}"
+
+    views = tuple((rel.name, rel.sql) for rel in dag.rels if rel.sql is not None)
+    outputs = {rel.name: rel.columns for rel in dag.rels}
+    _check(spark, dag.pipeline, SOURCES, outputs, views, transactions,
+           _batch_sizes(seed, long_run), describe)
+
+
+def test_example_pipeline(spark: SparkSession, long_run: bool, seed: int) -> None:
+    transactions = random_transactions(random.Random(seed), EXAMPLE_SOURCES, TRANSACTIONS)
+
+    def describe(name: str) -> str:
+        return f"seed {seed}, examples/orders.py, transactions:\n{_show(transactions)}"
+
+    _check(spark, orders_pipeline(), EXAMPLE_SOURCES, EXAMPLE_OUTPUTS, EXAMPLE_VIEWS,
+           transactions, _batch_sizes(seed, long_run), describe)
+
+
+# --- definition errors ------------------------------------------------------------------------
+
+def _sources(p: Pipeline) -> tuple[Table, Table]:
+    a = p.source("a", SOURCES[0].schema)
+    b = p.source("b", TableSchema.of({"k": "int", "w": "double", "s": "text"}))
+    return a, b
+
+
+BAD_DEFINITIONS: dict[str, tuple[Callable[[Table, Table], Table], str]] = {
+    "select unknown column": (lambda a, b: a.select("k", z="nope + 1"),
+                              r"select\(k, z\) of source a.*nope"),
+    "filter unknown column": (lambda a, b: a.filter("nope > 1"),
+                              r"filter\(nope > 1\) of source a.*nope"),
+    "filter not boolean": (lambda a, b: a.filter("v + 1"),
+                           # Spark's analyzer or the engine's own check: either names the type.
+                           r"(?i)filter\(v \+ 1\) of source a: .*double.*not (a )?boolean"),
+    "join unknown key": (lambda a, b: a.join(b.select("w", nope="k"), on="nope"),
+                         r"inner join of source a and .* on nope: left join key.* nope not found"),
+    "join key type mismatch": (lambda a, b: a.join(b.select("k", "w"), on="k"),
+                               r"join of source a and .* key 'k' is bigint on the left but int"),
+    "non-key column on both sides": (lambda a, b: a.select("id", "s", k="CAST(k AS INT)")
+                                     .join(b, on="k"),
+                                     r"join of select.* and source b on k: column\(s\) s exist on "
+                                     r"both sides"),
+    "groupby unknown column": (lambda a, b: a.groupby("nope").reduce(n=r.count()),
+                               r"groupby\(nope\).reduce of source a: group-by column\(s\) nope "
+                               r"not found"),
+    "reducer unknown column": (lambda a, b: a.groupby("k").reduce(m=r.max("nope")),
+                               r"groupby\(k\).reduce of source a: reducer m=max\(nope\) "
+                               r"column\(s\) nope not found"),
+    "sum of text": (lambda a, b: a.groupby("k").reduce(t=r.sum("s")),
+                    r"groupby\(k\).reduce of source a: t=sum\(s\) needs a numeric column, but "
+                    r"'s' is text"),
+    "concat mismatched schemas": (lambda a, b: b.concat(a.select("k", "v", "s")),
+                                  r"concat of source b, select\(k, v, s\) of source a: inputs "
+                                  r"differ.*'k', 'int'.*'k', 'bigint'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_DEFINITIONS)
+def test_definition_error_names_table_and_column(spark: SparkSession, case: str) -> None:
+    build, message = BAD_DEFINITIONS[case]
+    p = Pipeline()
+    with pytest.raises(PipelineDefinitionError, match=message):
+        p.output("out", build(*_sources(p)))
+        Engine(p, spark)
+
+
+# --- reproductions of engine bugs found by the random suite ------------------------------------
+
+NULLABLE = SourceSpec("t", TableSchema.of({"k": "bigint", "v": "double"}), {})
+
+
+@pytest.mark.parametrize(("build", "row"), [
+    # The inferred key is the group-by columns.
+    (lambda t: t.groupby("k").reduce(n=r.count()), {"k": None, "n": 1}),
+    # The inferred key is every column.
+    (lambda t: t.select("k").distinct(), {"k": None}),
+], ids=["groupby", "distinct"])
+def test_inferred_output_key_with_nulls(spark: SparkSession, build: Callable[[Table], Table],
+                                        row: dict[str, object]) -> None:
+    """SQL groups nulls together and DISTINCT keeps a null row; the output key the engine
+    infers must not make that row unrepresentable (`process` raised pyarrow's "Casting field
+    'k' with null values to non-nullable")."""
+    p = Pipeline()
+    p.output("out", build(p.source("t", NULLABLE.schema)))
+    out = Engine(p, spark).process({"t": NULLABLE.arrow([(None, 1.0)], [1], [1])})["out"]
+    assert out.to_pylist() == [{**row, "time": 1, "diff": 1}]
