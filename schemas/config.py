@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from schemas.sinks import SinkSettings
 from schemas.sources import BatchPolicy, SourceSpec
 
 
@@ -21,19 +22,25 @@ class ConfigError(ValueError):
 
 
 class SinkConfig(BaseModel):
-    """Where one output table goes."""
+    """Where one output table goes: `output` plus the sink's settings, flat in the file:
+    `{output: customer_stats, kind: postgres_snapshot}` (a PostgreSQL sink's table defaults to
+    the output's name)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     output: str
-    kind: Literal["postgres_snapshot"] = "postgres_snapshot"
-    table: str | None = None  # default: the output's name
-    db_schema: str = "public"
-    mode: Literal["create", "replace"] = "create"
+    settings: SinkSettings
 
-    @property
-    def table_name(self) -> str:
-        return self.table or self.output
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "settings" in data:
+            return data
+        rest = {k: v for k, v in data.items() if k != "output"}
+        rest.setdefault("kind", "postgres_snapshot")
+        if rest["kind"].startswith("postgres") and "output" in data:
+            rest.setdefault("table", data["output"])
+        return {"output": data.get("output"), "settings": rest}
 
 
 class PipelineConfig(BaseModel):
@@ -53,6 +60,10 @@ class PipelineConfig(BaseModel):
     dead_letter_topic: str | None = None
     database_url: str | None = None
     spark_master: str | None = None
+    # /healthz, /readyz and /metrics; null turns the HTTP endpoint off.
+    http_port: int | None = Field(default=8080, ge=0, le=65535)
+    # /readyz answers 503 while more records than this wait in the source topics.
+    ready_max_lag: int = Field(default=100_000, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> PipelineConfig:
@@ -60,7 +71,8 @@ class PipelineConfig(BaseModel):
             raise ValueError(f"pipeline {self.pipeline!r} must be 'module:function'")
         if not self.kafka_bootstrap_servers:
             raise ValueError("no Kafka: set kafka_bootstrap_servers or KAFKA_BOOTSTRAP_SERVERS")
-        if any(s.kind == "postgres_snapshot" for s in self.sinks) and not self.database_url:
+        if any(s.settings.kind.startswith("postgres") for s in self.sinks) \
+                and not self.database_url:
             raise ValueError("PostgreSQL sinks need database_url or DATABASE_URL")
         return self
 
@@ -77,7 +89,8 @@ class PipelineConfig(BaseModel):
             return cls.model_validate(merged)
         except ValidationError as exc:
             problems = [
-                f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+                f"{'.'.join(str(p) for p in err['loc'] if p != 'settings') or '(top level)'}: "
+                f"{err['msg']}"
                 for err in exc.errors()
             ]
             raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None

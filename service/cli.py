@@ -12,17 +12,28 @@ from service.engine import EngineInputError, PipelineDefinitionError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from service.runner import PipelineRunner
+    from service.health import HealthServer
+    from service.runner import PipelineRunner, Progress
 
     config = PipelineConfig.load(args.config)
     runner = PipelineRunner(config)
+    health = None
+    if config.http_port is not None:
+        health = HealthServer(config.http_port, runner.progress, config.ready_max_lag).start()
+
+    def report(progress: Progress) -> None:
+        if health is not None:
+            health.ready.set()
+        print(progress.line(), flush=True)
+
     try:
-        runner.run(on_progress=lambda p: print(p.line(), flush=True),
-                   progress_interval=args.progress_interval)
+        runner.run(on_progress=report, progress_interval=args.progress_interval)
     except KeyboardInterrupt:
         pass
     finally:
         runner.close()
+        if health is not None:
+            health.stop()
     return 0
 
 

@@ -130,7 +130,7 @@ def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = p
                 SourceSpec(name="orders", topic=topics["orders"], schema=ORDERS,
                            semantics="upsert"),
             ],
-            sinks=[SinkConfig(output=name, mode="replace") for name in
+            sinks=[SinkConfig.model_validate({"output": name, "mode": "replace"}) for name in
                    ("customer_stats", "region_totals", "paid_orders", "statuses")],
             transactions=BatchPolicy(max_events=500, max_delay_ms=200),
             batch_transactions=10,

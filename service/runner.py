@@ -15,6 +15,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
+from connectors.factory import open_sink
 from connectors.postgres_snapshot import PostgresSnapshotSink
 from connectors.sink import Sink
 from connectors.transactions import Transaction, TransactionBuilder
@@ -103,10 +104,9 @@ class PipelineRunner:
                     f"sinks.{i}.output: {cfg.output!r} is not an output of the pipeline "
                     f"({', '.join(sorted(self.engine.outputs))})"
                 )
-            assert self.config.database_url is not None
-            sinks.setdefault(cfg.output, []).append(PostgresSnapshotSink(
-                self.config.database_url, cfg.table_name, out.schema, db_schema=cfg.db_schema,
-                mode=cfg.mode,
+            sinks.setdefault(cfg.output, []).append(open_sink(
+                cfg.settings, cfg.output, out.schema, database_url=self.config.database_url,
+                kafka_bootstrap_servers=self.config.kafka_bootstrap_servers,
             ))
         return sinks
 
@@ -142,6 +142,12 @@ class PipelineRunner:
         self.progress.engine_seconds += t1 - t0
         self.progress.sink_seconds += time.monotonic() - t1
         self.builder.commit(batch[-1])
+        # One writer in transaction order: no change older than this will reach the snapshots,
+        # so their tombstones up to here may be purged (if purging is configured).
+        for sinks in self.sinks.values():
+            for sink in sinks:
+                if isinstance(sink, PostgresSnapshotSink):
+                    sink.advance_watermark(batch[-1].number)
         for t in batch:
             for topic, parts in t.offsets.items():
                 for partition, offset in parts.items():

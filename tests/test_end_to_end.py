@@ -41,7 +41,7 @@ def runner(kafka, postgres, spark, pg_schema, topic_name):  # type: ignore[no-un
                             semantics="upsert"),
                  SourceSpec(name="orders", topic=topics["orders"], schema=ORDERS,
                             semantics="upsert")],
-        sinks=[SinkConfig(output=o, db_schema=pg_schema)
+        sinks=[SinkConfig.model_validate({"output": o, "db_schema": pg_schema})
                for o in ("customer_stats", "region_totals", "statuses")],
         transactions=BatchPolicy(max_events=4, max_delay_ms=100),
         batch_transactions=3,

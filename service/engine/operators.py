@@ -74,6 +74,12 @@ class Operator(ABC):
         self.batch_cache.append(frame.cache())
         return frame
 
+    @staticmethod
+    def _materialized(frame: DataFrame) -> DataFrame:
+        """Compute a frame now and cut its lineage: plans built on it stay small, and branches
+        that share it do not recompute it."""
+        return frame.localCheckpoint(eager=True)
+
     @property
     def columns(self) -> list[str]:
         return self.schema.names
@@ -414,7 +420,8 @@ class ReduceOp(Operator):
             groups = self._with_values(groups, d, touched, column, idx)
 
         outputs = self._output_columns()
-        new_rows = groups.select(*key_cols, col(TIME), col("_cnt"), *outputs)
+        new_rows = self._materialized(
+            groups.select(*key_cols, col(TIME), col("_cnt"), *outputs))
         out = self._cached(self._emit(new_rows, touched))
         self.acc_state.append(acc_delta)
         self.out_state.append(out)
