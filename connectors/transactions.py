@@ -42,6 +42,7 @@ same records with the same numbers, and nothing before them is emitted twice.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import time
@@ -534,9 +535,7 @@ class TransactionBuilder:
                 break
             ready.append(txn)
         if len(ready) == len(replays):
-            fresh = sorted((t for t in self._open.values()
-                            if t.number is None and self._complete(t)),
-                           key=lambda t: t.last_seq)
+            fresh = self._emission_order([t for t in self._open.values() if t.number is None])
             for txn in fresh:
                 txn.number = self._next_number
                 self._next_number += 1
@@ -549,17 +548,21 @@ class TransactionBuilder:
             numbers[txn.key] = txn.number or 0
         per_source = {name: self._take(name, numbers) for name in self._sources}
         out: list[Transaction] = []
-        still_open = list(self._open.values())
-        for i, txn in enumerate(ready):
+        # Offsets are safe up to the first record of any transaction still open then: those
+        # open now, and those closing after it in this call (pins[i]).
+        pins: list[dict[_TP, int]] = []
+        pin = _first_offsets(self._open.values())
+        for txn in reversed(ready):
+            pins.append(pin)
+            pin = {tp: min(pin.get(tp, o), o) for tp, o in (pin | txn.first).items()}
+        for txn, pin in zip(ready, reversed(pins), strict=True):
             number = numbers[txn.key]
-            # Offsets are safe up to the first record of any transaction still open then.
-            pinned = still_open + ready[i + 1:]
             ranges: Ranges = {}
             for tp, first in txn.first.items():
                 ranges.setdefault(tp[0], {})[tp[1]] = (first, txn.last[tp] + 1)
             changes = {name: _slice_time(table, number) for name, table in per_source.items()}
             out.append(Transaction(number=number, changes=changes,
-                                   offsets=self._safe_offsets(pinned),
+                                   offsets=self._safe_offsets(pin),
                                    upstream_id=txn.upstream_id, ranges=ranges))
             if txn.upstream_id is not None:
                 self._emitted[txn.upstream_id] = (number, dict(txn.last))
@@ -567,11 +570,45 @@ class TransactionBuilder:
         self._uncommitted += out
         return out
 
-    def _safe_offsets(self, pinned: list[_Open]) -> Offsets:
+    def _emission_order(self, candidates: list[_Open]) -> list[_Open]:
+        """The complete ones of `candidates`, in emission order. Within a partition records are
+        in commit order, so a transaction goes after every transaction with a record before its
+        first one in a partition they share, and an incomplete one holds back those behind it.
+        Among free ones, the one completed earliest goes first. (Kahn's topological sort over
+        per-partition queues: O(k log k) for k transactions.)"""
+        complete = {t.key for t in candidates if self._complete(t)}
+        queues: dict[_TP, list[_Open]] = {}
+        for txn in candidates:
+            for tp in txn.first:
+                queues.setdefault(tp, []).append(txn)
+        for tp, queue in queues.items():
+            queue.sort(key=lambda t, tp=tp: t.first[tp])
+        heads = dict.fromkeys(queues, 0)
+
+        def free(txn: _Open) -> bool:
+            return txn.key in complete and all(queues[tp][heads[tp]] is txn for tp in txn.first)
+
+        by_key = {t.key: t for t in candidates}
+        heap = [(t.last_seq, t.key) for t in candidates if free(t)]
+        heapq.heapify(heap)
+        pushed = {key for _, key in heap}
+        order: list[_Open] = []
+        while heap:
+            txn = by_key[heapq.heappop(heap)[1]]
+            order.append(txn)
+            for tp in txn.first:
+                heads[tp] += 1
+                if heads[tp] < len(queues[tp]):
+                    nxt = queues[tp][heads[tp]]
+                    if nxt.key not in pushed and free(nxt):
+                        heapq.heappush(heap, (nxt.last_seq, nxt.key))
+                        pushed.add(nxt.key)
+        return order
+
+    def _safe_offsets(self, pinned: dict[_TP, int]) -> Offsets:
         offsets: Offsets = {}
         for tp, position in self._positions.items():
-            safe = min([position, *(t.first[tp] for t in pinned if tp in t.first)])
-            offsets.setdefault(tp[0], {})[tp[1]] = safe
+            offsets.setdefault(tp[0], {})[tp[1]] = min(position, pinned.get(tp, position))
         return offsets
 
     def _take(self, name: str, numbers: dict[str, int]) -> pa.Table:
@@ -734,6 +771,15 @@ class TransactionBuilder:
         if self._dead is not None:
             self._dead.flush()
         self._consumer.close()
+
+
+def _first_offsets(transactions: Iterable[_Open]) -> dict[_TP, int]:
+    """Per partition, the first offset of any of `transactions`."""
+    first: dict[_TP, int] = {}
+    for txn in transactions:
+        for tp, offset in txn.first.items():
+            first[tp] = min(first.get(tp, offset), offset)
+    return first
 
 
 def _member(ids: pa.Array, values: Iterable[str]) -> np.ndarray:

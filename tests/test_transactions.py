@@ -166,10 +166,12 @@ def test_upstream_ids_closed_by_id_change_and_end_of_partition(
 ) -> None:
     kafka.create_topic(topic_name, 2)
     spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, upstream=BY_ID_CHANGE)
-    builders.append(b := make_builder(kafka, [spec]))
+    # Written before the builder starts, so that one fetch brings both partitions: this rule
+    # trusts the fetch order (see the limits in connectors.transactions).
     produce(kafka, topic_name, [(None, order(1, tx=7)), (None, order(2, tx=8)),
                                 (None, order(3, tx=9))], partition=0)
     produce(kafka, topic_name, [(None, order(4, tx=7)), (None, order(5, tx=8))], partition=1)
+    builders.append(b := make_builder(kafka, [spec]))
     txs = poll_until(b, lambda ts: len(ts) == 3)
     assert [t.upstream_id for t in txs] == ["7", "8", "9"] and [t.number for t in txs] == [1, 2, 3]
     assert [integrate([t], "orders") for t in txs] == [expect([1, 4]), expect([2, 5]),
@@ -245,28 +247,26 @@ def test_mixed_batch_and_upstream_sources_number_together(
 def test_state_round_trip_keeps_numbers_upsert_rows_and_emitted_transactions(
     kafka: KafkaEndpoint, topic_name: str, tmp_path: Path
 ) -> None:
-    """B closes while A is open, so the saved offsets point before B's record: after the
-    restore, B is not emitted again, A gets the next number, and upserts see the old rows."""
+    """Partition order S1 B1 A1 B2: B closes while A is open, so the saved offsets point at A1,
+    before B2. After the restore B is not emitted again (B2 is skipped), A gets the next
+    number, and its upsert sees the rows of the checkpoint."""
     kafka.create_topic(topic_name, 1)
     spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert",
                       upstream=COUNTED)
+
+    def tagged(i: int, txid: str, count: int, qty: int | None = None) -> Any:
+        headers = [("txid", txid.encode()), ("txn", str(count).encode())]
+        return (str(i), order(i, qty=i if qty is None else qty), headers)
+
     group = uuid.uuid4().hex
     first = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=FAST)
     try:
-        seed = UpstreamProducer(kafka, topic_name, "S", 1)
-        seed.send(1, 0)
-        seed.commit()
-        a = UpstreamProducer(kafka, topic_name, "A", 2)
-        a.send(1, 0, value=_json(1).replace(b'"qty": 1', b'"qty": 9'))
-        a.producer.flush(10)
-        b_txn = UpstreamProducer(kafka, topic_name, "B", 1)
-        b_txn.send(2, 0)
-        b_txn.commit()
+        produce(kafka, topic_name, [tagged(1, "S", 1), tagged(2, "B", 2),
+                                    tagged(1, "A", 2, qty=9), tagged(4, "B", 2)])
         txs = poll_until(first, lambda ts: len(ts) == 2)
         assert [(t.number, t.upstream_id) for t in txs] == [(1, "S"), (2, "B")]
         first.commit(txs[-1])
-        # Pinned before A's first record (which precedes B's), not after B.
-        assert txs[-1].offsets[topic_name][0] < txs[-1].ranges[topic_name][0][0]
+        assert txs[-1].offsets == {topic_name: {0: 2}}  # A1: A is still open
         state = first.state()
         assert state.emitted_upstream_ids == ["B"] and state.next_number == 3
         state.save(tmp_path / "ckpt")
@@ -276,8 +276,7 @@ def test_state_round_trip_keeps_numbers_upsert_rows_and_emitted_transactions(
     second = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=FAST)
     try:
         second.restore(SourceState.load(tmp_path / "ckpt"))
-        a.send(3, 0)
-        a.commit()
+        produce(kafka, topic_name, [tagged(3, "A", 2)])
         (t,) = poll_until(second, lambda ts: len(ts) == 1)
         assert (t.number, t.upstream_id) == (3, "A")
         assert rows(t) == [
@@ -285,9 +284,31 @@ def test_state_round_trip_keeps_numbers_upsert_rows_and_emitted_transactions(
             {"id": 1, "item": "i1", "qty": 9, "time": 3, "diff": 1},
             {"id": 3, "item": "i3", "qty": 3, "time": 3, "diff": 1},
         ]
-        assert second.stats.replayed_skipped == 1
+        assert second.stats.replayed_skipped == 1 and second.stats.late_upstream_records == 0
     finally:
         second.close()
+
+
+def test_a_later_upstream_transaction_waits_for_an_earlier_open_one(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    """Partition order A1 B1 A2: B is complete first but goes after A (records of a partition
+    are in commit order), so upserts of one key apply in that order."""
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert",
+                      upstream=COUNTED)
+    builders.append(b := make_builder(kafka, [spec]))
+    headers = {name: [("txid", name.encode()), ("txn", b"2" if name == "A" else b"1")]
+               for name in ("A", "B")}
+    produce(kafka, topic_name, [("1", order(1, qty=1), headers["A"]),
+                                ("1", order(1, qty=2), headers["B"])])
+    for _ in range(3):
+        assert b.poll(0.2) == []
+    produce(kafka, topic_name, [("2", order(2), headers["A"])])
+    txs = poll_until(b, lambda ts: len(ts) == 2)
+    assert [(t.number, t.upstream_id) for t in txs] == [(1, "A"), (2, "B")]
+    assert rows(txs[1]) == [{"id": 1, "item": "i1", "qty": 1, "time": 2, "diff": -1},
+                            {"id": 1, "item": "i1", "qty": 2, "time": 2, "diff": 1}]
 
 
 # ---- the vectorized upsert against a row-at-a-time model ----------------------------------
