@@ -3,12 +3,13 @@ DataFrames carrying `time` and `diff`."""
 
 from service.engine import reducers
 from service.engine.engine import Engine, OutputTable
-from service.engine.errors import EngineInputError, PipelineDefinitionError
+from service.engine.errors import EngineInputError, EngineStateError, PipelineDefinitionError
 from service.engine.table import GroupedTable, Pipeline, Table
 
 __all__ = [
     "Engine",
     "EngineInputError",
+    "EngineStateError",
     "GroupedTable",
     "OutputTable",
     "Pipeline",

@@ -3,18 +3,21 @@ changes (many consecutive transactions at once) into the output tables' changes.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from schemas.tables import Column, ColumnType, TableSchema
-from service.engine.errors import EngineInputError, PipelineDefinitionError
+from service.engine.errors import EngineInputError, EngineStateError, PipelineDefinitionError
 from service.engine.frames import DIFF, TIME, consolidate
 from service.engine.operators import OPERATORS, Operator, SourceOp
+from service.engine.state import ZSetState
 from service.engine.table import (
     DistinctNode,
     FilterNode,
@@ -154,6 +157,50 @@ class Engine:
         finally:
             for frame in cached:
                 frame.unpersist()
+
+    def _fingerprint(self) -> list[str]:
+        """What a saved state must match: every operator, in order, with its output schema."""
+        return [f"{op.node.label} -> {op.schema.simpleString()}" for op in self._ops]
+
+    def _states(self) -> dict[str, ZSetState]:
+        # Operators are numbered in DAG order, which is stable for one pipeline definition.
+        return {f"{i:03d}-{type(op).__name__}-{name}": state
+                for i, op in enumerate(self._ops) for name, state in op.states().items()}
+
+    def save_state(self, path: str) -> None:
+        """Write every operator's state under `path`, a new directory (local or any
+        Hadoop-compatible URI). The manifest is written last: a state without it is incomplete.
+        """
+        saved = []
+        for name, state in self._states().items():
+            if not state.is_empty:
+                state.save(f"{path}/{name}")
+                saved.append(name)
+        manifest = json.dumps({"format": 1, "operators": self._fingerprint(), "states": saved})
+        self.spark.createDataFrame([(manifest,)], "manifest STRING").coalesce(1) \
+            .write.text(f"{path}/_manifest")
+
+    def load_state(self, path: str) -> None:
+        """Replace the engine's state with the one `save_state` wrote at `path`."""
+        try:
+            text = self.spark.read.text(f"{path}/_manifest").first()
+        except AnalysisException as exc:
+            raise EngineStateError(f"no complete engine state at {path}: {exc}") from exc
+        if text is None:
+            raise EngineStateError(f"no complete engine state at {path}: empty manifest")
+        manifest = json.loads(text[0])
+        mine = self._fingerprint()
+        if manifest.get("operators") != mine:
+            theirs = manifest.get("operators", [])
+            diff = next((f"{a!r} vs now {b!r}" for a, b in zip(theirs, mine, strict=False)
+                         if a != b), f"{len(theirs)} operators vs now {len(mine)}")
+            raise EngineStateError(
+                f"the state at {path} was saved by a different pipeline definition "
+                f"(first difference: {diff}); start from empty state instead"
+            )
+        saved = set(manifest.get("states", []))
+        for name, state in self._states().items():
+            state.load(self.spark, f"{path}/{name}" if name in saved else None)
 
     @staticmethod
     def _collect(out: OutputTable, delta: DataFrame | None) -> pa.Table:

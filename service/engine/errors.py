@@ -11,3 +11,7 @@ class PipelineDefinitionError(ValueError):
 
 class EngineInputError(ValueError):
     """A batch handed to the engine does not fit the pipeline (unknown source, wrong columns)."""
+
+
+class EngineStateError(RuntimeError):
+    """Saved engine state is missing or was saved by a different pipeline definition."""

@@ -95,6 +95,11 @@ class Operator(ABC):
                 f"available: {', '.join(schema.names)}"
             )
 
+    def states(self) -> dict[str, ZSetState]:
+        """The operator's state by stable name (for checkpoints); empty when stateless."""
+        return {name: value for name, value in vars(self).items()
+                if isinstance(value, ZSetState)}
+
     @abstractmethod
     def _resolve(self) -> StructType:
         """The output schema, checked against the inputs' schemas (raises on a bad definition)."""
@@ -364,6 +369,11 @@ class ReduceOp(Operator):
         out_schema = StructType(fields)
         self.out_state = ZSetState(out_schema.names, [DIFF])
         return out_schema
+
+    def states(self) -> dict[str, ZSetState]:
+        values = {f"value_states.{self.value_names[c]}": state
+                  for c, state in self.value_states.items()}
+        return {**super().states(), **values}
 
     def _reducer_type(self, name: str, red: Reducer, src: StructType):  # type: ignore[no-untyped-def]
         from pyspark.sql.types import DoubleType, LongType

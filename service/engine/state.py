@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from service.engine.frames import col, null_safe_on, prefixed, union_all
@@ -83,3 +83,19 @@ class ZSetState:
         hit = whole.join(F.broadcast(wanted),
                          null_safe_on(whole, wanted, on, [f"_p_{c}" for c in on]), "left_semi")
         return self._consolidate(hit, whole=True)
+
+    def save(self, path: str) -> None:
+        """Write the consolidated collection as Parquet under `path` (any Hadoop-compatible
+        location Spark can write)."""
+        whole = self.consolidated()
+        if whole is not None:
+            whole.write.parquet(path)
+
+    def load(self, spark: SparkSession, path: str | None) -> None:
+        """Replace the collection with the one saved at `path` (None: empty). The data is
+        copied into Spark's memory, so the files may be deleted afterwards."""
+        self._runs = []
+        if path is not None:
+            frame = spark.read.parquet(path).select(*[col(c) for c in self.keys + self.weights])
+            # One batch's weight: the next append merges into it, like any older run.
+            self._runs.append(_Run(frame.localCheckpoint(eager=True), 1))
