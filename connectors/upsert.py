@@ -1,15 +1,20 @@
 """Upsert by primary key, vectorized: records that replace (or delete) the current row of their
 key become `-1 old, +1 new` changes, for many consecutive transactions in one pass.
 
-The current rows are an Arrow table (one row per key), so the state is checkpointed as it is
-(Parquet). Each `apply` costs one hash join of the touched keys against the current rows and
-one filter of the current rows: O(changes + current rows) in C, once per call, which the
-builder amortizes over all transactions closed by one poll.
+The current rows (one per key) are kept so that a call costs O(its records), not O(rows):
+- `base`: a large Arrow table with a hash index of its keys (pandas, built once per
+  compaction) and an `alive` bitmap; rows replaced or deleted since are marked dead,
+- `delta`: a small Arrow table with the current row of every key touched since the last
+  compaction, probed with an Arrow hash join.
+When the delta outgrows a sixteenth of the base (or many base rows are dead), the two are
+compacted into a new base: O(rows), amortized over as many changed keys.
+The rows are checkpointed as one Arrow table (Parquet) through `rows`.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel
@@ -18,7 +23,8 @@ from connectors.kafka_source import DELETE, SEQ
 from schemas.tables import TableSchema
 
 _ROW = "__row"
-_STATE_ROW = "__state_row"
+_DELTA_ROW = "__delta_row"
+_COMPACT_MIN = 20_000
 
 
 class UpsertCounts(BaseModel):
@@ -47,17 +53,53 @@ def _rows_equal(a: pa.Table, b: pa.Table, columns: list[str]) -> np.ndarray:
     return equal
 
 
+def _key_index(table: pa.Table, keys: list[str]) -> pd.Index:
+    arrays = [table.column(k).to_numpy() for k in keys]
+    return pd.Index(arrays[0]) if len(arrays) == 1 else pd.MultiIndex.from_arrays(arrays)
+
+
 class UpsertState:
     """The current row of every key of one upsert source."""
 
-    def __init__(self, schema: TableSchema, rows: pa.Table | None = None) -> None:
+    def __init__(self, schema: TableSchema, rows: pa.Table | None = None,
+                 compact_min: int = _COMPACT_MIN) -> None:
         self.schema = schema
+        self._compact_min = compact_min
         self._arrow = schema.arrow_schema()
         self._keys = list(schema.primary_key)
         self._columns = schema.names
-        self.rows = self._arrow.empty_table() if rows is None else rows.select(self._columns).cast(
-            self._arrow
-        )
+        start = self._arrow.empty_table() if rows is None else rows.select(self._columns)
+        self._compact(start.cast(self._arrow))
+
+    @property
+    def rows(self) -> pa.Table:
+        return pa.concat_tables([self._base.filter(pa.array(self._alive)), self._delta])
+
+    def _compact(self, rows: pa.Table) -> None:
+        self._base = rows.combine_chunks()
+        self._alive = np.ones(self._base.num_rows, dtype=bool)
+        self._index = _key_index(self._base, self._keys)
+        self._delta = self._arrow.empty_table()
+
+    def _lookup(self, probe: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of the `probe` keys' current rows in the base and in the delta (-1: not
+        there; a key is in at most one of them)."""
+        n = probe.num_rows
+        in_base = np.asarray(self._index.get_indexer(_key_index(probe, self._keys)))
+        hit = in_base >= 0
+        in_base[hit] = np.where(self._alive[in_base[hit]], in_base[hit], -1)
+        in_delta = np.full(n, -1, dtype=np.int64)
+        if self._delta.num_rows:
+            found = probe.select(self._keys).append_column(
+                _ROW, pa.array(np.arange(n, dtype=np.int64))
+            ).join(
+                self._delta.select(self._keys).append_column(
+                    _DELTA_ROW, pa.array(np.arange(self._delta.num_rows, dtype=np.int64))
+                ),
+                keys=self._keys, join_type="inner",
+            )
+            in_delta[found.column(_ROW).to_numpy()] = found.column(_DELTA_ROW).to_numpy()
+        return in_base, in_delta
 
     def apply(self, records: pa.Table) -> tuple[pa.Table, UpsertCounts]:
         """`records`: the source's columns, `time` (transaction number), SEQ (consumption order)
@@ -70,57 +112,62 @@ class UpsertState:
         r = records.select([*cols, "time", SEQ, DELETE]).sort_by(order)
         # Several records of a key in one transaction net to the last one.
         r = r.filter(pa.array(~np.append(_same_as_next(r, [*keys, "time"]), False)))
-        n, n_state = r.num_rows, self.rows.num_rows
+        n = r.num_rows
         same_key = _same_as_next(r, keys)
         first_of_key = ~np.insert(same_key, 0, False)
         last_of_key = ~np.append(same_key, False)
         deleted = r.column(DELETE).to_numpy(zero_copy_only=False)
+        values = r.select(cols).cast(self._arrow)
 
         # The old row of each record: the key's current row for its first transaction here,
-        # the record of the previous transaction for the next ones. Indices point into
-        # `current + r` so one `take` fetches both kinds.
+        # the record of the previous transaction for the next ones.
         firsts = np.flatnonzero(first_of_key)
-        probe = r.select(keys).take(pa.array(firsts)).append_column(_ROW, pa.array(firsts))
-        state_keys = self.rows.select(keys).append_column(
-            _STATE_ROW, pa.array(np.arange(n_state, dtype=np.int64))
-        )
-        hits = probe.join(state_keys, keys=keys, join_type="inner")
-        hit_rows = hits.column(_ROW).to_numpy()
-        hit_state = hits.column(_STATE_ROW).to_numpy()
-        old = np.full(n, -1, dtype=np.int64)
-        old[hit_rows] = hit_state
+        in_base, in_delta = self._lookup(values.select(keys).take(pa.array(firsts)))
         later = np.flatnonzero(~first_of_key)
         live_prev = later[~deleted[later - 1]]
-        old[live_prev] = n_state + live_prev - 1
-
-        has_old = old >= 0
-        with_old = np.flatnonzero(has_old)
-        combined = pa.concat_tables([self.rows, r.select(cols).cast(self._arrow)])
-        old_rows = combined.take(pa.array(old[with_old]))
+        sources = [
+            (self._base, in_base[in_base >= 0], firsts[in_base >= 0]),
+            (self._delta, in_delta[in_delta >= 0], firsts[in_delta >= 0]),
+            (values, live_prev - 1, live_prev),
+        ]
+        with_old_unsorted = np.concatenate([rows for _, _, rows in sources])
+        order_old = np.argsort(with_old_unsorted, kind="stable")
+        with_old = with_old_unsorted[order_old]
+        old_rows = pa.concat_tables(
+            [table.take(pa.array(at)) for table, at, _ in sources]
+        ).take(pa.array(order_old))
+        has_old = np.zeros(n, dtype=bool)
+        has_old[with_old] = True
         changed = np.ones(n, dtype=bool)
-        changed[with_old] = ~_rows_equal(old_rows, r.take(pa.array(with_old)), cols)
+        changed[with_old] = ~_rows_equal(old_rows, values.take(pa.array(with_old)), cols)
 
         time = r.column("time").combine_chunks()
         retract = (deleted | changed)[with_old]
         minus = old_rows.filter(pa.array(retract))
         minus_time = time.take(pa.array(with_old[retract]))
-        plus_mask = ~deleted & changed
-        plus = r.filter(pa.array(plus_mask))
-        changes = pa.concat_tables(
-            [
-                minus.append_column("time", minus_time).append_column(
-                    "diff", pa.array(np.full(minus.num_rows, -1, dtype=np.int64))
-                ).cast(out_schema),
-                plus.select([*cols, "time"]).append_column(
-                    "diff", pa.array(np.ones(plus.num_rows, dtype=np.int64))
-                ).cast(out_schema),
-            ]
-        )
+        plus = values.filter(pa.array(~deleted & changed))
+        plus_time = time.filter(pa.array(~deleted & changed))
+        changes = pa.concat_tables([
+            minus.append_column("time", minus_time).append_column(
+                "diff", pa.array(np.full(minus.num_rows, -1, dtype=np.int64))
+            ).cast(out_schema),
+            plus.append_column("time", plus_time).append_column(
+                "diff", pa.array(np.ones(plus.num_rows, dtype=np.int64))
+            ).cast(out_schema),
+        ])
 
-        keep = np.ones(n_state, dtype=bool)
-        keep[hit_state] = False
-        survivors = r.filter(pa.array(last_of_key & ~deleted)).select(cols).cast(self._arrow)
-        self.rows = pa.concat_tables([self.rows.filter(pa.array(keep)), survivors])
+        # Every key touched now has its current row in the delta, or none.
+        self._alive[in_base[in_base >= 0]] = False
+        keep = np.ones(self._delta.num_rows, dtype=bool)
+        keep[in_delta[in_delta >= 0]] = False
+        survivors = values.filter(pa.array(last_of_key & ~deleted))
+        self._delta = pa.concat_tables(
+            [self._delta.filter(pa.array(keep)), survivors]
+        ).combine_chunks()
+        dead = len(self._alive) - int(self._alive.sum())
+        limit = max(self._compact_min, self._base.num_rows // 16)
+        if self._delta.num_rows > limit or dead > limit:
+            self._compact(self.rows)
         counts = UpsertCounts(
             absent_deletes=int((deleted & ~has_old).sum()),
             unchanged=int((has_old & ~deleted & ~changed).sum()),
@@ -141,4 +188,3 @@ class UpsertState:
         restored = firsts.filter(was).select(self._columns).cast(self._arrow)
         untouched = self.rows.join(earliest.select(keys), keys=keys, join_type="left anti")
         return pa.concat_tables([untouched.select(self._columns).cast(self._arrow), restored])
-

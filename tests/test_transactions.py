@@ -31,6 +31,7 @@ from connectors.kafka_source import DELETE, SEQ, KafkaSourceError
 from connectors.transactions import SourceState, TransactionBuilder
 from connectors.upsert import UpsertState
 from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
+from schemas.tables import TableSchema
 from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 
 COUNTED = UpstreamTransactions(id=RecordField(header="txid"), count=RecordField(header="txn"))
@@ -319,19 +320,36 @@ _events = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
-@given(initial=st.dictionaries(st.integers(0, 4), st.integers(0, 2), max_size=4), events=_events)
-def test_upsert_matches_model(initial: dict[int, int], events: list[tuple[int, int, int | None]]
-                              ) -> None:
+# The same key space with a two-column key (text, bigint): key k is ("r<k % 2>", k // 2).
+COMPOSITE = TableSchema.of({"id": "bigint", "item": "text", "qty": "int"},
+                           primary_key=["item", "id"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(initial=st.dictionaries(st.integers(0, 4), st.integers(0, 2), max_size=4), events=_events,
+       compact_min=st.sampled_from([1, 3, 1000]), composite=st.booleans())
+def test_upsert_matches_model(initial: dict[int, int], events: list[tuple[int, int, int | None]],
+                              compact_min: int, composite: bool) -> None:
     """Events are (transaction, key, qty or None for a delete); several transactions per call,
-    and the rows before the last call recovered from its changes."""
-    current = pa.Table.from_pylist([order(k, qty=v, item="x") for k, v in initial.items()],
-                                   schema=ORDERS.arrow_schema())
-    state = UpsertState(ORDERS, current)
+    and the rows before the last call recovered from its changes. Small `compact_min` values
+    compact the current rows on (almost) every call."""
+    schema = COMPOSITE if composite else ORDERS
+
+    def row(k: int, qty: int | None) -> dict[str, Any]:
+        if composite:
+            return {"id": k // 2, "item": f"r{k % 2}", "qty": qty}
+        return {"id": k, "item": None if qty is None else "x", "qty": qty}
+
+    def key(r: dict[str, Any]) -> int:
+        return r["id"] * 2 + int(r["item"][1]) if composite else r["id"]
+
+    current = pa.Table.from_pylist([row(k, v) for k, v in initial.items()],
+                                   schema=schema.arrow_schema())
+    state = UpsertState(schema, current, compact_min=compact_min)
     records = pa.Table.from_pylist(
-        [{"id": k, "item": None if q is None else "x", "qty": q, "time": t, SEQ: i,
-          DELETE: q is None} for i, (t, k, q) in enumerate(events)],
-        schema=pa.schema([*ORDERS.arrow_schema(), pa.field("time", pa.int64()),
+        [{**row(k, q), "time": t, SEQ: i, DELETE: q is None}
+         for i, (t, k, q) in enumerate(events)],
+        schema=pa.schema([*schema.arrow_schema(), pa.field("time", pa.int64()),
                           pa.field(SEQ, pa.int64()), pa.field(DELETE, pa.bool_())]),
     )
     # Two calls (transactions 1-2, then 3), as two polls would make them.
@@ -359,14 +377,14 @@ def test_upsert_matches_model(initial: dict[int, int], events: list[tuple[int, i
                     expected.append((t, k, old, -1))
                 expected.append((t, k, q, 1))
                 model[k] = q
-    got = sorted((r["time"], r["id"], r["qty"], r["diff"]) for r in changes.to_pylist())
+    got = sorted((r["time"], key(r), r["qty"], r["diff"]) for r in changes.to_pylist())
     assert got == sorted(expected)
     assert early_counts.absent_deletes + late_counts.absent_deletes == absent
-    assert sorted((r["id"], r["qty"]) for r in state.rows.to_pylist()) == sorted(model.items())
+    assert sorted((key(r), r["qty"]) for r in state.rows.to_pylist()) == sorted(model.items())
 
 
 def _sorted(table: pa.Table) -> list[dict[str, Any]]:
-    return sorted(table.to_pylist(), key=lambda r: r["id"])
+    return sorted(table.to_pylist(), key=lambda r: (r["id"], r["item"] or ""))
 
 
 def test_replay_rebuilds_emitted_mini_batches_with_their_numbers(
