@@ -5,8 +5,8 @@ The current rows (one per key) are kept so that a call costs O(its records), not
 - `base`: a large Arrow table with a hash index of its keys (pandas, built once per
   compaction) and an `alive` bitmap; rows replaced or deleted since are marked dead,
 - `delta`: a small Arrow table with the current row of every key touched since the last
-  compaction, probed with an Arrow hash join.
-When the delta outgrows a sixteenth of the base (or many base rows are dead), the two are
+  compaction, probed through an index rebuilt on each call (O(delta)).
+When the delta outgrows 1/32 of the base (or as many base rows are dead), the two are
 compacted into a new base: O(rows), amortized over as many changed keys.
 The rows are checkpointed as one Arrow table (Parquet) through `rows`.
 """
@@ -22,9 +22,7 @@ from pydantic import BaseModel
 from connectors.kafka_source import DELETE, SEQ
 from schemas.tables import TableSchema
 
-_ROW = "__row"
-_DELTA_ROW = "__delta_row"
-_COMPACT_MIN = 20_000
+_COMPACT_MIN = 2_000
 
 
 class UpsertCounts(BaseModel):
@@ -78,27 +76,19 @@ class UpsertState:
     def _compact(self, rows: pa.Table) -> None:
         self._base = rows.combine_chunks()
         self._alive = np.ones(self._base.num_rows, dtype=bool)
+        self._dead = 0
         self._index = _key_index(self._base, self._keys)
         self._delta = self._arrow.empty_table()
 
     def _lookup(self, probe: pa.Table) -> tuple[np.ndarray, np.ndarray]:
         """Positions of the `probe` keys' current rows in the base and in the delta (-1: not
         there; a key is in at most one of them)."""
-        n = probe.num_rows
-        in_base = np.asarray(self._index.get_indexer(_key_index(probe, self._keys)))
+        keys = _key_index(probe, self._keys)
+        in_base = np.asarray(self._index.get_indexer(keys))
         hit = in_base >= 0
         in_base[hit] = np.where(self._alive[in_base[hit]], in_base[hit], -1)
-        in_delta = np.full(n, -1, dtype=np.int64)
-        if self._delta.num_rows:
-            found = probe.select(self._keys).append_column(
-                _ROW, pa.array(np.arange(n, dtype=np.int64))
-            ).join(
-                self._delta.select(self._keys).append_column(
-                    _DELTA_ROW, pa.array(np.arange(self._delta.num_rows, dtype=np.int64))
-                ),
-                keys=self._keys, join_type="inner",
-            )
-            in_delta[found.column(_ROW).to_numpy()] = found.column(_DELTA_ROW).to_numpy()
+        # The delta changes on every call: its index is rebuilt, O(delta).
+        in_delta = np.asarray(_key_index(self._delta, self._keys).get_indexer(keys))
         return in_base, in_delta
 
     def apply(self, records: pa.Table) -> tuple[pa.Table, UpsertCounts]:
@@ -157,16 +147,17 @@ class UpsertState:
         ])
 
         # Every key touched now has its current row in the delta, or none.
-        self._alive[in_base[in_base >= 0]] = False
+        replaced = in_base[in_base >= 0]  # alive until now: a key is in the base once
+        self._alive[replaced] = False
+        self._dead += len(replaced)
         keep = np.ones(self._delta.num_rows, dtype=bool)
         keep[in_delta[in_delta >= 0]] = False
         survivors = values.filter(pa.array(last_of_key & ~deleted))
         self._delta = pa.concat_tables(
             [self._delta.filter(pa.array(keep)), survivors]
         ).combine_chunks()
-        dead = len(self._alive) - int(self._alive.sum())
-        limit = max(self._compact_min, self._base.num_rows // 16)
-        if self._delta.num_rows > limit or dead > limit:
+        limit = max(self._compact_min, self._base.num_rows // 32)
+        if self._delta.num_rows > limit or self._dead > limit:
             self._compact(self.rows)
         counts = UpsertCounts(
             absent_deletes=int((deleted & ~has_old).sum()),
