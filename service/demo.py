@@ -138,6 +138,8 @@ def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = p
             consumer_group=f"txstream-demo-{run_id}",
             dead_letter_topic=dead_letters,
             database_url=database_url,
+            # Removed with the rest of the work dir, so every demo starts from scratch.
+            checkpoint_dir=str(work_dir / "checkpoints"),
         )
         say("starting Spark (local mode) and compiling the pipeline")
         runner = PipelineRunner(config)

@@ -1,48 +1,209 @@
-"""The HTTP endpoint of a running pipeline: `/healthz`, `/readyz` and `/metrics` (Prometheus)."""
+"""What a running pipeline reports: its progress and metrics (`Progress`), its readiness
+(`Readiness`), and the HTTP endpoint serving them: `/healthz`, `/readyz` and `/metrics`
+(Prometheus text format)."""
 
 from __future__ import annotations
 
+import bisect
 import threading
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from service.runner import Progress
+# Seconds: from a fast Spark job or PostgreSQL write to a slow checkpoint.
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_COUNTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10_000, 100_000)
+
+
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+        self._lock = threading.Lock()  # observed by the loop and the Kafka monitor thread
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self._counts[bisect.bisect_left(self.bounds, value)] += 1
+            self.sum += value
+            self.count += 1
+
+    def render(self, name: str, labels: str = "") -> list[str]:
+        with self._lock:
+            counts, total, count = list(self._counts), self.sum, self.count
+        lines, running = [], 0
+        sep = "," if labels else ""
+        for bound, n in zip((*self.bounds, float("inf")), counts, strict=True):
+            running += n
+            le = "+Inf" if bound == float("inf") else f"{bound:g}"
+            lines.append(f'{name}_bucket{{{labels}{sep}le="{le}"}} {running}')
+        suffix = f"{{{labels}}}" if labels else ""
+        return [*lines, f"{name}_sum{suffix} {total}", f"{name}_count{suffix} {count}"]
+
+
+@dataclass
+class Progress:
+    """What the loop has done since start (counters), where it is (gauges), and how long its
+    steps take (histograms)."""
+
+    started: float = field(default_factory=time.monotonic)
+    events: int = 0
+    bad_records: int = 0
+    transactions_closed: int = 0
+    transactions: int = 0  # committed to every sink
+    batches: int = 0
+    output_changes: int = 0
+    engine_seconds: float = 0.0
+    sink_seconds: float = 0.0
+    checkpoints: int = 0
+    last_transaction: int = 0  # last committed
+    last_checkpoint_transaction: int | None = None
+    last_checkpoint_at: float | None = None  # monotonic
+    lag: int = 0
+    lag_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
+    batch_transactions: Histogram = field(default_factory=lambda: Histogram(_COUNTS))
+    spark_job_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
+    sink_write_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
+    checkpoint_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
+    end_to_end_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def checkpoint_age(self) -> float | None:
+        if self.last_checkpoint_at is None:
+            return None
+        return time.monotonic() - self.last_checkpoint_at
+
+    def line(self) -> str:
+        """The status line: rates since start, lag per partition, last committed transaction,
+        checkpoint age."""
+        elapsed = max(self.elapsed, 1e-9)
+        lags = " ".join(f"{t}/{p}:{n}" for (t, p), n in sorted(self.lag_by_partition.items()))
+        age = self.checkpoint_age
+        checkpoint = "none" if age is None else (
+            f"#{self.last_checkpoint_transaction} {age:.0f}s ago")
+        return (
+            f"transactions {self.transactions} ({self.transactions / elapsed:,.1f}/s, last "
+            f"#{self.last_transaction}) | events {self.events} ({self.events / elapsed:,.0f}/s) | "
+            f"bad records {self.bad_records} | output changes {self.output_changes} | "
+            f"lag {self.lag} [{lags}] | checkpoint {checkpoint} | "
+            f"spark {self.engine_seconds:.1f}s sinks {self.sink_seconds:.1f}s"
+        )
+
+    def fields(self) -> dict[str, object]:
+        """The status line's figures, for a structured (JSON) log record."""
+        elapsed = max(self.elapsed, 1e-9)
+        return {
+            "transactions": self.transactions, "transactions_per_s": self.transactions / elapsed,
+            "last_transaction": self.last_transaction, "events": self.events,
+            "events_per_s": self.events / elapsed, "bad_records": self.bad_records,
+            "output_changes": self.output_changes, "lag": self.lag,
+            "lag_by_partition": {f"{t}/{p}": n for (t, p), n in self.lag_by_partition.items()},
+            "last_checkpoint_transaction": self.last_checkpoint_transaction,
+            "checkpoint_age_s": self.checkpoint_age,
+        }
+
+
+class Readiness:
+    """Ready means: started (state restored, first poll done), every dependency reachable at
+    its last use, and the lag at most `max_lag`. Set by the loop and the Kafka monitor."""
+
+    def __init__(self, max_lag: int) -> None:
+        self.max_lag = max_lag
+        self.started = threading.Event()
+        self._problems: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def fail(self, dependency: str, reason: str) -> None:
+        with self._lock:
+            self._problems[dependency] = reason
+
+    def ok(self, dependency: str) -> None:
+        with self._lock:
+            self._problems.pop(dependency, None)
+
+    def problems(self, progress: Progress) -> list[str]:
+        if not self.started.is_set():
+            return ["starting"]
+        with self._lock:
+            found = [f"{d} unavailable: {r}" for d, r in sorted(self._problems.items())]
+        if progress.lag > self.max_lag:
+            found.append(f"lag {progress.lag} > {self.max_lag}")
+        return found
+
+    def up(self, dependency: str) -> bool:
+        with self._lock:
+            return dependency not in self._problems
+
 
 _COUNTERS = (
     ("events", "txstream_events_total", "records consumed from the source topics"),
-    ("bad_records", "txstream_bad_records_total", "records dead-lettered as malformed"),
-    ("transactions", "txstream_transactions_total", "transactions committed to the sinks"),
+    ("bad_records", "txstream_dead_letters_total", "records dead-lettered as malformed"),
+    ("transactions_closed", "txstream_transactions_closed_total", "transactions closed"),
+    ("transactions", "txstream_transactions_committed_total",
+     "transactions committed to every sink"),
     ("batches", "txstream_batches_total", "Spark batches run"),
     ("output_changes", "txstream_output_changes_total", "changes written to the sinks"),
-    ("engine_seconds", "txstream_engine_seconds_total", "time spent in Spark batches"),
-    ("sink_seconds", "txstream_sink_seconds_total", "time spent writing to sinks"),
+    ("checkpoints", "txstream_checkpoints_total", "checkpoints completed"),
 )
 _GAUGES = (
     ("lag", "txstream_lag_records", "records in the source topics not yet committed"),
-    ("last_transaction", "txstream_last_transaction", "number of the last committed transaction"),
+    ("last_transaction", "txstream_last_committed_transaction",
+     "number of the last transaction committed to every sink"),
+)
+_HISTOGRAMS = (
+    ("batch_transactions", "txstream_batch_transactions", "transactions per Spark batch"),
+    ("spark_job_seconds", "txstream_spark_job_seconds", "time of one Spark batch"),
+    ("sink_write_seconds", "txstream_sink_write_seconds", "time of one sink write"),
+    ("checkpoint_seconds", "txstream_checkpoint_seconds", "time to write one checkpoint"),
+    ("end_to_end_seconds", "txstream_end_to_end_latency_seconds",
+     "from a record's Kafka timestamp to the commit of its transaction to every sink "
+     "(the first and last record per partition of each batch)"),
 )
 
 
-def render_metrics(progress: Progress) -> str:
-    lines = []
-    for kinds, kind in ((_COUNTERS, "counter"), (_GAUGES, "gauge")):
-        for attr, name, help_text in kinds:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
-                      f"{name} {getattr(progress, attr)}"]
+def render_metrics(progress: Progress, readiness: Readiness) -> str:
+    lines: list[str] = []
+
+    def head(name: str, help_text: str, kind: str) -> None:
+        lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+
+    for attr, name, help_text in _COUNTERS:
+        head(name, help_text, "counter")
+        lines.append(f"{name} {getattr(progress, attr)}")
+    for attr, name, help_text in _GAUGES:
+        head(name, help_text, "gauge")
+        lines.append(f"{name} {getattr(progress, attr)}")
+    head("txstream_partition_lag_records", "records not yet committed, per partition", "gauge")
+    lines += [f'txstream_partition_lag_records{{topic="{t}",partition="{p}"}} {n}'
+              for (t, p), n in sorted(progress.lag_by_partition.items())]
+    head("txstream_checkpoint_age_seconds", "time since the last checkpoint completed", "gauge")
+    age = progress.checkpoint_age
+    lines.append(f"txstream_checkpoint_age_seconds {'NaN' if age is None else f'{age:.3f}'}")
+    head("txstream_dependency_up", "1 when the dependency answered at its last use", "gauge")
+    lines += [f'txstream_dependency_up{{dependency="{d}"}} {int(readiness.up(d))}'
+              for d in ("kafka", "postgresql")]
+    head("txstream_ready", "1 when /readyz answers 200", "gauge")
+    lines.append(f"txstream_ready {int(not readiness.problems(progress))}")
+    for attr, name, help_text in _HISTOGRAMS:
+        head(name, help_text, "histogram")
+        lines += getattr(progress, attr).render(name)
     return "\n".join(lines) + "\n"
 
 
 class HealthServer:
-    """Serves the endpoints from a daemon thread; reads the runner's progress, never blocks it.
+    """Serves the endpoints from a daemon thread; reads the runner's progress, never blocks it."""
 
-    Ready means: the loop has completed a poll since start and the last measured lag is at most
-    `max_lag`.
-    """
-
-    def __init__(self, port: int, progress: Progress, max_lag: int, host: str = "0.0.0.0"
-                 ) -> None:
+    def __init__(self, port: int, progress: Progress, readiness: Readiness,
+                 host: str = "0.0.0.0") -> None:
         self.progress = progress
-        self.max_lag = max_lag
-        self.ready = threading.Event()
+        self.readiness = readiness
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -68,13 +229,13 @@ class HealthServer:
         if path == "/healthz":
             return 200, "ok\n", text
         if path == "/readyz":
-            if not self.ready.is_set():
-                return 503, "not ready: starting\n", text
-            if self.progress.lag > self.max_lag:
-                return 503, f"not ready: lag {self.progress.lag} > {self.max_lag}\n", text
+            problems = self.readiness.problems(self.progress)
+            if problems:
+                return 503, "not ready: " + "; ".join(problems) + "\n", text
             return 200, "ready\n", text
         if path == "/metrics":
-            return 200, render_metrics(self.progress), "text/plain; version=0.0.4"
+            return 200, render_metrics(self.progress, self.readiness), \
+                "text/plain; version=0.0.4"
         return 404, "not found: try /healthz, /readyz, /metrics\n", text
 
     def start(self) -> HealthServer:
