@@ -125,6 +125,16 @@ def _header_values(texts: pa.Array, dtype: pa.DataType) -> pa.Array:
     return texts
 
 
+def _braced(value: bytes) -> bool:
+    """Whether the value starts with "{" and ends with "}" (JSON whitespace aside). Only such
+    values reach Arrow's JSON reader: it crashes the process on a line that is a bare `null`
+    (pyarrow 26)."""
+    if value[:1] == b"{" and value[-1:] == b"}":
+        return True
+    stripped = value.strip(b" \t\r\n")
+    return stripped[:1] == b"{" and stripped[-1:] == b"}"
+
+
 def _header(message: Message, name: str) -> bytes | None:
     for key, value in message.headers() or ():
         if key == name:
@@ -298,9 +308,24 @@ class SourceDecoder:
     def _single_error(self, value: bytes) -> str:
         """Why one record was rejected, in terms of the user's fields (pydantic), falling back
         to the Arrow reader's message."""
+        explained = self._explain(value)
+        if explained is not None:
+            return explained
+        try:
+            pajson.read_json(
+                io.BytesIO(value),
+                read_options=self._read_options,
+                parse_options=self._parse_options,
+            )
+        except pa.ArrowInvalid as exc:
+            return f"value does not match the schema: {exc}"
+        return "value is not exactly one JSON object"
+
+    def _explain(self, value: bytes) -> str | None:
+        """The problem of a rejected value found by Python's JSON parser and the row model."""
         try:
             obj = json.loads(value)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return f"malformed JSON: {exc}"
         if not isinstance(obj, dict):
             return f"value is a JSON {type(obj).__name__}, not an object"
@@ -321,15 +346,7 @@ class SourceDecoder:
                     f": {e['msg']} (got {e.get('input')!r:.80})"
                     for e in exc.errors()
                 )
-        try:
-            pajson.read_json(
-                io.BytesIO(value),
-                read_options=self._read_options,
-                parse_options=self._parse_options,
-            )
-        except pa.ArrowInvalid as exc:
-            return f"value does not match the schema: {exc}"
-        return "value is not exactly one JSON object"
+        return None
 
     # ---- decoding ------------------------------------------------------------------------
 
@@ -354,6 +371,8 @@ class SourceDecoder:
             elif len(value) > spec.max_value_bytes:
                 reject(i, f"value of {len(value)} bytes exceeds max_value_bytes="
                           f"{spec.max_value_bytes} of source {spec.name!r}")
+            elif not _braced(value):
+                reject(i, self._explain(value) or "value is not a single JSON object")
             else:
                 candidates.append(i)
                 values.append(value)
@@ -587,7 +606,7 @@ class SourceDecoder:
             assert raw is not None  # null keys on upsert sources are rejected before
             try:
                 key: Any = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 key = raw.decode("utf-8", "replace")
             if isinstance(key, dict) and isinstance(key.get("payload"), dict):
                 key = key["payload"]
@@ -652,7 +671,7 @@ class SourceDecoder:
         if bad.value is not None and in_value:
             try:
                 value = json.loads(bad.value)
-            except ValueError:
+            except (ValueError, RecursionError):
                 value = None
         txid, txcount, txend = self._upstream_of(bad, value)
         return bad.model_copy(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -302,3 +304,27 @@ def test_column_types_dates_timestamps_booleans(
     errors = {int(x["txstream.offset"]): x["txstream.error"]
               for x in read_dead_letters(kafka, dlq, 3)}
     assert "not a date" in errors[1] and "day" in errors[2] and "ok" in errors[3]
+
+
+def test_garbage_never_stops_the_stream_and_every_record_is_accounted_for(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert")
+    builders.append(b := make_builder(kafka, [spec]))
+    rng = random.Random(4)
+    garbage = [b"[" * 100_000, b"\xff\xfe{", b'{"id": 1}\n{"id": 2}', b"null", b'"text"',
+               b'{"id": {"nested": 1}}', b'{"id": 1e400}', b'{"id": -9223372036854775809}']
+    garbage += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40))) for _ in range(30)]
+    good = [(str(i), order_row(i)) for i in range(20)]
+    records: list[Record] = [*good[:10], *((str(100 + i), g) for i, g in enumerate(garbage)),
+                             *good[10:]]
+    produce(kafka, topic_name, records)
+    txs = poll_until(b, lambda ts: b.stats.events == len(records) and bool(ts)
+                     and ts[-1].offsets[topic_name][0] == len(records))
+    assert integrate(txs, "orders") == {tuple(order_row(i).items()): 1 for i in range(20)}
+    assert b.stats.bad_records == len(garbage)
+
+
+def order_row(i: int) -> dict[str, Any]:
+    return {"id": i, "item": f"i{i}", "qty": i}
