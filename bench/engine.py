@@ -1,0 +1,425 @@
+"""Engine benchmark. Prints one JSON document (progress goes to stderr):
+
+1. throughput, the Pathway-style workload: 1,000,000 insert events, keys = i mod 10,000, 100
+   transactions of 10,000 events, group-by count and sum; events/s end to end through the
+   engine (input from Arrow, consolidated output diffs collected) with 1, 10 and 100
+   transactions per Spark job, one fresh engine each;
+2. state_cost: the time of one 1,000-change transaction (500 deletions of existing rows, 500
+   insertions) against state of S rows, for a group-by with S/10 keys and an inner join with a
+   static table of S rows, and how it grows from the smallest S to the largest;
+3. the same transaction answered by full recompute (a plain Spark group-by / join over the
+   input as of that transaction, collected), and its ratio to the incremental time.
+
+Every engine result is checked against numpy. The machine is shared: ratios measured within one
+run are what matter, so the load average at start and end is part of the output.
+
+    .venv/bin/python bench/engine.py [--quick] [--sizes 10k,1M,10M] [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import SparkContext
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from schemas.tables import TableSchema
+from service.engine import Engine, Pipeline
+from service.engine import reducers as r
+from service.spark import get_spark
+
+EVENTS = TableSchema.of({"k": "bigint", "v": "double"})
+# `a` is the changing table: grouped by `g` (S/10 groups) and joined with `b` on `k`.
+A_SCHEMA = TableSchema.of({"id": "bigint", "g": "bigint", "k": "bigint", "v": "double"},
+                          primary_key=["id"])
+B_SCHEMA = TableSchema.of({"k": "bigint", "w": "double"}, primary_key=["k"])
+
+# Rows are a function of their id, computed identically by numpy (engine input, expected
+# results) and by Spark (the recompute's base tables, which are thus generated inside Spark
+# instead of paying createDataFrame for millions of rows a second time). Odd multipliers not
+# divisible by 5 are bijections modulo powers of ten, so with S a power of ten every key of `b`
+# matches exactly one base row of `a` and every group holds exactly 10 rows.
+K_MULT = 2_654_435_761
+G_MULT = 40_503
+V_MULT = 7_919
+V_MOD = 10_007
+# Values are multiples of 1/8 and small, so every sum is exact in float64 whatever the order of
+# addition: results can be compared for equality, not approximately.
+V_SCALE = 8.0
+
+LOAD_BATCH_ROWS = 2_000_000  # bounds the delta the join broadcasts while loading
+QUICK_SIZES = (10_000, 100_000, 1_000_000)
+FULL_SIZES = (10_000, 1_000_000, 10_000_000)
+
+_T0 = time.perf_counter()
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - _T0:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def changes(columns: dict[str, np.ndarray], time_: np.ndarray | int, diff: np.ndarray | int
+            ) -> pa.Table:
+    """An engine input: the columns plus `time` and `diff` (scalars broadcast to every row)."""
+    n = len(next(iter(columns.values())))
+    extra = {"time": np.broadcast_to(np.int64(time_), n) if np.isscalar(time_) else time_,
+             "diff": np.broadcast_to(np.int64(diff), n) if np.isscalar(diff) else diff}
+    return pa.table({name: pa.array(np.ascontiguousarray(values))
+                     for name, values in {**columns, **extra}.items()})
+
+
+def value_of(x: np.ndarray) -> np.ndarray:
+    return ((x * V_MULT) % V_MOD).astype(np.float64) / V_SCALE
+
+
+def a_rows(ids: np.ndarray, size: int) -> dict[str, np.ndarray]:
+    return {"id": ids, "g": (ids * G_MULT) % groups_of(size), "k": (ids * K_MULT) % size,
+            "v": value_of(ids)}
+
+
+def groups_of(size: int) -> int:
+    return max(size // 10, 1)
+
+
+def a_frame(spark: SparkSession, size: int) -> DataFrame:
+    """`a`'s base rows (ids 0..size-1), the same values as `a_rows`."""
+    i = F.col("id")
+    return spark.range(size).select(
+        i, ((i * G_MULT) % groups_of(size)).alias("g"), ((i * K_MULT) % size).alias("k"),
+        (((i * V_MULT) % V_MOD).cast("double") / F.lit(V_SCALE)).alias("v"))
+
+
+def b_frame(spark: SparkSession, size: int) -> DataFrame:
+    k = F.col("id")
+    return spark.range(size).select(
+        k.alias("k"), (((k * V_MULT) % V_MOD).cast("double") / F.lit(V_SCALE)).alias("w"))
+
+
+def seconds_of(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def spark_jobs(sc: SparkContext, group: str, fn: Callable[[], Any]) -> tuple[float, Any, int]:
+    """Time `fn` and count the Spark jobs it ran: the engine's fixed cost is per job. Later
+    jobs also land in `group` until the next call sets another; they are not counted."""
+    sc.setJobGroup(group, group)
+    elapsed, result = seconds_of(fn)
+    return elapsed, result, len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+# --- 1. throughput ------------------------------------------------------------------------
+
+
+def throughput(spark: SparkSession, events: int, keys: int, transactions: int,
+               per_job: list[int]) -> dict[str, Any]:
+    i = np.arange(events, dtype=np.int64)
+    per_txn = events // transactions
+    table = changes({"k": i % keys, "v": value_of(i)}, i // per_txn, 1)
+    want_n = np.bincount(i % keys, minlength=keys)
+    want_s = np.bincount(i % keys, weights=value_of(i), minlength=keys)
+    runs = []
+    for batch in per_job:
+        p = Pipeline()
+        p.output("sums", p.source("events", EVENTS).groupby("k")
+                 .reduce(n=r.count(), s=r.sum("v")))
+        engine = Engine(p, spark)
+        rows = batch * per_txn
+        chunks = [table.slice(lo, rows) for lo in range(0, events, rows)]
+        job_s = []
+        outputs = []
+        start = time.perf_counter()
+        for chunk in chunks:
+            t0 = time.perf_counter()
+            outputs.append(engine.process({"events": chunk})["sums"])
+            job_s.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - start
+        check_integrated(pa.concat_tables(outputs), want_n, want_s)
+        runs.append({"transactions_per_job": batch, "jobs": len(chunks),
+                     "seconds": round(elapsed, 3), "events_per_s": round(events / elapsed),
+                     "median_job_s": round(statistics.median(job_s), 3),
+                     "output_rows": sum(o.num_rows for o in outputs)})
+        log(f"throughput: {batch} transactions/job: {elapsed:.1f} s, "
+            f"{events / elapsed:,.0f} events/s")
+    return {"events": events, "keys": keys, "transactions": transactions,
+            "events_per_transaction": per_txn, "runs": runs, "verified": True}
+
+
+def check_integrated(diffs: pa.Table, want_n: np.ndarray, want_s: np.ndarray) -> None:
+    """Summing the diff stream must leave exactly one row per key, equal to numpy's totals."""
+    net = diffs.to_pandas().groupby(["k", "n", "s"], as_index=False)["diff"].sum()
+    net = net[net["diff"] != 0].sort_values("k")
+    assert (net["diff"] == 1).all(), "integrated output has multiplicities other than 1"
+    assert np.array_equal(net["k"].to_numpy(), np.arange(len(want_n))), "wrong set of keys"
+    assert np.array_equal(net["n"].to_numpy(), want_n), "wrong counts"
+    assert np.array_equal(net["s"].to_numpy(), want_s), "wrong sums"
+
+
+# --- 2 and 3. cost versus state, incremental and recompute -------------------------------
+
+
+@dataclass(frozen=True)
+class Truth:
+    """Numpy's view of `a` as of a transaction: per-group counts and sums, the join's size and
+    its sum of `w`."""
+
+    counts: np.ndarray
+    sums: np.ndarray
+    rows: int
+    w_total: float
+
+    @classmethod
+    def base(cls, size: int) -> Truth:
+        rows = a_rows(np.arange(size, dtype=np.int64), size)
+        return cls(np.bincount(rows["g"], minlength=groups_of(size)),
+                   np.bincount(rows["g"], weights=rows["v"], minlength=groups_of(size)),
+                   size, float(value_of(rows["k"]).sum()))
+
+    def after(self, txn: pa.Table) -> Truth:
+        g, v, k = (txn[c].to_numpy() for c in ("g", "v", "k"))
+        d = txn["diff"].to_numpy()
+        return Truth(
+            self.counts + np.bincount(g, weights=d, minlength=len(self.counts)).astype(np.int64),
+            self.sums + np.bincount(g, weights=v * d, minlength=len(self.sums)),
+            self.rows + int(d.sum()), self.w_total + float((value_of(k) * d).sum()))
+
+
+def transactions(size: int, count: int, first_time: int, seed: int) -> list[pa.Table]:
+    """`count` transactions of 500 deletions of distinct base rows and 500 new rows."""
+    rng = np.random.default_rng(seed)
+    deleted = rng.choice(size, 500 * count, replace=False).astype(np.int64)
+    out = []
+    for j in range(count):
+        ids = np.concatenate([deleted[500 * j:500 * (j + 1)],
+                              np.arange(size + 500 * j, size + 500 * (j + 1), dtype=np.int64)])
+        diff = np.repeat(np.array([-1, 1], dtype=np.int64), 500)
+        out.append(changes(a_rows(ids, size), first_time + j, diff))
+    return out
+
+
+def check_groupby_delta(out: pa.Table, txn: pa.Table, before: Truth, after: Truth) -> None:
+    """The transaction's output retracts the touched groups' old rows and inserts new ones."""
+    touched = np.unique(txn["g"].to_numpy())
+    g, n, s = (out[c].to_numpy() for c in ("g", "n", "s"))
+    d = out["diff"].to_numpy()
+    plus, minus = d == 1, d == -1
+    assert (plus | minus).all() and np.isin(g, touched).all(), "diff or group out of place"
+    assert len(np.unique(g[plus])) == plus.sum() and len(np.unique(g[minus])) == minus.sum()
+    assert np.array_equal(n[plus], after.counts[g[plus]]), "wrong new counts"
+    assert np.array_equal(s[plus], after.sums[g[plus]]), "wrong new sums"
+    assert np.array_equal(n[minus], before.counts[g[minus]]), "wrong retracted counts"
+    assert np.array_equal(s[minus], before.sums[g[minus]]), "wrong retracted sums"
+    silent = np.setdiff1d(touched, np.union1d(g[plus], g[minus]))
+    assert np.array_equal(before.counts[silent], after.counts[silent]) and \
+        np.array_equal(before.sums[silent], after.sums[silent]), "a changed group not emitted"
+
+
+def check_join_delta(out: pa.Table, txn: pa.Table) -> None:
+    """Every changed row of `a` matches exactly one row of `b`: the output is the changes."""
+    got = out.sort_by("id")
+    want = txn.sort_by("id")
+    for c in ("id", "k", "g", "v", "diff"):
+        assert np.array_equal(got[c].to_numpy(), want[c].to_numpy()), f"join output: {c}"
+    assert np.array_equal(got["w"].to_numpy(), value_of(want["k"].to_numpy())), "join output: w"
+
+
+def recompute(spark: SparkSession, query: Callable[[DataFrame], DataFrame], a_base: DataFrame,
+              applied: list[pa.Table]) -> pa.Table:
+    """`query`'s whole result from scratch, on `a` as of the last applied transaction."""
+    net = pa.concat_tables(applied)
+    is_del = pc.equal(net["diff"], -1)
+    deleted = spark.createDataFrame(net.filter(is_del).select(["id"]), schema="id BIGINT")
+    inserted = spark.createDataFrame(net.filter(pc.invert(is_del))
+                                     .select(["id", "g", "k", "v"]),
+                                     schema="id BIGINT, g BIGINT, k BIGINT, v DOUBLE")
+    return query(a_base.join(F.broadcast(deleted), "id", "left_anti").unionByName(inserted)
+                 ).toArrow()
+
+
+def check_recompute(workload: str, result: pa.Table, truth: Truth) -> None:
+    if workload == "groupby":
+        got = result.sort_by("g")
+        live = np.flatnonzero(truth.counts > 0)
+        assert np.array_equal(got["g"].to_numpy(), live), "recompute: wrong groups"
+        assert np.array_equal(got["n"].to_numpy(), truth.counts[live]), "recompute: counts"
+        assert np.array_equal(got["s"].to_numpy(), truth.sums[live]), "recompute: sums"
+    else:
+        assert result.num_rows == truth.rows, "recompute: join size"
+        assert math.isclose(pc.sum(result["w"]).as_py(), truth.w_total,
+                            rel_tol=1e-12), "recompute: join sum of w"
+
+
+def load(engine: Engine, source: str, schema_rows: Callable[[np.ndarray], dict[str, np.ndarray]],
+         size: int, first_time: int) -> int:
+    """Feeds ids 0..size-1 in a few large transactions; returns the next free time."""
+    batches = max(2, math.ceil(size / LOAD_BATCH_ROWS))
+    for j, ids in enumerate(np.array_split(np.arange(size, dtype=np.int64), batches)):
+        engine.process({source: changes(schema_rows(ids), first_time + j, 1)})
+    return first_time + batches
+
+
+def state_cost(spark: SparkSession, workload: str, size: int, reps: int) -> dict[str, Any]:
+    sc = spark.sparkContext
+    p = Pipeline()
+    a = p.source("a", A_SCHEMA)
+    cached: list[DataFrame] = []
+    query: Callable[[DataFrame], DataFrame]
+    if workload == "groupby":
+        p.output("out", a.groupby("g").reduce(n=r.count(), s=r.sum("v")))
+
+        def query(a_now: DataFrame) -> DataFrame:
+            return a_now.groupBy("g").agg(F.count(F.lit(1)).alias("n"), F.sum("v").alias("s"))
+    else:
+        p.output("out", a.join(p.source("b", B_SCHEMA), on="k", how="inner"))
+        b_base = b_frame(spark, size).cache()
+        cached.append(b_base)
+
+        def query(a_now: DataFrame) -> DataFrame:
+            return a_now.join(b_base, "k")
+    engine = Engine(p, spark)
+
+    start = time.perf_counter()
+    next_time = 0
+    if workload == "join":
+        # `b` first: while `a` loads, each of its batches is joined with the whole of `b`.
+        next_time = load(engine, "b", lambda k: {"k": k, "w": value_of(k)}, size, next_time)
+    next_time = load(engine, "a", lambda ids: a_rows(ids, size), size, next_time)
+    load_s = time.perf_counter() - start
+    # Recompute reads its inputs from Spark's memory, as a batch system's tables would be.
+    a_base = a_frame(spark, size).cache()
+    cached.append(a_base)
+    for frame in cached:
+        frame.count()
+    log(f"{workload} S={size:,}: loaded in {load_s:.1f} s")
+
+    truth = Truth.base(size)
+    # The first transaction warms this engine's plans and is not reported.
+    txns = transactions(size, reps + 1, next_time, seed=size)
+    incremental: list[float] = []
+    full: list[float] = []
+    jobs: list[int] = []
+    for j, txn in enumerate(txns):
+        before, truth = truth, truth.after(txn)
+        elapsed, result, n_jobs = spark_jobs(sc, f"bench-{workload}-{size}-{j}",
+                                             lambda txn=txn: engine.process({"a": txn})["out"])
+        if workload == "groupby":
+            check_groupby_delta(result, txn, before, truth)
+        else:
+            check_join_delta(result, txn)
+        # Interleaved with the incremental runs, so both see the same machine load.
+        redo_s, redone = seconds_of(lambda j=j: recompute(spark, query, a_base, txns[:j + 1]))
+        check_recompute(workload, redone, truth)
+        if j > 0:
+            incremental.append(elapsed)
+            full.append(redo_s)
+            jobs.append(n_jobs)
+    for frame in cached:
+        frame.unpersist()
+    inc, redo = statistics.median(incremental), statistics.median(full)
+    log(f"{workload} S={size:,}: incremental {inc:.3f} s, recompute {redo:.3f} s")
+    return {"load_s": round(load_s, 1), "incremental_s": round(inc, 3),
+            "incremental_all_s": [round(x, 3) for x in incremental],
+            "spark_jobs_per_transaction": statistics.median(jobs),
+            "recompute_s": round(redo, 3), "recompute_all_s": [round(x, 3) for x in full],
+            "recompute_over_incremental": round(redo / inc, 2), "verified": True}
+
+
+# --- main -----------------------------------------------------------------------------
+
+
+def parse_size(text: str) -> int:
+    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1].lower(), 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=False,
+                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="state sizes 10k, 100k, 1M and a 100,000-event throughput run")
+    parser.add_argument("--sizes", help="state sizes, e.g. 10k,1M,10M")
+    parser.add_argument("--reps", type=int, default=5, help="timed transactions per size")
+    args = parser.parse_args()
+    sizes = sorted(parse_size(s) for s in args.sizes.split(",")) if args.sizes \
+        else list(QUICK_SIZES if args.quick else FULL_SIZES)
+    events, keys = (100_000, 1_000) if args.quick else (1_000_000, 10_000)
+
+    load_start = os.getloadavg()
+    started = datetime.now(UTC)
+    if sizes[-1] > LOAD_BATCH_ROWS:
+        # Tens of millions of rows of operator state, broadcast deltas and collected outputs.
+        os.environ.setdefault("SPARK_DRIVER_MEMORY", "8g")
+    spark = get_spark()
+    log(f"spark {spark.version} {spark.sparkContext.master}")
+
+    # Warm the JVM (class loading, code generation, JIT) so the first measured engine does
+    # not pay for it: the smallest state size would look slower and the growth ratio smaller.
+    throughput(spark, 2_000, 100, 4, [1])
+    for workload in ("groupby", "join"):
+        state_cost(spark, workload, 1_000, 1)
+    log("warmed up")
+
+    report: dict[str, Any] = {}
+    report["throughput"] = throughput(spark, events, keys, 100, [1, 10, 100])
+    cost: dict[str, Any] = {"changes_per_transaction": 1_000,
+                            "change_mix": "500 deletions of existing rows, 500 insertions",
+                            "groupby": "a.groupby(g).reduce(count, sum(v)), S/10 groups",
+                            "join": "a inner join b on k, b static with S rows, 1 match per row",
+                            "timed_transactions": args.reps, "statistic": "median",
+                            "sizes": {}}
+    for size in sizes:
+        cost["sizes"][str(size)] = {}
+        for workload in ("groupby", "join"):
+            cost["sizes"][str(size)][workload] = state_cost(spark, workload, size, args.reps)
+            # Drops the finished engine's state frames, so Spark's cleaner frees their blocks.
+            gc.collect()
+    small, large = cost["sizes"][str(sizes[0])], cost["sizes"][str(sizes[-1])]
+    cost[f"incremental_ratio_{sizes[-1]}_over_{sizes[0]}"] = {
+        w: round(large[w]["incremental_s"] / small[w]["incremental_s"], 2)
+        for w in ("groupby", "join")}
+    cost[f"recompute_ratio_{sizes[-1]}_over_{sizes[0]}"] = {
+        w: round(large[w]["recompute_s"] / small[w]["recompute_s"], 2)
+        for w in ("groupby", "join")}
+    report["state_cost"] = cost
+
+    conf = spark.conf
+    report["machine"] = {
+        "cores": os.cpu_count(),
+        "spark_version": spark.version,
+        "spark_master": spark.sparkContext.master,
+        "shuffle_partitions": conf.get("spark.sql.shuffle.partitions"),
+        "adaptive": conf.get("spark.sql.adaptive.enabled"),
+        "driver_memory": spark.sparkContext.getConf().get("spark.driver.memory"),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "engine_uncommitted_changes": bool(git("status", "--porcelain", "service/engine")),
+        "started_utc": started.isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - _T0, 1),
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
