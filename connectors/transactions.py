@@ -87,6 +87,7 @@ _OFFSET = "_offset"
 _INTERNAL = frozenset({*BOOKKEEPING, _KEY, _PARTITION, _OFFSET})
 _TP = tuple[str, int]
 _LATE_WINDOW = 10_000
+_METADATA_WAIT_S = 10.0
 Offsets = dict[str, dict[int, int]]
 Ranges = dict[str, dict[int, tuple[int, int]]]
 
@@ -271,13 +272,7 @@ class TransactionBuilder:
         the group's committed offsets, else at the beginning."""
         tps: list[TopicPartition] = []
         for topic in self._by_topic:
-            meta = self._consumer.list_topics(topic, timeout=10).topics.get(topic)
-            if meta is None or meta.error is not None or not meta.partitions:
-                raise KafkaSourceError(
-                    f"topic {topic!r} does not exist or has no partitions "
-                    f"({meta.error if meta else 'unknown topic'}); create it before starting"
-                )
-            tps += [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+            tps += [TopicPartition(topic, p) for p in self._partitions(topic)]
         if offsets is None:
             try:
                 tps = self._consumer.committed(tps, timeout=10)
@@ -294,6 +289,25 @@ class TransactionBuilder:
                 self._positions[(tp.topic, tp.partition)] = tp.offset
                 self._committed_offsets.setdefault(tp.topic, {})[tp.partition] = tp.offset
         self._consumer.assign(tps)
+
+    def _partitions(self, topic: str) -> list[int]:
+        """The topic's partitions; a topic created just before may take a moment to appear in
+        the metadata of every broker, so this waits up to `_METADATA_WAIT_S` for it."""
+        deadline = time.monotonic() + _METADATA_WAIT_S
+        while True:
+            try:
+                meta = self._consumer.list_topics(topic, timeout=10).topics.get(topic)
+            except KafkaException as exc:
+                raise KafkaSourceError(f"cannot read the metadata of topic {topic!r}: "
+                                       f"{exc}; check bootstrap_servers") from exc
+            if meta is not None and meta.error is None and meta.partitions:
+                return sorted(meta.partitions)
+            if time.monotonic() > deadline:
+                raise KafkaSourceError(
+                    f"topic {topic!r} does not exist or has no partitions "
+                    f"({meta.error if meta else 'unknown topic'}); create it before starting"
+                )
+            time.sleep(0.2)
 
     # ---- polling -------------------------------------------------------------------------
 
