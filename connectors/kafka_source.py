@@ -584,7 +584,9 @@ class SourceDecoder:
             elif part is KafkaMetadata.OFFSET:
                 values = [m.offset() for m in picked]
             else:
-                values = [m.timestamp()[1] * 1000 for m in picked]
+                # (type, ms): type 0 is TIMESTAMP_NOT_AVAILABLE, which becomes null.
+                values = [ms * 1000 if kind else None for kind, ms in
+                          (m.timestamp() for m in picked)]
                 out[col] = pa.array(values, pa.int64()).cast(dtype)
                 continue
             out[col] = pa.array(values, dtype)
