@@ -234,6 +234,7 @@ class Rel:
     columns: Columns
     sql: str | None
     api: str
+    sources: frozenset[str]  # the sources it is computed from
 
     @property
     def names(self) -> list[str]:
@@ -251,7 +252,7 @@ class RandomDag:
         for s in specs:
             self._add(s.name, self.pipeline.source(s.name, s.schema), s.columns, None,
                       f"{s.name} = p.source({s.name!r}, {s.schema.names}, "
-                      f"primary_key={list(s.schema.primary_key)})")
+                      f"primary_key={list(s.schema.primary_key)})", frozenset([s.name]))
         builders = [self._filter, self._select, self._join, self._reduce, self._concat,
                     self._distinct]
         # Every operator at least once (in a random order), then random ones.
@@ -261,8 +262,9 @@ class RandomDag:
             if builder() and builder in missing:
                 missing.remove(builder)
 
-    def _add(self, name: str, table: Table, columns: Columns, sql: str | None, api: str) -> Rel:
-        rel = Rel(name, table, columns, sql, api)
+    def _add(self, name: str, table: Table, columns: Columns, sql: str | None, api: str,
+             sources: frozenset[str]) -> Rel:
+        rel = Rel(name, table, columns, sql, api, sources)
         # No output key: outputs are checked as multisets. (Inferred keys may hold nulls, which
         # test_inferred_output_key_with_nulls checks on its own.)
         self.pipeline.output(name, table, primary_key=())
@@ -301,7 +303,7 @@ class RandomDag:
         name = self._name("n")
         self._add(name, rel.table.filter(spark), rel.columns,
                   f'SELECT * FROM "{rel.name}" WHERE {duck}',
-                  f"{name} = {rel.name}.filter({spark!r})")
+                  f"{name} = {rel.name}.filter({spark!r})", rel.sources)
         return True
 
     def _project(self, rel: Rel, items: Sequence[tuple[str, str, str, str]]) -> Rel:
@@ -311,7 +313,7 @@ class RandomDag:
         sql = ", ".join(f'{duck} AS "{n}"' for n, _, _, duck in items)
         return self._add(name, rel.table.select(**exprs), tuple((n, t) for n, t, _, _ in items),
                          f'SELECT {sql} FROM "{rel.name}"',
-                         f"{name} = {rel.name}.select(**{exprs})")
+                         f"{name} = {rel.name}.select(**{exprs})", rel.sources)
 
     @staticmethod
     def _kept(column: str, type_: str) -> tuple[str, str, str, str]:
@@ -331,7 +333,11 @@ class RandomDag:
         return bool(items)
 
     def _join(self) -> bool:
-        left, right = self._pick(), self._pick()
+        left = self._pick()
+        # Mostly tables of other sources, which several sources changing in one transaction
+        # then change together; sometimes a table of the same sources, or itself.
+        others = [o for o in self.rels if not o.sources & left.sources]
+        right = self.rng.choice(others) if others and self.rng.random() < 0.7 else self._pick()
         right_types = dict(right.columns)
         common = [n for n, t in left.columns if right_types.get(n) == t and t in KEY_TYPES]
         if not common:
@@ -357,7 +363,8 @@ class RandomDag:
         self._add(name, left.table.join(right.table, on=keys, how=how), columns,
                   f'SELECT {", ".join(cols)} FROM "{left.name}" AS l {sql_how} JOIN '
                   f'"{right.name}" AS r ON {on}',
-                  f"{name} = {left.name}.join({right.name}, on={keys}, how={how!r})")
+                  f"{name} = {left.name}.join({right.name}, on={keys}, how={how!r})",
+                  left.sources | right.sources)
         return True
 
     def _reduce(self) -> bool:
@@ -392,7 +399,7 @@ class RandomDag:
                           f"{n}=r.count()" for n, red in reducers.items())
         self._add(name, rel.table.groupby(*keys).reduce(**reducers), tuple(columns),
                   f'SELECT {", ".join(sql)} FROM "{rel.name}" GROUP BY {group}',
-                  f"{name} = {rel.name}.groupby(*{keys}).reduce({shown})")
+                  f"{name} = {rel.name}.groupby(*{keys}).reduce({shown})", rel.sources)
         return True
 
     def _concat(self) -> bool:
@@ -403,14 +410,15 @@ class RandomDag:
         name = self._name("n")
         sql = " UNION ALL ".join(f'SELECT * FROM "{o.name}"' for o in (rel, *others))
         self._add(name, rel.table.concat(*(o.table for o in others)), rel.columns, sql,
-                  f"{name} = {rel.name}.concat({', '.join(o.name for o in others)})")
+                  f"{name} = {rel.name}.concat({', '.join(o.name for o in others)})",
+                  rel.sources.union(*(o.sources for o in others)))
         return True
 
     def _distinct(self) -> bool:
         rel = self._pick()
         name = self._name("n")
         self._add(name, rel.table.distinct(), rel.columns, f'SELECT DISTINCT * FROM "{rel.name}"',
-                  f"{name} = {rel.name}.distinct()")
+                  f"{name} = {rel.name}.distinct()", rel.sources)
         return True
 
     def describe(self, upto: str | None = None) -> str:
