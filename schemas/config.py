@@ -3,10 +3,12 @@
 Every field can be overridden from the environment (12-factor), so one file serves every
 deployment:
 
-* `TXSTREAM_<FIELD>` for a top-level field, `__` between the parts of a nested path, list
-  items by index: `TXSTREAM_BATCH_TRANSACTIONS=5`, `TXSTREAM_TRANSACTIONS__MAX_EVENTS=2000`,
-  `TXSTREAM_SINKS__0__MODE=create`. A value starting with `[` or `{` is read as JSON, `null`
-  as null; anything else is text that pydantic converts to the field's type.
+* `TXSTREAM_<FIELD>` for a top-level field (other `TXSTREAM_` variables, such as the image's
+  `TXSTREAM_HEALTHCHECK_PORT`, are not configuration overrides), `__` between the parts of a
+  nested path, list items by index: `TXSTREAM_BATCH_TRANSACTIONS=5`,
+  `TXSTREAM_TRANSACTIONS__MAX_EVENTS=2000`, `TXSTREAM_SINKS__0__MODE=create`. A value
+  starting with `[` or `{` is read as JSON, `null` as null; anything else is text that
+  pydantic converts to the field's type.
 * the conventional names `KAFKA_BOOTSTRAP_SERVERS`, `DATABASE_URL`, `DATABASE_PASSWORD` and
   `SPARK_MASTER` (a `TXSTREAM_...` variable wins over them).
 * `<VARIABLE>_FILE` instead of any of these reads the value from that file (Docker and
@@ -224,9 +226,10 @@ def _overrides(env: Mapping[str, str], problems: list[str]
         name = var.removesuffix("_FILE")
         if name in ENV_ALIASES:
             rank, path = 0, (ENV_ALIASES[name],)
-        elif name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+        elif name.startswith(ENV_PREFIX) and \
+                name[len(ENV_PREFIX):].split("__")[0].lower() in PipelineConfig.model_fields:
             rank, path = 1, tuple(p.lower() for p in name[len(ENV_PREFIX):].split("__"))
-        else:
+        else:  # other TXSTREAM_ variables configure the image or the tests, not the pipeline
             continue
         if var.endswith("_FILE"):
             try:

@@ -47,6 +47,7 @@ from connectors.transactions import (
     TransactionLogEntry,
 )
 from schemas.config import ConfigError, PipelineConfig, SinkConfig
+from schemas.tables import TableSchema
 from service.checkpoint import CheckpointStore, PipelineIdentity
 from service.engine import Engine, Pipeline
 from service.health import Progress, Readiness
@@ -85,6 +86,12 @@ class _CrashPoints:
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _shape(schema: TableSchema) -> tuple[object, ...]:
+    """Names, types and key; not nullability, which a schema written in YAML leaves at its
+    default even for key columns (that `TableSchema.of` makes non-null)."""
+    return tuple((c.name, c.type) for c in schema.columns), tuple(schema.primary_key)
+
+
 def check_sources(config: PipelineConfig, pipeline: Pipeline) -> None:
     """The configured sources are exactly the pipeline's, with its schemas."""
     problems = []
@@ -93,10 +100,11 @@ def check_sources(config: PipelineConfig, pipeline: Pipeline) -> None:
         spec = configured.get(name)
         if spec is None:
             problems.append(f"sources: the pipeline reads {name!r}, which no source configures")
-        elif node.schema is not None and spec.schema.columns != node.schema.columns:
+        elif node.schema is not None and _shape(spec.schema) != _shape(node.schema):
             problems.append(
                 f"sources.{name}.schema: differs from the pipeline's source schema "
-                f"({', '.join(f'{c.name} {c.type.value}' for c in node.schema.columns)})"
+                f"({', '.join(f'{c.name} {c.type.value}' for c in node.schema.columns)}; "
+                f"primary key {', '.join(node.schema.primary_key) or 'none'})"
             )
     for name in configured.keys() - pipeline.sources.keys():
         problems.append(f"sources.{name}: the pipeline has no source of that name")

@@ -1,0 +1,514 @@
+"""The service layer against real parts: configuration errors (each message), environment
+overrides and secrets, `txstream check`, `/healthz` `/readyz` `/metrics`, checkpoints on a
+Hadoop file system, graceful stop, and the loop surviving a paused broker and a PostgreSQL
+restart without losing anything.
+
+About the broker: the embedded one is librdkafka's mock cluster, which keeps its topics in
+memory, so a broker *restart* loses them and cannot be tested meaningfully here. What is
+tested is the broker becoming unreachable (its process paused with SIGSTOP: connections hang,
+requests time out) and reachable again (SIGCONT) with its data intact.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+import yaml
+from confluent_kafka import Producer
+from test_recovery import (
+    ROOT,
+    ServiceProcess,
+    expected_tables,
+    metric,
+    scrape,
+    snapshot_tables,
+    write_config,
+)
+
+from connectors.transactions import SourceState, TransactionLogEntry
+from examples.order_events import OrderWorld, encode, events
+from examples.orders import CUSTOMERS, ORDERS
+from schemas.config import ConfigError, PipelineConfig, SinkConfig
+from schemas.sources import BatchPolicy, SourceSpec
+from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
+from service.cli import main, run_checks
+from service.embedded.postgres import EmbeddedPostgres, free_port
+from service.health import HealthServer
+from service.runner import PipelineRunner
+
+DEPLOY = ROOT / "deploy" / "pipeline.yaml"
+ENV = {"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092", "DATABASE_URL": "postgresql://u@db/x"}
+
+
+def _deploy_config() -> dict[str, Any]:
+    data = yaml.safe_load(DEPLOY.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+def test_every_problem_is_listed_with_its_path() -> None:
+    data = _deploy_config()
+    del data["pipeline"]
+    data["batch_transactions"] = 0
+    data["sources"][1]["semantics"] = "sometimes"
+    data["sinks"][2]["kind"] = "carrier_pigeon"
+    data["transactions"]["max_events"] = -1
+    data["checkpoint_every_s"] = "often"
+    data["colour"] = "blue"
+    with pytest.raises(ConfigError) as err:
+        PipelineConfig.from_mapping(data, env=ENV)
+    lines = str(err.value).splitlines()[1:]
+    assert [line.strip() for line in lines] == [
+        "pipeline: Field required",
+        "sources.1.semantics: Input should be 'append_only', 'upsert' or 'insert_delete'",
+        "sinks.2: Input tag 'carrier_pigeon' found using 'kind' does not match any of the "
+        "expected tags: 'postgres_snapshot', 'postgres_append', 'kafka', 'file'",
+        "transactions.max_events: Input should be greater than 0",
+        "batch_transactions: Input should be greater than or equal to 1",
+        "checkpoint_every_s: Input should be a valid number, unable to parse string as a number",
+        "colour: Extra inputs are not permitted",
+    ]
+
+
+def test_checks_across_fields_are_listed_together() -> None:
+    data = {**_deploy_config(), "pipeline": "no_colon", "retry_max_backoff_s": 0.1}
+    with pytest.raises(ConfigError) as err:
+        PipelineConfig.from_mapping(data, env={})
+    assert [line.strip() for line in str(err.value).splitlines()[1:]] == [
+        "pipeline: 'no_colon' must be 'module:function'",
+        "kafka_bootstrap_servers: no Kafka: set it or KAFKA_BOOTSTRAP_SERVERS",
+        "database_url: PostgreSQL sinks need DATABASE_URL (or TXSTREAM_DATABASE_URL, or "
+        "DATABASE_URL_FILE)",
+        "retry_max_backoff_s: must be at least retry_initial_backoff_s",
+    ]
+
+
+def test_environment_overrides_every_field(tmp_path: Path) -> None:
+    secret = tmp_path / "kafka"
+    secret.write_text("broker-from-file:9092\n")
+    config = PipelineConfig.from_mapping(_deploy_config(), env={
+        **ENV,
+        "KAFKA_BOOTSTRAP_SERVERS_FILE": str(secret),
+        "TXSTREAM_BATCH_TRANSACTIONS": "7",
+        "TXSTREAM_TRANSACTIONS__MAX_EVENTS": "2000",
+        "TXSTREAM_SINKS__0__MODE": "replace",
+        "TXSTREAM_SOURCES__1__TOPIC": "orders-v2",
+        "TXSTREAM_HTTP_PORT": "null",
+        "TXSTREAM_LOG_FORMAT": "json",
+        "TXSTREAM_CHECKPOINT_DIR": "s3a://bucket/txstream",
+        "TXSTREAM_HEALTHCHECK_PORT": "8080",  # the image's own setting, not an override
+    })
+    assert config.kafka_bootstrap_servers == "broker-from-file:9092"
+    assert config.batch_transactions == 7 and config.transactions.max_events == 2000
+    assert config.transactions.max_delay_ms == 500, "the rest of the mapping is the file's"
+    assert config.sinks[0].settings.mode == "replace"  # type: ignore[union-attr]
+    assert config.sources[1].topic == "orders-v2"
+    assert config.http_port is None and config.log_format == "json"
+    assert config.checkpoint_location == "s3a://bucket/txstream/txstream-orders"
+
+
+def test_environment_override_problems_name_the_variable() -> None:
+    with pytest.raises(ConfigError) as err:
+        PipelineConfig.from_mapping(_deploy_config(), env={
+            **ENV, "TXSTREAM_TRANSACTIONS__MAX_EVENTS": "0", "TXSTREAM_SINKS__9__MODE": "create",
+            "DATABASE_PASSWORD_FILE": "/nonexistent/secret"})
+    assert [line.strip() for line in str(err.value).splitlines()[1:]] == [
+        "DATABASE_PASSWORD_FILE: cannot read /nonexistent/secret: No such file or directory",
+        "TXSTREAM_SINKS__9__MODE: sinks has 4 item(s); '9' is not one of their indexes",
+    ]
+    with pytest.raises(ConfigError) as err:
+        PipelineConfig.from_mapping(_deploy_config(), env={
+            **ENV, "TXSTREAM_TRANSACTIONS__MAX_EVENTS": "0"})
+    assert str(err.value).splitlines()[1].strip() == (
+        "transactions.max_events (from TXSTREAM_TRANSACTIONS__MAX_EVENTS): Input should be "
+        "greater than 0")
+
+
+def test_secrets_only_from_the_environment_and_never_shown(tmp_path: Path) -> None:
+    data = {**_deploy_config(), "database_url": "postgresql://app:hunter2@db/x",
+            "database_password": "hunter2"}
+    with pytest.raises(ConfigError) as err:
+        PipelineConfig.from_mapping(data, env={"KAFKA_BOOTSTRAP_SERVERS": "k:9092"})
+    assert "hunter2" not in str(err.value)
+    assert [line.strip() for line in str(err.value).splitlines()[1:]] == [
+        "database_password: secrets are not read from the configuration file; set "
+        "DATABASE_PASSWORD or DATABASE_PASSWORD_FILE in the environment",
+        "database_url: contains a password; secrets are not read from the configuration file: "
+        "give the URL without it and set DATABASE_PASSWORD (or DATABASE_URL) in the environment",
+    ]
+    password = tmp_path / "password"
+    password.write_text("s3cr3t\n")
+    config = PipelineConfig.from_mapping(
+        {**_deploy_config(), "database_url": "postgresql://app@db:5432/x"},
+        env={"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "DATABASE_PASSWORD_FILE": str(password)})
+    assert config.database_dsn is not None and "password=s3cr3t" in config.database_dsn
+    assert "s3cr3t" not in repr(config) and "s3cr3t" not in str(config.model_dump())
+
+
+def test_cli_reports_config_errors_and_exits_2(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**_deploy_config(), "batch_transactions": 0}))
+    assert main(["run", str(path)]) == 2
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("batch_transactions: Input should be greater than or equal to 1") == 2
+    path.write_text("- not a mapping\n")
+    assert main(["check", str(path)]) == 2
+    assert "must be a mapping at the top level" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def _state(next_number: int) -> SourceState:
+    rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]})
+    return SourceState(next_number=next_number, offsets={"t": {0: 10 * next_number}},
+                       upsert_rows={"s": rows})
+
+
+def _entry(number: int) -> TransactionLogEntry:
+    return TransactionLogEntry(number=number, upstream_id=None,
+                               ranges={"t": {0: (number * 10, number * 10 + 10)}})
+
+
+def test_checkpoints_on_a_hadoop_file_system(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    identity = PipelineIdentity(pipeline="m:f", sources={"s": "t"}, outputs=["o"])
+    store = CheckpointStore(f"file://{tmp_path}/ck", spark, identity, keep=2)
+    assert store.latest() is None and not store.has_history()
+    store.log([_entry(1), _entry(2)])
+    store.log([_entry(3)])
+    assert store.has_history()
+    for number in (2, 3):
+        prepared = store.prepare(number, _state(number + 1))
+        spark.range(number).write.parquet(store.engine_uri(prepared))
+        assert store.latest() is None or store.latest().transaction < number  # type: ignore[union-attr]
+        store.publish(prepared)
+    # An incomplete one (killed before its manifest) is ignored, then deleted by the next.
+    store.prepare(3, _state(4))
+    latest = store.latest()
+    assert latest is not None and latest.transaction == 3
+    assert store.load_source_state(latest) == _state(4)
+    assert spark.read.parquet(store.engine_uri(latest)).count() == 3
+    assert [e.number for e in store.logged_after(2)] == [3]
+    store.log([_entry(4)])
+    prepared = store.prepare(4, _state(5))
+    spark.range(1).write.parquet(store.engine_uri(prepared))
+    store.publish(prepared)
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name.startswith("ckpt"))
+    assert len(names) == 2 and names[0].startswith("ckpt-000000000003"), names
+    # Log files no kept checkpoint needs are gone (those through #3, the oldest kept).
+    assert sorted(p.name for p in (tmp_path / "ck" / "txlog").glob("*.json")) == [
+        "000000000004-000000000004.json"]
+    assert [e.number for e in store.logged_after(3)] == [4]
+
+    other = CheckpointStore(f"file://{tmp_path}/ck", spark, identity.model_copy(
+        update={"sources": {"s": "another-topic"}}))
+    with pytest.raises(CheckpointError, match="written by another pipeline"):
+        other.latest()
+
+
+def test_transaction_log_damage_is_reported(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store = CheckpointStore(str(tmp_path), spark, PipelineIdentity(
+        pipeline="m:f", sources={}, outputs=[]))
+    store.log([_entry(1)])
+    store.log([_entry(3)])
+    with pytest.raises(CheckpointError, match="has gaps after #0"):
+        store.logged_after(0)
+    store.log([TransactionLogEntry(number=3, upstream_id="x", ranges={}), _entry(4)])
+    with pytest.raises(CheckpointError, match="records #3 twice with different contents"):
+        store.logged_after(2)
+
+
+# ---------------------------------------------------------------------------- in-process loop
+
+
+def _config(bootstrap: str, database_url: str, schema: str, topics: dict[str, str],
+            group: str, checkpoint_dir: Path, **extra: Any) -> PipelineConfig:
+    return PipelineConfig(
+        pipeline="examples.orders:pipeline",
+        sources=[SourceSpec(name="customers", topic=topics["customers"], schema=CUSTOMERS,
+                            semantics="upsert"),
+                 SourceSpec(name="orders", topic=topics["orders"], schema=ORDERS,
+                            semantics="upsert")],
+        sinks=[SinkConfig.model_validate({"output": o, "db_schema": schema})
+               for o in ("customer_stats", "paid_orders", "region_totals", "statuses")],
+        transactions=BatchPolicy(max_events=100, max_delay_ms=200),
+        batch_transactions=5, kafka_bootstrap_servers=bootstrap, consumer_group=group,
+        database_url=database_url, checkpoint_dir=str(checkpoint_dir),
+        retry_initial_backoff_s=0.2, retry_max_backoff_s=1.0, status_interval_s=1.0,
+        **extra)
+
+
+class _Producer:
+    """Order events in sequence, with the from-scratch world they leave."""
+
+    def __init__(self, bootstrap: str, topics: dict[str, str]) -> None:
+        self.world = OrderWorld()
+        self._topics = topics
+        self._stream = events(random.Random(3), customers=30)
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+
+    def send(self, count: int, flush: bool = True) -> None:
+        for _ in range(count):
+            event = next(self._stream)
+            key, value = encode(event)
+            self._producer.produce(self._topics[event[0]], key=key, value=value)
+            self.world.apply(event)
+        if flush:
+            assert self._producer.flush(120) == 0
+
+
+class _Background:
+    """`runner.run()` in a thread, stopped and joined on exit."""
+
+    def __init__(self, runner: PipelineRunner) -> None:
+        self.runner = runner
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.runner.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def __enter__(self) -> _Background:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.runner.request_stop()
+        self._thread.join(120)
+
+    def wait(self, what: str, condition: Callable[[], bool], timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert self.error is None, f"the loop failed: {self.error!r}"
+            assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+            time.sleep(0.2)
+
+    def problems(self) -> list[str]:
+        return self.runner.readiness.problems(self.runner.progress)
+
+    def drained(self, events: int) -> Callable[[], bool]:
+        progress = self.runner.progress
+        return lambda: progress.events >= events and progress.lag == 0 and not self.problems()
+
+
+def _assert_snapshots(url: str, schema: str, world: OrderWorld) -> None:
+    assert snapshot_tables(url, schema) == expected_tables(world)
+
+
+@pytest.fixture
+def topics(kafka, topic_name: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    names = {"customers": f"{topic_name}-customers", "orders": f"{topic_name}-orders"}
+    kafka.create_topic(names["customers"], 1)
+    kafka.create_topic(names["orders"], 2)
+    return names
+
+
+def test_readyz_metrics_and_graceful_stop(kafka, postgres, spark, pg_schema, topics,  # type: ignore[no-untyped-def]
+                                          topic_name, tmp_path) -> None:
+    config = _config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
+                     f"g-{topic_name}", tmp_path / "ck")
+    producer = _Producer(kafka.bootstrap_servers, topics)
+    producer.send(400)
+    runner = PipelineRunner(config, spark=spark)
+    health = HealthServer(0, runner.progress, runner.readiness, host="127.0.0.1").start()
+    try:
+        assert scrape(health.port, "/healthz") == (200, "ok\n")
+        assert scrape(health.port, "/readyz") == (503, "not ready: starting\n")
+        with _Background(runner) as loop:
+            loop.wait("all events committed", loop.drained(400))
+            loop.wait("a latency sample", lambda: runner.progress.end_to_end_seconds.count > 0)
+            assert scrape(health.port, "/readyz") == (200, "ready\n")
+            status, body = scrape(health.port, "/metrics")
+        assert status == 200
+        assert runner.checkpoint(), "the graceful stop's checkpoint"
+        _, after = scrape(health.port, "/metrics")
+    finally:
+        health.stop()
+        runner.close()
+    last = runner.progress.last_transaction
+    assert metric(body, "txstream_events_total") == 400
+    assert metric(body, "txstream_dead_letters_total") == 0
+    assert metric(body, "txstream_transactions_committed_total") == last
+    assert metric(body, "txstream_transactions_closed_total") == last
+    assert metric(body, "txstream_last_committed_transaction") == last
+    assert metric(body, "txstream_lag_records") == 0
+    assert metric(body, "txstream_ready") == 1
+    assert metric(body, 'txstream_dependency_up{dependency="kafka"}') == 1
+    for partition in (0, 1):
+        assert metric(body, f'txstream_partition_lag_records{{topic="{topics["orders"]}",'
+                            f'partition="{partition}"}}') == 0
+    batches = metric(body, "txstream_batches_total")
+    assert batches and metric(body, "txstream_batch_transactions_count") == batches
+    assert metric(body, "txstream_batch_transactions_sum") == last
+    assert metric(body, "txstream_spark_job_seconds_count") == batches
+    assert metric(body, 'txstream_batch_transactions_bucket{le="+Inf"}') == batches
+    assert (metric(body, "txstream_sink_write_seconds_count") or 0) >= batches
+    assert (metric(body, "txstream_end_to_end_latency_seconds_count") or 0) > 0
+    assert metric(body, "txstream_checkpoint_age_seconds") is not None  # NaN before the first
+    assert metric(after, "txstream_checkpoints_total") == 1
+    assert metric(after, "txstream_checkpoint_seconds_count") == 1
+    assert 0 <= (metric(after, "txstream_checkpoint_age_seconds") or -1) < 60
+    _assert_snapshots(postgres.url, pg_schema, producer.world)
+
+    # A restart resumes from that checkpoint: nothing to replay, the same numbering goes on.
+    producer.send(50)
+    again = PipelineRunner(config, spark=spark)
+    try:
+        assert again.progress.last_checkpoint_transaction == last
+        again.run(until=lambda r: r.lag() == 0)
+        assert again.progress.events == 50, "only the new records are read"
+        assert again.progress.last_transaction > last
+    finally:
+        again.close()
+    _assert_snapshots(postgres.url, pg_schema, producer.world)
+
+
+def test_txstream_check_reports_each_part(kafka, postgres, spark, topics, topic_name,  # type: ignore[no-untyped-def]
+                                          pg_schema, tmp_path) -> None:
+    config = _config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
+                     f"g-{topic_name}", tmp_path / "ck")
+    results = {name: (ok, detail) for name, ok, detail in run_checks(config)}
+    assert all(ok for ok, _ in results.values()), results
+    assert results["kafka"][1] == (f"{topics['customers']} (1 partitions), "
+                                   f"{topics['orders']} (2 partitions)")
+    assert "no checkpoint yet" in results["checkpoint"][1]
+    broken = config.model_copy(update={"sources": [
+        config.sources[0], config.sources[1].model_copy(update={"topic": "no-such-topic"})]})
+    results = {name: (ok, detail) for name, ok, detail in run_checks(broken)}
+    assert not results["kafka"][0]
+    assert "topic(s) no-such-topic do not exist" in results["kafka"][1]
+    assert results["pipeline"][0] and results["spark"][0]
+
+
+@pytest.fixture
+def paused_broker() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A broker process of this test's own, so pausing it disturbs no other test."""
+    proc = subprocess.Popen([sys.executable, "-m", "service.embedded.kafka"], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    assert proc.stdout is not None and proc.stdin is not None
+    bootstrap = proc.stdout.readline().strip()
+    yield bootstrap, proc
+    proc.send_signal(signal.SIGCONT)
+    proc.stdin.close()
+    proc.wait(10)
+
+
+def _create(proc: subprocess.Popen[str], topic: str, partitions: int) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(f"create {topic} {partitions}\n")
+    assert proc.stdout.readline().strip() == "ok"
+
+
+def test_broker_unreachable_then_back(paused_broker, postgres, spark, pg_schema,  # type: ignore[no-untyped-def]
+                                      topic_name, tmp_path) -> None:
+    bootstrap, broker = paused_broker
+    topics = {"customers": f"{topic_name}-customers", "orders": f"{topic_name}-orders"}
+    _create(broker, topics["customers"], 1)
+    _create(broker, topics["orders"], 2)
+    config = _config(bootstrap, postgres.url, pg_schema, topics, f"g-{topic_name}",
+                     tmp_path / "ck")
+    producer = _Producer(bootstrap, topics)
+    producer.send(200)
+    runner = PipelineRunner(config, spark=spark)
+    try:
+        with _Background(runner) as loop:
+            loop.wait("the first events committed", loop.drained(200))
+            broker.send_signal(signal.SIGSTOP)
+            loop.wait("not ready: Kafka unavailable",
+                      lambda: any(p.startswith("kafka unavailable") for p in loop.problems()),
+                      timeout=60)
+            producer.send(200, flush=False)  # buffered by the producer meanwhile
+            broker.send_signal(signal.SIGCONT)
+            producer.send(0)
+            loop.wait("caught up after the broker came back", loop.drained(400), timeout=180)
+    finally:
+        runner.close()
+    _assert_snapshots(postgres.url, pg_schema, producer.world)
+
+
+def test_postgres_restart_during_a_run(kafka, spark, topics, topic_name, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A server of this test's own, to stop and start; its directory must be reachable by the
+    # `postgres` user the server runs as under root (pytest's tmp_path is not).
+    base = Path(tempfile.mkdtemp(prefix="txstream-pg-"))
+    base.chmod(0o755)
+    pg = EmbeddedPostgres(base / "pgdata").start()
+    try:
+        config = _config(kafka.bootstrap_servers, pg.url, "public", topics, f"g-{topic_name}",
+                         tmp_path / "ck")
+        producer = _Producer(kafka.bootstrap_servers, topics)
+        producer.send(200)
+        runner = PipelineRunner(config, spark=spark)
+        try:
+            with _Background(runner) as loop:
+                loop.wait("the first events committed", loop.drained(200))
+                pg.stop()
+                producer.send(200)
+                loop.wait("not ready: PostgreSQL unavailable",
+                          lambda: any(p.startswith("postgresql unavailable")
+                                      for p in loop.problems()), timeout=90)
+                committed = runner.progress.transactions
+                time.sleep(1)
+                assert runner.progress.transactions == committed, "nothing commits meanwhile"
+                pg.start()
+                loop.wait("caught up after PostgreSQL came back", loop.drained(400), timeout=180)
+        finally:
+            runner.close()
+        _assert_snapshots(pg.url, "public", producer.world)
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_sigterm_while_processing_exits_0_with_a_checkpoint(kafka, postgres, pg_schema,  # type: ignore[no-untyped-def]
+                                                            topics, topic_name, tmp_path
+                                                            ) -> None:
+    producer = _Producer(kafka.bootstrap_servers, topics)
+    producer.send(3000)
+    port = free_port()
+    group = f"g-{topic_name}"
+    config = write_config(tmp_path / "pipeline.yaml", topics, pg_schema, group,
+                          tmp_path / "ck", port, log_format="json",
+                          transactions={"max_events": 100, "max_delay_ms": 200},
+                          batch_transactions=2, shutdown_timeout_s=45)
+    service = ServiceProcess(config, {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+                                      "DATABASE_URL": postgres.url}, tmp_path / "run.log")
+    service.wait_for_metrics(
+        port, lambda body: (metric(body, "txstream_transactions_committed_total") or 0) > 0,
+        timeout=180)
+    stop_sent = time.monotonic()
+    service.proc.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=90) == 0, service.tail()
+    assert time.monotonic() - stop_sent < 45
+    manifests = sorted((tmp_path / "ck" / group).glob("ckpt-*/MANIFEST.json"))
+    assert manifests, f"no final checkpoint:\n{service.tail()}"
+    checkpointed = json.loads(manifests[-1].read_text())["transaction"]
+    with psycopg.connect(postgres.url) as conn:
+        row = conn.execute(f'SELECT max(time) FROM "{pg_schema}".customer_stats').fetchone()
+    assert row is not None and row[0] is not None and checkpointed >= row[0]
+    assert checkpointed < 30, "stopped mid-run: 3000 events make 30 transactions"
+    # Structured logs on request: every log line of the run is a JSON object.
+    lines = [line for line in service.log_path.read_text().splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in lines]
+    assert any("SIGTERM" in r.get("message", "") for r in records)
