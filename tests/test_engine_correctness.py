@@ -242,7 +242,18 @@ def test_definition_error_names_table_and_column(spark: SparkSession, case: str)
         Engine(p, spark)
 
 
-# --- reproductions of engine bugs found by the random suite ------------------------------------
+# --- reproductions of engine bugs found by this suite -----------------------------------------
+# Each is minimal: one source, one node, one transaction of inserts at time 1.
+
+def _insert_once(spark: SparkSession, spec: SourceSpec, build: Callable[[Table], Table],
+                 rows: list[Row]) -> list[dict[str, object]]:
+    """The output of `build(source)` (its key inferred) after one transaction inserting rows."""
+    p = Pipeline()
+    p.output("out", build(p.source(spec.name, spec.schema)))
+    out = Engine(p, spark).process({spec.name: spec.arrow(rows, [1] * len(rows),
+                                                          [1] * len(rows))})["out"]
+    return out.to_pylist()
+
 
 NULLABLE = SourceSpec("t", TableSchema.of({"k": "bigint", "v": "double"}), {})
 
@@ -258,7 +269,46 @@ def test_inferred_output_key_with_nulls(spark: SparkSession, build: Callable[[Ta
     """SQL groups nulls together and DISTINCT keeps a null row; the output key the engine
     infers must not make that row unrepresentable (`process` raised pyarrow's "Casting field
     'k' with null values to non-nullable")."""
+    assert _insert_once(spark, NULLABLE, build, [(None, 1.0)]) == [{**row, "time": 1, "diff": 1}]
+
+
+INTERNAL_NAMES = SourceSpec("t", TableSchema.of({"_after": "bigint", "_cnt": "bigint"}), {})
+
+
+@pytest.mark.parametrize(("build", "row"), [
+    # DistinctOp's running count is a column `_after`: it replaced the table's own column, so
+    # the output was {"_after": 2, "_cnt": 1}, silently wrong.
+    (lambda t: t.distinct(), {"_after": 7, "_cnt": 1}),
+    # ReduceOp's row count is a column `_cnt`: process raised AMBIGUOUS_REFERENCE.
+    (lambda t: t.groupby("_cnt").reduce(n=r.count()), {"_cnt": 1, "n": 2}),
+    # ReduceOp ranks each group's rows in a column `_rank`: process raised AMBIGUOUS_REFERENCE.
+    (lambda t: t.groupby("_after").reduce(_rank=r.count()), {"_after": 7, "_rank": 2}),
+], ids=["distinct", "groupby", "reducer"])
+def test_column_names_like_engine_internals(spark: SparkSession,
+                                            build: Callable[[Table], Table],
+                                            row: dict[str, object]) -> None:
+    """Column names are identifiers that may start with `_`; the operators' helper columns
+    must not collide with them."""
+    got = _insert_once(spark, INTERNAL_NAMES, build, [(7, 1), (7, 1)])
+    assert got == [{**row, "time": 1, "diff": 1}]
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    # Not deterministic: a delete retracts another value than its insert added, so the output
+    # integrated to multiplicity -1 for the retracted row and +1 for the stale one.
+    (lambda t: t.select("k", x="rand()"), r"(?i)select\(k, x\) of source t.*rand"),
+    # A whole-table aggregate: process raised MISSING_GROUP_BY.
+    (lambda t: t.select(x="sum(v)"), r"(?i)select\(x\) of source t.*sum"),
+    # A window over each batch's delta, not over the table: the numbers depend on batching.
+    (lambda t: t.select("k", x="row_number() OVER (ORDER BY v)"),
+     r"(?i)select\(k, x\) of source t.*row_number"),
+    # A reserved name: Engine() raised pydantic's ValidationError, naming neither the table nor
+    # the column.
+    (lambda t: t.select("k", time="v"), r"select\(k, time\) of source t.*time"),
+], ids=["rand", "aggregate", "window", "reserved name"])
+def test_definition_errors_missed_at_build(spark: SparkSession, build: Callable[[Table], Table],
+                                           message: str) -> None:
     p = Pipeline()
-    p.output("out", build(p.source("t", NULLABLE.schema)))
-    out = Engine(p, spark).process({"t": NULLABLE.arrow([(None, 1.0)], [1], [1])})["out"]
-    assert out.to_pylist() == [{**row, "time": 1, "diff": 1}]
+    with pytest.raises(PipelineDefinitionError, match=message):
+        p.output("out", build(p.source("t", NULLABLE.schema)))
+        Engine(p, spark)
