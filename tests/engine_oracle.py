@@ -65,10 +65,12 @@ class SourceSpec:
         return pa.table(data, schema=self.schema.arrow_schema(with_changes=times is not None))
 
 
-def apply_changes(contents: Counter[Row], changes: Changes) -> None:
+def apply_changes(contents: Counter[Row], changes: Sequence[tuple[Row, int]],
+                  where: str = "the workload") -> None:
+    """Integrate changes into a multiset; a multiplicity below zero is an error of `where`."""
     for row, diff in changes:
         contents[row] += diff
-        assert contents[row] >= 0, f"the workload deletes {row} that is not there"
+        assert contents[row] >= 0, f"{where}: multiplicity of {row} is {contents[row]}"
         if not contents[row]:
             del contents[row]
 
@@ -201,26 +203,26 @@ VALUES = (
 
 
 @dataclass(frozen=True)
-class ReducerKind:
+class ReducerSpec:
     """A reducer as the engine's API call and as SQL; `types` it applies to (None: count())."""
 
     make: Callable[..., Reducer]
-    sql: str  # `{0}` is the quoted column
+    sql: str  # `{0}` is the quoted column, `{1}` the DuckDB name of the result type
     types: tuple[str, ...] | None
     result: Callable[[str], str]  # the result type for the column's type
 
 
 REDUCERS = (
-    ReducerKind(r.count, "COUNT(*)", None, lambda t: "bigint"),
-    ReducerKind(r.count, "COUNT({0})", _ANY_TYPE, lambda t: "bigint"),
-    ReducerKind(r.sum, "CAST(SUM({0}) AS {1})", NUMERIC,
+    ReducerSpec(r.count, "COUNT(*)", None, lambda t: "bigint"),
+    ReducerSpec(r.count, "COUNT({0})", _ANY_TYPE, lambda t: "bigint"),
+    ReducerSpec(r.sum, "CAST(SUM({0}) AS {1})", NUMERIC,
                 lambda t: "double" if t == "double" else "bigint"),
-    ReducerKind(r.avg, "AVG({0})", NUMERIC, lambda t: "double"),
-    ReducerKind(r.min, "MIN({0})", _ANY_TYPE, lambda t: t),
-    ReducerKind(r.max, "MAX({0})", _ANY_TYPE, lambda t: t),
-    ReducerKind(r.count_distinct, "COUNT(DISTINCT {0})", _ANY_TYPE, lambda t: "bigint"),
+    ReducerSpec(r.avg, "AVG({0})", NUMERIC, lambda t: "double"),
+    ReducerSpec(r.min, "MIN({0})", _ANY_TYPE, lambda t: t),
+    ReducerSpec(r.max, "MAX({0})", _ANY_TYPE, lambda t: t),
+    ReducerSpec(r.count_distinct, "COUNT(DISTINCT {0})", _ANY_TYPE, lambda t: "bigint"),
 )
-_DUCK_TYPES = {"bigint": "BIGINT", "double": "DOUBLE"}
+_DUCK_TYPES = {"bigint": "BIGINT", "double": "DOUBLE"}  # DuckDB sums bigints to HUGEINT
 
 
 @dataclass(frozen=True)
@@ -509,10 +511,10 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
         times = range(first, min(first + batch_size, len(transactions) + 1))
         batch = {}
         for s in specs:
-            changes = [(row, diff, t) for t in times for row, diff in transactions[t - 1].get(
-                s.name, [])]
-            batch[s.name] = s.arrow([c[0] for c in changes], [c[2] for c in changes],
-                                    [c[1] for c in changes])
+            changes = [(row, t, diff) for t in times
+                       for row, diff in transactions[t - 1].get(s.name, [])]
+            batch[s.name] = s.arrow([c[0] for c in changes], [c[1] for c in changes],
+                                    [c[2] for c in changes])
         result = engine.process(batch)
         assert set(result) == set(outputs)
         by_time: dict[str, dict[int, list[tuple[Row, int]]]] = {}
@@ -526,8 +528,8 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
                 by_time[name].setdefault(t, []).append((row, d))
         for t in times:
             for name in outputs:
-                apply_signed(integrated[name], by_time[name].get(t, []),
-                             f"output {name} at transaction {t}\n{describe(name)}")
+                apply_changes(integrated[name], by_time[name].get(t, []),
+                              f"output {name} at transaction {t}\n{describe(name)}")
                 got = list(integrated[name].elements())
                 want = expected[t - 1][name]
                 assert same_multiset(got, want), (
@@ -535,15 +537,6 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
                     f"DuckDB:\n{multiset_diff(got, want)}\n{describe(name)}"
                 )
     return streams
-
-
-def apply_signed(contents: Counter[Row], changes: Sequence[tuple[Row, int]], where: str) -> None:
-    """Integrate changes; a multiplicity below zero is an error of the stream."""
-    for row, diff in changes:
-        contents[row] += diff
-        assert contents[row] >= 0, f"{where}: multiplicity of {row} is {contents[row]}"
-        if not contents[row]:
-            del contents[row]
 
 
 def _checked_batch(table: pa.Table, columns: Columns, times: range, where: str
