@@ -89,7 +89,7 @@ DEFAULT_RUNS = {
     "test_random_dag": ((2, EVERY_SIZE), (4, (7,)), (5, (ONE_BATCH,))),
     "test_example_pipeline": ((1, (7, ONE_BATCH)),),
 }
-LONG_SEEDS = range(1, 41)  # `--long`: each at every batch size
+LONG_SEEDS = range(1, 21)  # `--long`: each at every batch size (hours on a shared machine)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -235,6 +235,8 @@ BAD_DEFINITIONS: dict[str, tuple[Callable[[Table, Table], Table], str]] = {
 
 @pytest.mark.parametrize("case", BAD_DEFINITIONS)
 def test_definition_error_names_table_and_column(spark: SparkSession, case: str) -> None:
+    """Raised while the pipeline is built (by the Table API call or by compiling it), before any
+    data flows, naming the table and the column."""
     build, message = BAD_DEFINITIONS[case]
     p = Pipeline()
     with pytest.raises(PipelineDefinitionError, match=message):
