@@ -12,7 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 # Seconds: from a fast Spark job or PostgreSQL write to a slow checkpoint.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-_COUNTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10_000, 100_000)
+_COUNTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+_CHANGES = (10, 100, 1000, 10_000, 100_000, 1_000_000)
 
 
 class Histogram:
@@ -59,12 +60,14 @@ class Progress:
     engine_seconds: float = 0.0
     sink_seconds: float = 0.0
     checkpoints: int = 0
+    checkpoint_failures: int = 0
     last_transaction: int = 0  # last committed
     last_checkpoint_transaction: int | None = None
     last_checkpoint_at: float | None = None  # monotonic
     lag: int = 0
     lag_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
     batch_transactions: Histogram = field(default_factory=lambda: Histogram(_COUNTS))
+    batch_changes: Histogram = field(default_factory=lambda: Histogram(_CHANGES))
     spark_job_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
     sink_write_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
     checkpoint_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
@@ -151,6 +154,8 @@ _COUNTERS = (
     ("batches", "txstream_batches_total", "Spark batches run"),
     ("output_changes", "txstream_output_changes_total", "changes written to the sinks"),
     ("checkpoints", "txstream_checkpoints_total", "checkpoints completed"),
+    ("checkpoint_failures", "txstream_checkpoint_failures_total",
+     "checkpoints that failed (retried after the next batch)"),
 )
 _GAUGES = (
     ("lag", "txstream_lag_records", "records in the source topics not yet committed"),
@@ -159,6 +164,7 @@ _GAUGES = (
 )
 _HISTOGRAMS = (
     ("batch_transactions", "txstream_batch_transactions", "transactions per Spark batch"),
+    ("batch_changes", "txstream_batch_input_changes", "input change rows per Spark batch"),
     ("spark_job_seconds", "txstream_spark_job_seconds", "time of one Spark batch"),
     ("sink_write_seconds", "txstream_sink_write_seconds", "time of one sink write"),
     ("checkpoint_seconds", "txstream_checkpoint_seconds", "time to write one checkpoint"),

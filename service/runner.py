@@ -363,7 +363,13 @@ class PipelineRunner:
         if self._batches_since_checkpoint and (
                 self._batches_since_checkpoint >= self.config.checkpoint_every_batches
                 or time.monotonic() - self._last_checkpoint >= self.config.checkpoint_every_s):
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except Exception:
+                # The storage may be back by the next batch; until then a crash replays more
+                # (an incomplete checkpoint has no manifest and is never read).
+                self.progress.checkpoint_failures += 1
+                log.exception("checkpoint failed; retried after the next batch")
         return processed
 
     def _process(self, batch: list[Transaction]) -> None:
@@ -408,6 +414,7 @@ class PipelineRunner:
         self.progress.transactions += len(batch)
         self.progress.batches += 1
         self.progress.batch_transactions.observe(len(batch))
+        self.progress.batch_changes.observe(sum(t.num_rows for t in changes.values()))
         self.progress.last_transaction = batch[-1].number
         self._batches_since_checkpoint += 1
         log.debug("batch of %d transactions done, last #%d", len(batch), batch[-1].number)

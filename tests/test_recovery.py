@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ class ServiceProcess:
     def __init__(self, config: Path, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in wait())
+        self._log_start = self._log.tell()
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "run", str(config), "--progress-interval", "5"],
@@ -81,19 +83,33 @@ class ServiceProcess:
     def tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
-    def wait_for_metrics(self, port: int, ok: Any, timeout: float) -> str:
-        """Poll /metrics until `ok(body)`; the body."""
+    def _until(self, what: str, ok: Callable[[], bool], timeout: float) -> None:
+        """Poll `ok()` while the process runs; on failure kill it and show its log."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while not ok():
             if self.proc.poll() is not None:
-                raise AssertionError(f"txstream run exited ({self.proc.returncode}):\n"
-                                     f"{self.tail()}")
-            status, body = scrape(port)
-            if status == 200 and ok(body):
-                return body
+                raise AssertionError(f"txstream run exited ({self.proc.returncode}) before "
+                                     f"{what}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"no {what} within {timeout}s:\n{self.tail()}")
             time.sleep(0.5)
-        raise AssertionError(f"/metrics never satisfied the condition in {timeout}s; last:\n"
-                             f"{body}\nlog:\n{self.tail()}")
+
+    def wait_for_metrics(self, port: int, ok: Callable[[str], bool], timeout: float) -> str:
+        """Poll /metrics until `ok(body)`; the body."""
+        last = [""]
+
+        def check() -> bool:
+            status, last[0] = scrape(port)
+            return status == 200 and ok(last[0])
+
+        self._until("/metrics condition", check, timeout)
+        return last[0]
+
+    def wait_for_log(self, text: str, timeout: float) -> None:
+        """Until `text` appears in the log of this process."""
+        self._until(repr(text), lambda: text in self.log_path.read_bytes()[
+            self._log_start:].decode(errors="replace"), timeout)
 
 
 def produce_orders(bootstrap: str, topics: dict[str, str], count: int, seed: int) -> OrderWorld:
@@ -204,27 +220,32 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
     port = free_port()
     group = f"g-{topic_name}"
     checkpoints = tmp_path / "checkpoints"
+    # 25,000 events per Spark batch: Spark's cost is mostly per job, and every life restarts
+    # Spark, so few large batches keep the test within minutes.
     config = write_config(tmp_path / "pipeline.yaml", topics, pg_schema, group, checkpoints,
-                          port, transactions={"max_events": 2000, "max_delay_ms": 1000},
+                          port, transactions={"max_events": 5000, "max_delay_ms": 1000},
                           batch_transactions=5)
     env = {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "DATABASE_URL": postgres.url,
            # Overrides from the environment: a checkpoint after every batch, so lives resume
            # from checkpoints and one of them is killed while writing one.
            "TXSTREAM_CHECKPOINT_EVERY_BATCHES": "1"}
     rng = random.Random(5)
-    # Crash points first (each reached early in its life), then kills at random moments:
-    # during Spark's start, a restore, a batch or a checkpoint, wherever they fall.
-    lives: list[str | float] = ["sink_write:2", "checkpoint:1", "commit:2", "log:2",
-                                rng.uniform(8, 30), rng.uniform(8, 30)]
+    # Crash points first, each reached in its life: the second sink write of the first batch,
+    # the first checkpoint (data written, manifest not), after the sinks of the second batch
+    # (offsets not committed). Then kills at random moments after a restore: during a replay,
+    # a batch, a sink write or a checkpoint, wherever they fall.
+    lives: list[str | float] = ["sink_write:2", "checkpoint:1", "commit:2",
+                                rng.uniform(0, 40), rng.uniform(0, 40)]
     history: dict[int, str] = {}
     log_path = tmp_path / "txstream.log"
     for life in lives:
         crash = {"TXSTREAM_CRASH_AT": life} if isinstance(life, str) else {}
         service = ServiceProcess(config, {**env, **crash}, log_path)
         if isinstance(life, float):
+            service.wait_for_log("resuming after transaction", timeout=600)
             time.sleep(life)
             service.kill()
-        code = service.wait(timeout=240)
+        code = service.wait(timeout=900)
         assert code == -signal.SIGKILL, f"life {life}: exit {code}\n{service.tail()}"
         for number, identity in logged_transactions(checkpoints / group).items():
             assert history.setdefault(number, identity) == identity, (
@@ -234,7 +255,7 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
     service = ServiceProcess(config, env, log_path)
     service.wait_for_metrics(
         port, lambda body: metric(body, "txstream_lag_records") == 0
-        and metric(body, "txstream_ready") == 1, timeout=240)
+        and metric(body, "txstream_ready") == 1, timeout=900)
     stop_sent = time.monotonic()
     service.proc.send_signal(signal.SIGTERM)
     assert service.wait(timeout=90) == 0, service.tail()
