@@ -14,6 +14,7 @@ Every engine result is checked against numpy. The machine is shared: ratios meas
 run are what matter, so the load average at start and end is part of the output.
 
     .venv/bin/python bench/engine.py [--quick] [--sizes 10k,1M,10M] [--reps 5]
+                                     [--only throughput|state]
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pyspark.sql import functions as F
 
 from schemas.tables import TableSchema
 from service.engine import Engine, Pipeline
+from service.engine import __file__ as engine_module
 from service.engine import reducers as r
 from service.spark import get_spark
 
@@ -334,7 +336,11 @@ def state_cost(spark: SparkSession, workload: str, size: int, reps: int) -> dict
         frame.unpersist()
     inc, redo = statistics.median(incremental), statistics.median(full)
     log(f"{workload} S={size:,}: incremental {inc:.3f} s, recompute {redo:.3f} s")
-    return {"load_s": round(load_s, 1), "incremental_s": round(inc, 3),
+    return {"load_transactions": next_time, "load_s": round(load_s, 1),
+            # The median is a typical transaction; the maximum shows the transactions that
+            # also merge state runs, and the mean their cost spread over the others.
+            "incremental_s": round(inc, 3), "incremental_max_s": round(max(incremental), 3),
+            "incremental_mean_s": round(statistics.mean(incremental), 3),
             "incremental_all_s": [round(x, 3) for x in incremental],
             "spark_jobs_per_transaction": statistics.median(jobs),
             "recompute_s": round(redo, 3), "recompute_all_s": [round(x, 3) for x in full],
@@ -350,8 +356,56 @@ def parse_size(text: str) -> int:
 
 
 def git(*args: str) -> str:
+    """Runs git in the checkout the engine was imported from (empty output outside one)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(engine_module))))
     return subprocess.run(["git", *args], capture_output=True, text=True, check=False,
-                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+                          cwd=root).stdout.strip()
+
+
+def engine_version() -> str:
+    """The last commit of the imported service/engine, `+dirty` when the working tree differs."""
+    dirty = "+dirty" if git("status", "--porcelain", "service/engine") else ""
+    return git("log", "-1", "--format=%h %cd", "--date=format:%H:%M", "--", "service/engine") \
+        + dirty
+
+
+def state_costs(spark: SparkSession, sizes: list[int], reps: int) -> dict[str, Any]:
+    cost: dict[str, Any] = {"changes_per_transaction": 1_000,
+                            "change_mix": "500 deletions of existing rows, 500 insertions",
+                            "groupby": "a.groupby(g).reduce(count, sum(v)), S/10 groups",
+                            "join": "a inner join b on k, b static with S rows, 1 match per row",
+                            "timed_transactions": reps, "statistic": "median",
+                            "sizes": {}}
+    for size in sizes:
+        cost["sizes"][str(size)] = {}
+        for workload in ("groupby", "join"):
+            cost["sizes"][str(size)][workload] = state_cost(spark, workload, size, reps)
+            # Drops the finished engine's state frames, so Spark's cleaner frees their blocks.
+            gc.collect()
+    small, large = cost["sizes"][str(sizes[0])], cost["sizes"][str(sizes[-1])]
+    for figure in ("incremental_s", "incremental_max_s", "recompute_s"):
+        cost[f"ratio_{sizes[-1]}_over_{sizes[0]}_{figure}"] = {
+            w: round(large[w][figure] / small[w][figure], 2) for w in ("groupby", "join")}
+    return cost
+
+
+def machine_facts(spark: SparkSession, started: datetime, load_start: tuple[float, ...],
+                  engine_start: str) -> dict[str, Any]:
+    conf = spark.conf
+    return {
+        "cores": os.cpu_count(),
+        "spark_version": spark.version,
+        "spark_master": spark.sparkContext.master,
+        "shuffle_partitions": conf.get("spark.sql.shuffle.partitions"),
+        "adaptive": conf.get("spark.sql.adaptive.enabled"),
+        "driver_memory": spark.sparkContext.getConf().get("spark.driver.memory"),
+        "engine_at_start": engine_start,
+        "engine_at_end": engine_version(),
+        "started_utc": started.isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - _T0, 1),
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def main() -> None:
@@ -360,6 +414,7 @@ def main() -> None:
                         help="state sizes 10k, 100k, 1M and a 100,000-event throughput run")
     parser.add_argument("--sizes", help="state sizes, e.g. 10k,1M,10M")
     parser.add_argument("--reps", type=int, default=5, help="timed transactions per size")
+    parser.add_argument("--only", choices=["throughput", "state"], help="run one part only")
     args = parser.parse_args()
     sizes = sorted(parse_size(s) for s in args.sizes.split(",")) if args.sizes \
         else list(QUICK_SIZES if args.quick else FULL_SIZES)
@@ -367,6 +422,8 @@ def main() -> None:
 
     load_start = os.getloadavg()
     started = datetime.now(UTC)
+    # The engine is imported once, at start: a run that straddles a commit measured the first.
+    engine_start = engine_version()
     if sizes[-1] > LOAD_BATCH_ROWS:
         # Tens of millions of rows of operator state, broadcast deltas and collected outputs.
         os.environ.setdefault("SPARK_DRIVER_MEMORY", "8g")
@@ -375,49 +432,19 @@ def main() -> None:
 
     # Warm the JVM (class loading, code generation, JIT) so the first measured engine does
     # not pay for it: the smallest state size would look slower and the growth ratio smaller.
-    throughput(spark, 2_000, 100, 4, [1])
-    for workload in ("groupby", "join"):
-        state_cost(spark, workload, 1_000, 1)
+    if args.only != "state":
+        throughput(spark, 2_000, 100, 4, [1])
+    if args.only != "throughput":
+        for workload in ("groupby", "join"):
+            state_cost(spark, workload, 1_000, 1)
     log("warmed up")
 
     report: dict[str, Any] = {}
-    report["throughput"] = throughput(spark, events, keys, 100, [1, 10, 100])
-    cost: dict[str, Any] = {"changes_per_transaction": 1_000,
-                            "change_mix": "500 deletions of existing rows, 500 insertions",
-                            "groupby": "a.groupby(g).reduce(count, sum(v)), S/10 groups",
-                            "join": "a inner join b on k, b static with S rows, 1 match per row",
-                            "timed_transactions": args.reps, "statistic": "median",
-                            "sizes": {}}
-    for size in sizes:
-        cost["sizes"][str(size)] = {}
-        for workload in ("groupby", "join"):
-            cost["sizes"][str(size)][workload] = state_cost(spark, workload, size, args.reps)
-            # Drops the finished engine's state frames, so Spark's cleaner frees their blocks.
-            gc.collect()
-    small, large = cost["sizes"][str(sizes[0])], cost["sizes"][str(sizes[-1])]
-    cost[f"incremental_ratio_{sizes[-1]}_over_{sizes[0]}"] = {
-        w: round(large[w]["incremental_s"] / small[w]["incremental_s"], 2)
-        for w in ("groupby", "join")}
-    cost[f"recompute_ratio_{sizes[-1]}_over_{sizes[0]}"] = {
-        w: round(large[w]["recompute_s"] / small[w]["recompute_s"], 2)
-        for w in ("groupby", "join")}
-    report["state_cost"] = cost
-
-    conf = spark.conf
-    report["machine"] = {
-        "cores": os.cpu_count(),
-        "spark_version": spark.version,
-        "spark_master": spark.sparkContext.master,
-        "shuffle_partitions": conf.get("spark.sql.shuffle.partitions"),
-        "adaptive": conf.get("spark.sql.adaptive.enabled"),
-        "driver_memory": spark.sparkContext.getConf().get("spark.driver.memory"),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "engine_uncommitted_changes": bool(git("status", "--porcelain", "service/engine")),
-        "started_utc": started.isoformat(timespec="seconds"),
-        "wall_s": round(time.perf_counter() - _T0, 1),
-        "loadavg_start": [round(x, 2) for x in load_start],
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-    }
+    if args.only != "state":
+        report["throughput"] = throughput(spark, events, keys, 100, [1, 10, 100])
+    if args.only != "throughput":
+        report["state_cost"] = state_costs(spark, sizes, args.reps)
+    report["machine"] = machine_facts(spark, started, load_start, engine_start)
     print(json.dumps(report, indent=2))
 
 
