@@ -75,10 +75,10 @@ class Engine:
                 f"output {name!r}: primary key column(s) {', '.join(missing)} not in "
                 f"{', '.join(schema.names)}"
             )
+        # Every column may hold nulls, keys too: a group-by key or a distinct row can be null.
         return TableSchema(
             columns=tuple(
-                Column(name=f.name, type=ColumnType.from_spark(f.dataType.simpleString()),
-                       nullable=f.name not in primary_key)
+                Column(name=f.name, type=ColumnType.from_spark(f.dataType.simpleString()))
                 for f in schema.fields
             ),
             primary_key=tuple(primary_key),
@@ -137,26 +137,20 @@ class Engine:
                 f"{', '.join(sorted(self.sources))}"
             )
         deltas: dict[int, DataFrame | None] = {}
-        cached: list[DataFrame] = []
-        try:
-            for op in self._ops:
-                op.batch_cache = cached
-                if isinstance(op, SourceOp):
-                    table = changes.get(op.node.name)  # type: ignore[attr-defined]
-                    delta = None
-                    if table is not None and table.num_rows:
-                        delta = consolidate(self._to_spark(op, table), op.columns)
-                        cached.append(delta.cache())
-                else:
-                    delta = op.step([deltas[i.id] for i in op.node.inputs])
-                    if delta is not None and self._consumers[op.node.id] > 1:
-                        cached.append(delta.cache())
-                deltas[op.node.id] = delta
-            return {name: self._collect(out, deltas[out.node.id])
-                    for name, out in self.outputs.items()}
-        finally:
-            for frame in cached:
-                frame.unpersist()
+        for op in self._ops:
+            if isinstance(op, SourceOp):
+                table = changes.get(op.node.name)  # type: ignore[attr-defined]
+                delta = None
+                if table is not None and table.num_rows:
+                    delta = consolidate(self._to_spark(op, table), op.columns)
+            else:
+                delta = op.step([deltas[i.id] for i in op.node.inputs])
+            if delta is not None and self._consumers[op.node.id] > 1:
+                # Computed once by the first job that needs it; consumers see a leaf plan.
+                delta = delta.localCheckpoint(eager=False)
+            deltas[op.node.id] = delta
+        return {name: self._collect(out, deltas[out.node.id])
+                for name, out in self.outputs.items()}
 
     def _fingerprint(self) -> list[str]:
         """What a saved state must match: every operator, in order, with its output schema."""

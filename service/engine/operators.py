@@ -13,12 +13,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from schemas.tables import ColumnType, TableSchemaError
+from schemas.tables import RESERVED_COLUMNS, ColumnType, TableSchemaError
 from service.engine.errors import PipelineDefinitionError
 from service.engine.frames import (
     DIFF,
@@ -52,8 +51,29 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0]
 
 
-def _check_types(node: Node, schema: StructType) -> StructType:
+INTERNAL_PREFIX = "__"  # the operators' helper columns; user columns may not start with it
+# Functions whose value depends on when a batch runs: a retraction would not match its insertion.
+_TIME_DEPENDENT = ("current_timestamp", "current_date", "now(", "localtimestamp",
+                   "unix_timestamp()", "current_time")
+
+
+def _check_columns(node: Node, schema: StructType) -> StructType:
+    """Every column of a table: a supported type, not a reserved name, unique ignoring case
+    (Spark resolves names case-insensitively)."""
+    seen: dict[str, str] = {}
     for f in schema.fields:
+        if f.name.lower() in RESERVED_COLUMNS:
+            raise PipelineDefinitionError(
+                f"{node.label}: column {f.name!r} is reserved for change metadata; rename it")
+        if f.name.startswith(INTERNAL_PREFIX):
+            raise PipelineDefinitionError(
+                f"{node.label}: column {f.name!r}: names starting with {INTERNAL_PREFIX!r} are "
+                "reserved for the engine; rename it")
+        other = seen.setdefault(f.name.lower(), f.name)
+        if other != f.name:
+            raise PipelineDefinitionError(
+                f"{node.label}: columns {other!r} and {f.name!r} differ only in case, which "
+                "Spark does not tell apart; rename one")
         try:
             ColumnType.from_spark(f.dataType.simpleString())
         except TableSchemaError as exc:
@@ -61,18 +81,42 @@ def _check_types(node: Node, schema: StructType) -> StructType:
     return StructType([StructField(f.name, f.dataType, True) for f in schema.fields])
 
 
+def _check_row_wise(node: Node, frame: DataFrame, exprs: Sequence[str], operator: str) -> None:
+    """An expression must map each row on its own, the same way in every batch: changes are
+    processed a batch at a time and retractions must cancel their insertions exactly.
+
+    Spark's analyzed plan shows it: exactly one `operator` (Project, Filter) over the input,
+    and deterministic."""
+    plan = frame._jdf.queryExecution().analyzed()
+    shown = "; ".join(exprs)
+    if plan.nodeName() != operator or plan.apply(2) is not None:
+        raise PipelineDefinitionError(
+            f"{node.label}: {shown}: aggregate and window functions are not row-wise; use "
+            "groupby(...).reduce(...) instead")
+    if not plan.deterministic():
+        raise PipelineDefinitionError(
+            f"{node.label}: {shown}: non-deterministic expressions (rand(), uuid(), ...) cannot "
+            "be maintained incrementally")
+    text = shown.lower().replace(" ", "")
+    used = [f for f in _TIME_DEPENDENT if f in text]
+    if used:
+        raise PipelineDefinitionError(
+            f"{node.label}: {shown}: {used[0].rstrip('(')} depends on when a batch runs, so a "
+            "deletion would not retract its insertion; carry the time in a source column")
+
+
 class Operator(ABC):
     def __init__(self, spark: SparkSession, node: Node, inputs: Sequence[StructType]) -> None:
         self.spark = spark
         self.node = node
         self.input_schemas = list(inputs)
-        self.schema = _check_types(node, self._resolve())
-        self.batch_cache: list[DataFrame] = []
+        self.schema = _check_columns(node, self._resolve())
 
-    def _cached(self, frame: DataFrame) -> DataFrame:
-        """Cache a frame used several times in this batch; the engine releases it afterwards."""
-        self.batch_cache.append(frame.cache())
-        return frame
+    @staticmethod
+    def _shared(frame: DataFrame) -> DataFrame:
+        """A frame used several times: computed once, by the first job that needs it, and seen
+        by later plans as a leaf, so they do not re-analyze (or recompute) its lineage."""
+        return frame.localCheckpoint(eager=False)
 
     @staticmethod
     def _materialized(frame: DataFrame) -> DataFrame:
@@ -126,11 +170,11 @@ class SelectOp(Operator):
 
     def _resolve(self) -> StructType:
         try:
-            return self._empty(self.input_schemas[0]).selectExpr(*self._exprs()).schema
-        except AnalysisException as exc:
+            frame = self._empty(self.input_schemas[0]).selectExpr(*self._exprs())
+        except Exception as exc:  # analysis and parse errors, as pyspark exceptions
             raise PipelineDefinitionError(f"{self.node.label}: {_first_line(exc)}") from exc
-        except Exception as exc:  # parse errors surface as other pyspark exceptions
-            raise PipelineDefinitionError(f"{self.node.label}: {_first_line(exc)}") from exc
+        _check_row_wise(self.node, frame, [e for _, e in self.node.exprs], "Project")
+        return frame.schema
 
     def step(self, deltas: Sequence[Delta]) -> Delta:
         d = deltas[0]
@@ -147,9 +191,10 @@ class FilterOp(Operator):
         empty = self._empty(self.input_schemas[0])
         try:
             typed = empty.selectExpr(f"({self.node.predicate}) AS p").schema["p"].dataType
-            empty.where(self.node.predicate)
+            filtered = empty.where(self.node.predicate)
         except Exception as exc:
             raise PipelineDefinitionError(f"{self.node.label}: {_first_line(exc)}") from exc
+        _check_row_wise(self.node, filtered, [self.node.predicate], "Filter")
         if typed.simpleString() != "boolean":
             raise PipelineDefinitionError(
                 f"{self.node.label}: the predicate is {typed.simpleString()}, not boolean"
@@ -236,17 +281,17 @@ class JoinOp(Operator):
 
     def _pairs(self, left: DataFrame, right: DataFrame, broadcast: str) -> DataFrame:
         lay = self.layout
-        r = prefixed(right, "_r_")
+        r = prefixed(right, "__r_")
         if broadcast == "left":
             left = F.broadcast(left)
         else:
             r = F.broadcast(r)
-        cond = [left[f"`{k}`"] == r[f"`_r_{k}`"] for k in lay.on]
+        cond = [left[f"`{k}`"] == r[f"`__r_{k}`"] for k in lay.on]
         return left.join(r, cond, "inner").select(
             *[left[f"`{c}`"] for c in lay.on + lay.left_rest],
-            *[r[f"`_r_{c}`"].alias(c) for c in lay.right_rest],
-            F.greatest(left[TIME], r[f"_r_{TIME}"]).alias(TIME),
-            (left[DIFF] * r[f"_r_{DIFF}"]).alias(DIFF),
+            *[r[f"`__r_{c}`"].alias(c) for c in lay.right_rest],
+            F.greatest(left[TIME], r[f"__r_{TIME}"]).alias(TIME),
+            (left[DIFF] * r[f"__r_{DIFF}"]).alias(DIFF),
         )
 
     @staticmethod
@@ -317,13 +362,13 @@ class DistinctOp(Operator):
             timeline = timeline.unionByName(before.withColumn(TIME, F.lit(BEFORE_BATCH)))
         w = (Window.partitionBy(*[col(c) for c in cols]).orderBy(col(TIME))
              .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-        counted = timeline.withColumn("_after", F.sum(col(DIFF)).over(w))
+        counted = timeline.withColumn("__after", F.sum(col(DIFF)).over(w))
         crossings = counted.where(
             (col(TIME) != BEFORE_BATCH)
-            & ((col("_after") > 0) != ((col("_after") - col(DIFF)) > 0))
+            & ((col("__after") > 0) != ((col("__after") - col(DIFF)) > 0))
         ).select(
             *[col(c) for c in cols], col(TIME),
-            F.when(col("_after") > 0, F.lit(1)).otherwise(F.lit(-1)).cast("long").alias(DIFF),
+            F.when(col("__after") > 0, F.lit(1)).otherwise(F.lit(-1)).cast("long").alias(DIFF),
         )
         self.state.append(d)
         return crossings
@@ -360,12 +405,12 @@ class ReduceOp(Operator):
                 nn_cols.append(red.column)
             if red.needs_values and red.column not in value_cols:
                 value_cols.append(red.column)
-        self.sum_names = {c: f"_s{i}" for i, c in enumerate(sum_cols)}
-        self.nn_names = {c: f"_n{i}" for i, c in enumerate(nn_cols)}
+        self.sum_names = {c: f"__s{i}" for i, c in enumerate(sum_cols)}
+        self.nn_names = {c: f"__n{i}" for i, c in enumerate(nn_cols)}
         self.value_names = {c: i for i, c in enumerate(value_cols)}
-        self.acc_cols = ["_cnt", *self.sum_names.values(), *self.nn_names.values()]
-        self.acc_state = ZSetState(keys, self.acc_cols, empty_when="`_cnt` = 0")
-        self.value_states = {c: ZSetState([*keys, "_v"], [DIFF]) for c in value_cols}
+        self.acc_cols = ["__cnt", *self.sum_names.values(), *self.nn_names.values()]
+        self.acc_state = ZSetState(keys, self.acc_cols, empty_when="`__cnt` = 0")
+        self.value_states = {c: ZSetState([*keys, "__v"], [DIFF]) for c in value_cols}
         out_schema = StructType(fields)
         self.out_state = ZSetState(out_schema.names, [DIFF])
         return out_schema
@@ -407,14 +452,14 @@ class ReduceOp(Operator):
         keys = self.keys
         key_cols = [col(k) for k in keys]
         acc_delta = d.groupBy(*key_cols, col(TIME)).agg(
-            F.sum(col(DIFF)).alias("_cnt"),
+            F.sum(col(DIFF)).alias("__cnt"),
             *[F.coalesce(F.sum(F.when(col(c).isNotNull(), col(c) * col(DIFF))), F.lit(0))
               .alias(n) for c, n in self.sum_names.items()],
             *[F.sum(F.when(col(c).isNotNull(), col(DIFF)).otherwise(0)).alias(n)
               for c, n in self.nn_names.items()],
         )
-        acc_delta = self._cached(acc_delta)
-        touched = self._cached(acc_delta.select(*key_cols).distinct())
+        acc_delta = self._shared(acc_delta)
+        touched = self._shared(acc_delta.select(*key_cols).distinct())
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then each transaction's delta.
         timeline = acc_delta
@@ -431,86 +476,89 @@ class ReduceOp(Operator):
 
         outputs = self._output_columns()
         new_rows = self._materialized(
-            groups.select(*key_cols, col(TIME), col("_cnt"), *outputs))
-        out = self._cached(self._emit(new_rows, touched))
+            groups.select(*key_cols, col(TIME), col("__cnt"), *outputs))
+        out = self._shared(self._emit(new_rows, touched))
         self.acc_state.append(acc_delta)
         self.out_state.append(out)
         return out
 
     def _with_values(self, groups: DataFrame, d: DataFrame, touched: DataFrame, column: str,
                      idx: int) -> DataFrame:
-        """Add `_min{idx}`, `_max{idx}`, `_cd{idx}`: min, max and distinct count of `column`'s
+        """Add `__min{idx}`, `__max{idx}`, `__cd{idx}`: min, max and distinct count of `column`'s
         non-null values of each group at each transaction of the batch."""
         keys = self.keys
         state = self.value_states[column]
         vd = consolidate(
             d.where(col(column).isNotNull()).select(*[col(k) for k in keys],
-                                                   col(column).alias("_v"), col(TIME), col(DIFF)),
-            [*keys, "_v"],
+                                                   col(column).alias("__v"), col(TIME),
+                                                   col(DIFF)),
+            [*keys, "__v"],
         )
-        vd = self._cached(vd)
-        touched_values = vd.select(*[col(k) for k in keys], col("_v")).distinct()
+        vd = self._shared(vd)
+        touched_values = vd.select(*[col(k) for k in keys], col("__v")).distinct()
 
         # Values the batch does not touch are constant over it: one min/max/count per group.
         current = state.lookup(touched, keys)
         if current is not None:
-            tv = prefixed(touched_values, "_t_")
+            tv = prefixed(touched_values, "__t_")
             steady = current.join(
-                tv, null_safe_on(current, tv, [*keys, "_v"], [f"_t_{c}" for c in [*keys, "_v"]]),
+                tv,
+                null_safe_on(current, tv, [*keys, "__v"], [f"__t_{c}" for c in [*keys, "__v"]]),
                 "left_anti",
             ).groupBy(*[col(k) for k in keys]).agg(
-                F.min("_v").alias("_smin"), F.max("_v").alias("_smax"),
-                F.count(F.lit(1)).alias("_scnt"),
+                F.min("__v").alias("__smin"), F.max("__v").alias("__smax"),
+                F.count(F.lit(1)).alias("__scnt"),
             )
         else:
             steady = None
 
         # Touched values: their count over the batch as intervals [start, end).
         vtimeline = vd
-        before = state.lookup(touched_values, [*keys, "_v"])
+        before = state.lookup(touched_values, [*keys, "__v"])
         if before is not None:
             vtimeline = vtimeline.unionByName(before.withColumn(TIME, F.lit(BEFORE_BATCH)))
-        w = self._key_window(["_v"])
+        w = self._key_window(["__v"])
         intervals = vtimeline.select(
-            *[col(k) for k in keys], col("_v"),
-            col(TIME).alias("_start"),
-            F.lead(col(TIME), 1, 2**62).over(w).alias("_end"),
+            *[col(k) for k in keys], col("__v"),
+            col(TIME).alias("__start"),
+            F.lead(col(TIME), 1, 2**62).over(w).alias("__end"),
             F.sum(col(DIFF)).over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow))
-            .alias("_c"),
-        ).where(col("_c") > 0)
-        iv = prefixed(intervals, "_i_")
+            .alias("__c"),
+        ).where(col("__c") > 0)
+        iv = prefixed(intervals, "__i_")
         queries = groups.select(*[col(k) for k in keys], col(TIME))
         present = queries.join(
             iv,
-            null_safe_on(queries, iv, keys, [f"_i_{k}" for k in keys])
-            & (iv["_i__start"] <= queries[TIME]) & (queries[TIME] < iv["_i__end"]),
+            null_safe_on(queries, iv, keys, [f"__i_{k}" for k in keys])
+            & (iv["__i___start"] <= queries[TIME]) & (queries[TIME] < iv["__i___end"]),
             "inner",
         ).groupBy(*[queries[f"`{k}`"] for k in keys], queries[TIME]).agg(
-            F.min("_i__v").alias("_tmin"), F.max("_i__v").alias("_tmax"),
-            F.count(F.lit(1)).alias("_tcnt"),
+            F.min("__i___v").alias("__tmin"), F.max("__i___v").alias("__tmax"),
+            F.count(F.lit(1)).alias("__tcnt"),
         )
-        p = prefixed(present, "_p_")
+        p = prefixed(present, "__p_")
         joined = groups.join(
             p,
-            null_safe_on(groups, p, [*keys, TIME], [f"_p_{c}" for c in [*keys, TIME]]),
+            null_safe_on(groups, p, [*keys, TIME], [f"__p_{c}" for c in [*keys, TIME]]),
             "left",
         )
-        stats = [F.col("_p__tmin"), F.col("_p__tmax"), F.col("_p__tcnt")]
+        stats = [F.col("__p___tmin"), F.col("__p___tmax"), F.col("__p___tcnt")]
         if steady is not None:
-            s = prefixed(steady, "_q_")
+            s = prefixed(steady, "__q_")
             joined = joined.join(
-                s, null_safe_on(joined, s, keys, [f"_q_{k}" for k in keys]), "left"
+                s, null_safe_on(joined, s, keys, [f"__q_{k}" for k in keys]), "left"
             )
             stats = [
-                F.least(F.col("_p__tmin"), F.col("_q__smin")),
-                F.greatest(F.col("_p__tmax"), F.col("_q__smax")),
-                F.coalesce(F.col("_p__tcnt"), F.lit(0)) + F.coalesce(F.col("_q__scnt"), F.lit(0)),
+                F.least(F.col("__p___tmin"), F.col("__q___smin")),
+                F.greatest(F.col("__p___tmax"), F.col("__q___smax")),
+                F.coalesce(F.col("__p___tcnt"), F.lit(0))
+                + F.coalesce(F.col("__q___scnt"), F.lit(0)),
             ]
         state.append(vd)
         return joined.select(
             *[groups[f"`{c}`"] for c in groups.columns],
-            stats[0].alias(f"_min{idx}"), stats[1].alias(f"_max{idx}"),
-            F.coalesce(stats[2], F.lit(0)).cast("long").alias(f"_cd{idx}"),
+            stats[0].alias(f"__min{idx}"), stats[1].alias(f"__max{idx}"),
+            F.coalesce(stats[2], F.lit(0)).cast("long").alias(f"__cd{idx}"),
         )
 
     def _output_columns(self) -> list:  # type: ignore[type-arg]
@@ -518,18 +566,18 @@ class ReduceOp(Operator):
         for name, red in self.node.reducers:
             c = red.column
             if red.kind is ReducerKind.COUNT:
-                e = col("_cnt") if c is None else col(self.nn_names[c])
+                e = col("__cnt") if c is None else col(self.nn_names[c])
             elif red.kind is ReducerKind.SUM:
                 e = F.when(col(self.nn_names[c]) > 0, col(self.sum_names[c]))
             elif red.kind is ReducerKind.AVG:
                 e = F.when(col(self.nn_names[c]) > 0,
                            col(self.sum_names[c]) / col(self.nn_names[c]))
             elif red.kind is ReducerKind.MIN:
-                e = col(f"_min{self.value_names[c]}")
+                e = col(f"__min{self.value_names[c]}")
             elif red.kind is ReducerKind.MAX:
-                e = col(f"_max{self.value_names[c]}")
+                e = col(f"__max{self.value_names[c]}")
             else:
-                e = col(f"_cd{self.value_names[c]}")
+                e = col(f"__cd{self.value_names[c]}")
             exprs.append(e.cast(self.schema[name].dataType).alias(name))
         return exprs
 
@@ -543,22 +591,22 @@ class ReduceOp(Operator):
         names = self.columns
         value_names = [n for n in names if n not in keys]
         w = self._key_window()
-        prev = F.lag(F.struct(col("_cnt"), *[col(n) for n in value_names])).over(w)
-        ordered = new_rows.select("*", prev.alias("_prev"),
-                                  F.row_number().over(w).alias("_rank"))
-        adds = ordered.where(col("_cnt") > 0).select(
+        prev = F.lag(F.struct(col("__cnt"), *[col(n) for n in value_names])).over(w)
+        ordered = new_rows.select("*", prev.alias("__prev"),
+                                  F.row_number().over(w).alias("__rank"))
+        adds = ordered.where(col("__cnt") > 0).select(
             *[col(n) for n in names], col(TIME), F.lit(1).cast("long").alias(DIFF))
-        retracts = ordered.where(col("_prev").isNotNull() & (F.col("_prev._cnt") > 0)).select(
-            *[col(k) for k in keys], *[F.col(f"_prev.`{n}`").alias(n) for n in value_names],
+        retracts = ordered.where(col("__prev").isNotNull() & (F.col("__prev.__cnt") > 0)).select(
+            *[col(k) for k in keys], *[F.col(f"__prev.`{n}`").alias(n) for n in value_names],
             col(TIME), F.lit(-1).cast("long").alias(DIFF))
         parts = [adds, retracts]
         last = self.out_state.lookup(touched, keys)
         if last is not None:
-            firsts = prefixed(ordered.where(col("_rank") == 1).select(*[col(k) for k in keys],
-                                                                      col(TIME)), "_f_")
+            firsts = prefixed(ordered.where(col("__rank") == 1).select(*[col(k) for k in keys],
+                                                                      col(TIME)), "__f_")
             parts.append(last.join(
-                firsts, null_safe_on(last, firsts, keys, [f"_f_{k}" for k in keys]), "inner",
-            ).select(*[col(n) for n in names], col(f"_f_{TIME}").alias(TIME),
+                firsts, null_safe_on(last, firsts, keys, [f"__f_{k}" for k in keys]), "inner",
+            ).select(*[col(n) for n in names], col(f"__f_{TIME}").alias(TIME),
                      (-col(DIFF)).alias(DIFF)))
         return consolidate(union_all(parts), names)
 

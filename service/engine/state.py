@@ -79,9 +79,9 @@ class ZSetState:
         whole = self.frame()
         if whole is None:
             return None
-        wanted = prefixed(probe.select(*[col(c) for c in on]).distinct(), "_p_")
+        wanted = prefixed(probe.select(*[col(c) for c in on]).distinct(), "__p_")
         hit = whole.join(F.broadcast(wanted),
-                         null_safe_on(whole, wanted, on, [f"_p_{c}" for c in on]), "left_semi")
+                         null_safe_on(whole, wanted, on, [f"__p_{c}" for c in on]), "left_semi")
         return self._consolidate(hit, whole=True)
 
     def save(self, path: str) -> None:
