@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import threading
 import time
@@ -131,6 +132,7 @@ def _run(kafka: KafkaEndpoint, url: str, policy: BatchPolicy, batch_transactions
         kafka_bootstrap_servers=bootstrap, consumer_group=f"bench-{run_id}",
         database_url=url, checkpoint_dir=tempfile.mkdtemp(prefix="txstream-bench-"),
     )
+    print(f"{measure.__qualname__.split('.')[0]}: starting", file=sys.stderr, flush=True)
     runner = PipelineRunner(config, spark=get_spark())
     stream = Stream(bootstrap, topics)
     watcher = Watcher(url, schema)

@@ -118,8 +118,9 @@ class PipelineConfig(BaseModel):
     checkpoint_every_s: float = Field(default=300.0, gt=0)
     checkpoints_kept: int = Field(default=2, ge=1)
     # SIGTERM: finish the current batch and checkpoint within this time, else exit without the
-    # final checkpoint (the next start replays from the previous one).
-    shutdown_timeout_s: float = Field(default=60.0, gt=0)
+    # final checkpoint (the next start replays from the previous one). Below Kubernetes'
+    # default grace period (30 s), which must be raised along with it.
+    shutdown_timeout_s: float = Field(default=25.0, gt=0)
     # Kafka or PostgreSQL unavailable: retried with exponential backoff up to this pause.
     retry_initial_backoff_s: float = Field(default=0.5, gt=0)
     retry_max_backoff_s: float = Field(default=30.0, gt=0)
