@@ -13,59 +13,13 @@ order, so the snapshot in PostgreSQL keeps changing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import time
-from collections.abc import Iterator
-from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
-REGIONS = ("north", "south", "east", "west")
-STATUSES = ("new", "paid", "shipped", "delivered")
-
-Event = tuple[str, int, dict[str, Any] | None]  # (source, primary key, row or None to delete)
-KEY_COLUMNS = {"customers": "customer_id", "orders": "order_id"}
-
-
-def events(rng: random.Random, customers: int) -> Iterator[Event]:
-    """An endless stream of upserts and deletes over `customers` customers and their orders."""
-    for customer_id in range(1, customers + 1):
-        yield "customers", customer_id, _customer(rng, customer_id)
-    orders: dict[int, dict[str, Any]] = {}
-    next_order_id = 1
-    while True:
-        roll = rng.random()
-        if roll < 0.5 or not orders:
-            row = {
-                "order_id": next_order_id,
-                "customer_id": rng.randint(1, customers),
-                # Whole cents: sums stay exact enough to compare by eye in PostgreSQL.
-                "amount": rng.randint(100, 50_000) / 100,
-                "status": STATUSES[0],
-            }
-            orders[next_order_id] = row
-            next_order_id += 1
-            yield "orders", row["order_id"], row
-        elif roll < 0.85:
-            order_id = rng.choice(list(orders))
-            row = dict(orders[order_id])
-            row["status"] = rng.choice(STATUSES)
-            orders[order_id] = row
-            yield "orders", order_id, row
-        elif roll < 0.95:
-            customer_id = rng.randint(1, customers)
-            yield "customers", customer_id, _customer(rng, customer_id)
-        else:
-            order_id = rng.choice(list(orders))
-            del orders[order_id]
-            yield "orders", order_id, None
-
-
-def _customer(rng: random.Random, customer_id: int) -> dict[str, Any]:
-    return {"customer_id": customer_id, "name": f"customer {customer_id}",
-            "region": rng.choice(REGIONS)}
+from examples.order_events import encode, events
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,12 +46,9 @@ def main(argv: list[str] | None = None) -> None:
 
     rng = random.Random(args.seed)
     interval = 1.0 / args.rate
-    for count, (source, key, row) in enumerate(events(rng, args.customers), start=1):
-        value = None if row is None else json.dumps(row).encode()
-        # The key as a JSON object of the key columns: a tombstone has only its key to say
-        # which row it deletes.
-        producer.produce(topics[source], key=json.dumps({KEY_COLUMNS[source]: key}).encode(),
-                         value=value, on_delivery=delivered)
+    for count, event in enumerate(events(rng, args.customers), start=1):
+        key, value = encode(event)
+        producer.produce(topics[event[0]], key=key, value=value, on_delivery=delivered)
         producer.poll(0)
         if count == args.events:
             break
