@@ -62,7 +62,7 @@ class ServiceProcess:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "run", str(config), "--progress-interval", "5"],
-            cwd=ROOT, env={**os.environ, "SPARK_DRIVER_MEMORY": "1g", **env},
+            cwd=ROOT, env={**os.environ, "SPARK_DRIVER_MEMORY": "2g", **env},
             stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float) -> int:
