@@ -18,6 +18,7 @@ from schemas.config import ConfigError, PipelineConfig
 from service.checkpoint import CheckpointError
 from service.engine import EngineInputError, PipelineDefinitionError
 from service.engine.errors import EngineStateError
+from service.health import HealthServer, Progress, Readiness
 
 log = logging.getLogger("service.cli")
 # Our own packages log at --log-level; everything else (py4j, Spark's Python side) at WARNING.
@@ -52,11 +53,8 @@ def _set_up_logging(level: str, json_format: bool) -> None:
         logging.getLogger(name).setLevel(level.upper())
 
 
-def _status_printer(json_format: bool) -> Callable[[object], None]:
-    from service.health import Progress
-
-    def report(progress: object) -> None:
-        assert isinstance(progress, Progress)
+def _status_printer(json_format: bool) -> Callable[[Progress], None]:
+    def report(progress: Progress) -> None:
         if json_format:
             print(json.dumps({"status": progress.fields()}, default=str), flush=True)
         else:
@@ -66,7 +64,6 @@ def _status_printer(json_format: bool) -> Callable[[object], None]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from service.health import HealthServer, Progress, Readiness
     from service.runner import PipelineRunner, ShutdownRequested
 
     config = PipelineConfig.load(args.config)
