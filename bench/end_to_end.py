@@ -34,9 +34,9 @@ import psycopg
 from confluent_kafka import Producer
 
 from examples.order_events import REGIONS
-from examples.orders import CUSTOMERS, ORDERS
+from examples.orders import OUTPUTS, kafka_sources
 from schemas.config import PipelineConfig, SinkConfig
-from schemas.sources import BatchPolicy, SourceSpec
+from schemas.sources import BatchPolicy
 from service.embedded.kafka import KafkaEndpoint, kafka_from_env
 from service.embedded.postgres import postgres_from_env
 from service.runner import PipelineRunner
@@ -122,12 +122,9 @@ def _run(kafka: KafkaEndpoint, url: str, policy: BatchPolicy, batch_transactions
         conn.execute(f'CREATE SCHEMA "{schema}"')
     config = PipelineConfig(
         pipeline="examples.orders:pipeline",
-        sources=[SourceSpec(name="customers", topic=topics["customers"], schema=CUSTOMERS,
-                            semantics="upsert"),
-                 SourceSpec(name="orders", topic=topics["orders"], schema=ORDERS,
-                            semantics="upsert")],
+        sources=kafka_sources(topics["customers"], topics["orders"]),
         sinks=[SinkConfig.model_validate({"output": o, "db_schema": schema})
-               for o in ("paid_orders", "region_totals", "customer_stats", "statuses")],
+               for o in OUTPUTS],
         transactions=policy, batch_transactions=batch_transactions,
         kafka_bootstrap_servers=bootstrap, consumer_group=f"bench-{run_id}",
         database_url=url, checkpoint_dir=tempfile.mkdtemp(prefix="txstream-bench-"),

@@ -13,6 +13,7 @@ Outputs, with the meaning of these SQL queries:
 - statuses:       SELECT DISTINCT status FROM orders
 """
 
+from schemas.sources import SourceSpec
 from schemas.tables import TableSchema
 from service.engine import Pipeline
 from service.engine import reducers as r
@@ -24,6 +25,16 @@ ORDERS = TableSchema.of(
     {"order_id": "bigint", "customer_id": "bigint", "amount": "double", "status": "text"},
     primary_key=["order_id"],
 )
+
+OUTPUTS = ("paid_orders", "region_totals", "customer_stats", "statuses")
+
+
+def kafka_sources(customers_topic: str, orders_topic: str) -> list[SourceSpec]:
+    """The pipeline's sources as upsert topics of JSON rows keyed by primary key (the format of
+    `examples.order_events`)."""
+    return [SourceSpec(name="customers", topic=customers_topic, schema=CUSTOMERS,
+                       semantics="upsert"),
+            SourceSpec(name="orders", topic=orders_topic, schema=ORDERS, semantics="upsert")]
 
 
 def pipeline() -> Pipeline:

@@ -22,9 +22,9 @@ import psycopg
 from confluent_kafka import Producer
 
 from examples.order_events import OrderWorld, encode, events
-from examples.orders import CUSTOMERS, ORDERS
+from examples.orders import OUTPUTS, kafka_sources
 from schemas.config import PipelineConfig, SinkConfig
-from schemas.sources import BatchPolicy, SourceSpec
+from schemas.sources import BatchPolicy
 from service.embedded.kafka import KafkaEndpoint, kafka_from_env
 from service.embedded.postgres import EmbeddedPostgres
 from service.runner import PipelineRunner
@@ -124,14 +124,9 @@ def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = p
         kafka.create_topic(dead_letters, 1)
         config = PipelineConfig(
             pipeline="examples.orders:pipeline",
-            sources=[
-                SourceSpec(name="customers", topic=topics["customers"], schema=CUSTOMERS,
-                           semantics="upsert"),
-                SourceSpec(name="orders", topic=topics["orders"], schema=ORDERS,
-                           semantics="upsert"),
-            ],
+            sources=kafka_sources(topics["customers"], topics["orders"]),
             sinks=[SinkConfig.model_validate({"output": name, "mode": "replace"}) for name in
-                   ("customer_stats", "region_totals", "paid_orders", "statuses")],
+                   OUTPUTS],
             transactions=BatchPolicy(max_events=500, max_delay_ms=200),
             batch_transactions=10,
             kafka_bootstrap_servers=kafka.bootstrap_servers,

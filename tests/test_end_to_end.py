@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from examples.orders import CUSTOMERS, ORDERS
+from examples.orders import kafka_sources
 from schemas.config import PipelineConfig, SinkConfig
-from schemas.sources import BatchPolicy, SourceSpec
+from schemas.sources import BatchPolicy
 from service.runner import PipelineRunner
 
 Row = dict[str, Any]
@@ -31,16 +31,13 @@ def _value(row: Row) -> bytes:
 
 
 @pytest.fixture
-def runner(kafka, postgres, spark, pg_schema, topic_name):  # type: ignore[no-untyped-def]
+def runner(kafka, postgres, spark, pg_schema, topic_name, tmp_path):  # type: ignore[no-untyped-def]
     topics = {"customers": f"{topic_name}-customers", "orders": f"{topic_name}-orders"}
     kafka.create_topic(topics["customers"], 1)
     kafka.create_topic(topics["orders"], 2)
     config = PipelineConfig(
         pipeline="examples.orders:pipeline",
-        sources=[SourceSpec(name="customers", topic=topics["customers"], schema=CUSTOMERS,
-                            semantics="upsert"),
-                 SourceSpec(name="orders", topic=topics["orders"], schema=ORDERS,
-                            semantics="upsert")],
+        sources=kafka_sources(topics["customers"], topics["orders"]),
         sinks=[SinkConfig.model_validate({"output": o, "db_schema": pg_schema})
                for o in ("customer_stats", "region_totals", "statuses")],
         transactions=BatchPolicy(max_events=4, max_delay_ms=100),
@@ -48,6 +45,7 @@ def runner(kafka, postgres, spark, pg_schema, topic_name):  # type: ignore[no-un
         kafka_bootstrap_servers=kafka.bootstrap_servers,
         consumer_group=f"g-{topic_name}",
         database_url=postgres.url,
+        checkpoint_dir=str(tmp_path),
     )
     r = PipelineRunner(config, spark=spark)
     r.topics = topics  # type: ignore[attr-defined]

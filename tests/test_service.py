@@ -40,9 +40,9 @@ from test_recovery import (
 
 from connectors.transactions import SourceState, TransactionLogEntry
 from examples.order_events import OrderWorld, encode, events
-from examples.orders import CUSTOMERS, ORDERS
+from examples.orders import OUTPUTS, kafka_sources
 from schemas.config import ConfigError, PipelineConfig, SinkConfig
-from schemas.sources import BatchPolicy, SourceSpec
+from schemas.sources import BatchPolicy
 from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
 from service.cli import main, run_checks
 from service.embedded.postgres import EmbeddedPostgres, free_port
@@ -243,12 +243,9 @@ def _config(bootstrap: str, database_url: str, schema: str, topics: dict[str, st
             group: str, checkpoint_dir: Path, **extra: Any) -> PipelineConfig:
     return PipelineConfig(
         pipeline="examples.orders:pipeline",
-        sources=[SourceSpec(name="customers", topic=topics["customers"], schema=CUSTOMERS,
-                            semantics="upsert"),
-                 SourceSpec(name="orders", topic=topics["orders"], schema=ORDERS,
-                            semantics="upsert")],
+        sources=kafka_sources(topics["customers"], topics["orders"]),
         sinks=[SinkConfig.model_validate({"output": o, "db_schema": schema})
-               for o in ("customer_stats", "paid_orders", "region_totals", "statuses")],
+               for o in OUTPUTS],
         transactions=BatchPolicy(max_events=100, max_delay_ms=200),
         batch_transactions=5, kafka_bootstrap_servers=bootstrap, consumer_group=group,
         database_url=database_url, checkpoint_dir=str(checkpoint_dir),
