@@ -7,7 +7,6 @@ from functools import reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 TIME = "time"
 DIFF = "diff"
@@ -42,7 +41,3 @@ def prefixed(df: DataFrame, prefix: str, columns: Sequence[str] | None = None) -
     """The frame with its columns renamed `prefix + name`, to join it without ambiguity."""
     names = columns if columns is not None else df.columns
     return df.select(*[col(c).alias(prefix + c) for c in names])
-
-
-def empty_frame(df_schema: StructType, spark_df: DataFrame) -> DataFrame:
-    return spark_df.sparkSession.createDataFrame([], df_schema)
