@@ -137,7 +137,9 @@ class Engine:
                 f"{', '.join(sorted(self.sources))}"
             )
         deltas: dict[int, DataFrame | None] = {}
+        batch_rows = sum(t.num_rows for t in changes.values())
         for op in self._ops:
+            op.batch_rows = batch_rows
             if isinstance(op, SourceOp):
                 table = changes.get(op.node.name)  # type: ignore[attr-defined]
                 delta = None

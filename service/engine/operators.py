@@ -111,6 +111,8 @@ class Operator(ABC):
         self.node = node
         self.input_schemas = list(inputs)
         self.schema = _check_columns(node, self._resolve())
+        # Rows of input in the current batch, set by the engine: the weight of state appends.
+        self.batch_rows = 1
 
     @staticmethod
     def _shared(frame: DataFrame) -> DataFrame:
@@ -313,9 +315,9 @@ class JoinOp(Operator):
         if d_right is not None and left_before is not None:
             terms.append(self._pairs(left_before, d_right, broadcast="right"))
         if d_left is not None:
-            self.left_state.append(d_left)
+            self.left_state.append(d_left, self.batch_rows)
         if d_right is not None:
-            self.right_state.append(d_right)
+            self.right_state.append(d_right, self.batch_rows)
         if not terms:
             return None
         return consolidate(union_all(terms), self.columns)
@@ -370,7 +372,7 @@ class DistinctOp(Operator):
             *[col(c) for c in cols], col(TIME),
             F.when(col("__after") > 0, F.lit(1)).otherwise(F.lit(-1)).cast("long").alias(DIFF),
         )
-        self.state.append(d)
+        self.state.append(d, self.batch_rows)
         return crossings
 
 
@@ -478,8 +480,8 @@ class ReduceOp(Operator):
         new_rows = self._materialized(
             groups.select(*key_cols, col(TIME), col("__cnt"), *outputs))
         out = self._shared(self._emit(new_rows, touched))
-        self.acc_state.append(acc_delta)
-        self.out_state.append(out)
+        self.acc_state.append(acc_delta, self.batch_rows)
+        self.out_state.append(out, self.batch_rows)
         return out
 
     def _with_values(self, groups: DataFrame, d: DataFrame, touched: DataFrame, column: str,
@@ -554,7 +556,7 @@ class ReduceOp(Operator):
                 F.coalesce(F.col("__p___tcnt"), F.lit(0))
                 + F.coalesce(F.col("__q___scnt"), F.lit(0)),
             ]
-        state.append(vd)
+        state.append(vd, self.batch_rows)
         return joined.select(
             *[groups[f"`{c}`"] for c in groups.columns],
             stats[0].alias(f"__min{idx}"), stats[1].alias(f"__max{idx}"),

@@ -1,9 +1,10 @@
 """Operator state: Z-sets held in Spark as a few consolidated runs (a log-structured merge).
 
-A batch appends its consolidated delta as a new run; runs that summarize equally many batches
-are merged (a binary counter), so each row is rewritten O(log batches) times and the number of
-runs stays logarithmic. Appending costs O(delta) amortized, not O(state): the state is never
-rewritten whole per transaction. Every run is local-checkpointed, which materializes it once and
+A batch appends its consolidated delta as a new run, weighed by the batch's size; a run is
+merged into the one before it while that one weighs no more than what is being merged (size
+tiers, a binary counter when batches are equal). Each row is rewritten O(log) times, the number
+of runs stays logarithmic, and a small batch never rewrites a large state: appending costs
+O(delta) amortized, not O(state). Every run is local-checkpointed, which materializes it once and
 cuts its lineage, so plans do not grow with the number of batches.
 """
 
@@ -21,7 +22,7 @@ from service.engine.frames import col, null_safe_on, prefixed, union_all
 @dataclass
 class _Run:
     frame: DataFrame
-    batches: int
+    weight: int  # rows of input the run summarizes (an estimate of its size, never counted)
 
 
 class ZSetState:
@@ -53,16 +54,17 @@ class ZSetState:
             summed = summed.where(f"NOT ({self._empty_when})")
         return summed
 
-    def append(self, delta: DataFrame) -> None:
-        """Add a batch's changes (columns `keys + weights`, not necessarily consolidated)."""
+    def append(self, delta: DataFrame, weight: int) -> None:
+        """Add a batch's changes (columns `keys + weights`, not necessarily consolidated);
+        `weight` is the batch's size (its input rows), which decides what merges with what."""
         frames = [delta.select(*[col(c) for c in self.keys + self.weights])]
-        batches = 1
-        while self._runs and self._runs[-1].batches <= batches:
+        weight = max(1, weight)
+        while self._runs and self._runs[-1].weight <= weight:
             run = self._runs.pop()
             frames.append(run.frame)
-            batches += run.batches
+            weight += run.weight
         merged = self._consolidate(union_all(frames), whole=not self._runs)
-        self._runs.append(_Run(merged.localCheckpoint(eager=True), batches))
+        self._runs.append(_Run(merged.localCheckpoint(eager=True), weight))
 
     def frame(self) -> DataFrame | None:
         """All runs, unconsolidated: equal keys may appear in several runs (sum their weights)."""
@@ -97,5 +99,6 @@ class ZSetState:
         self._runs = []
         if path is not None:
             frame = spark.read.parquet(path).select(*[col(c) for c in self.keys + self.weights])
-            # One batch's weight: the next append merges into it, like any older run.
-            self._runs.append(_Run(frame.localCheckpoint(eager=True), 1))
+            loaded = frame.localCheckpoint(eager=True)
+            # Weighed by its size, so small batches after a restore do not rewrite it.
+            self._runs.append(_Run(loaded, loaded.count()))
