@@ -64,30 +64,29 @@ class UpdateRecord(BaseModel):
         return self
 
 
-class PostgresSnapshotSettings(BaseModel):
-    """A live snapshot in PostgreSQL (`connectors.postgres_snapshot`)."""
+class _PostgresTableSettings(BaseModel):
+    """The table a PostgreSQL sink writes, how it is managed, and how failures are retried."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["postgres_snapshot"] = "postgres_snapshot"
     table: str
     db_schema: str = "public"
     mode: Literal["create", "replace"] = "create"
-    live_view: str | None = None
     retry: RetryPolicy = RetryPolicy()
+
+
+class PostgresSnapshotSettings(_PostgresTableSettings):
+    """A live snapshot in PostgreSQL (`connectors.postgres_snapshot`)."""
+
+    kind: Literal["postgres_snapshot"] = "postgres_snapshot"
+    live_view: str | None = None
     purge: TombstonePurge | None = None
 
 
-class PostgresAppendSettings(BaseModel):
+class PostgresAppendSettings(_PostgresTableSettings):
     """Every change appended to a PostgreSQL table (`connectors.postgres_append`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     kind: Literal["postgres_append"] = "postgres_append"
-    table: str
-    db_schema: str = "public"
-    mode: Literal["create", "replace"] = "create"
-    retry: RetryPolicy = RetryPolicy()
 
 
 class KafkaSinkSettings(BaseModel):
