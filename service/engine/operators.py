@@ -499,24 +499,23 @@ class ReduceOp(Operator):
         vd = self._shared(vd)
         touched_values = vd.select(*[col(k) for k in keys], col("__v")).distinct()
 
-        # Values the batch does not touch are constant over it: one min/max/count per group.
+        # The state's values of the touched groups, split in two: values the batch does not
+        # touch are constant over it (one min/max/count per group); touched values start the
+        # batch with their current count. One scan of the state serves both.
         current = state.lookup(touched, keys)
+        steady = before = None
         if current is not None:
+            current = self._shared(current)
             tv = prefixed(touched_values, "__t_")
-            steady = current.join(
-                tv,
-                null_safe_on(current, tv, [*keys, "__v"], [f"__t_{c}" for c in [*keys, "__v"]]),
-                "left_anti",
-            ).groupBy(*[col(k) for k in keys]).agg(
+            on = null_safe_on(current, tv, [*keys, "__v"], [f"__t_{c}" for c in [*keys, "__v"]])
+            steady = current.join(tv, on, "left_anti").groupBy(*[col(k) for k in keys]).agg(
                 F.min("__v").alias("__smin"), F.max("__v").alias("__smax"),
                 F.count(F.lit(1)).alias("__scnt"),
             )
-        else:
-            steady = None
+            before = current.join(tv, on, "left_semi")
 
         # Touched values: their count over the batch as intervals [start, end).
         vtimeline = vd
-        before = state.lookup(touched_values, [*keys, "__v"])
         if before is not None:
             vtimeline = vtimeline.unionByName(before.withColumn(TIME, F.lit(BEFORE_BATCH)))
         w = self._key_window(["__v"])
