@@ -1,9 +1,15 @@
 """Engine benchmark. Prints one JSON document (progress goes to stderr):
 
+0. latency: the example pipeline (examples/orders.py), lone 10-event transactions after
+   warm-up, against state built from 20k and from 1M order events: p50/p99 engine seconds split
+   into driver planning and execution, Spark jobs and stages per batch, and the time of a
+   trivial Spark job measured in the same run (batch time / trivial job travels between
+   machines);
 1. throughput, the Pathway-style workload: 1,000,000 insert events, keys = i mod 10,000, 100
    transactions of 10,000 events, group-by count and sum; events/s end to end through the
    engine (input from Arrow, consolidated output diffs collected) with 1, 10 and 100
-   transactions per Spark job, one fresh engine each;
+   transactions per Spark job, one fresh engine each; and the same workload run by Pathway in
+   the same run (bench/peers/pathway_groupby.py, in a virtualenv of its own), with the ratio;
 2. state_cost: the time of one 1,000-change transaction (500 deletions of existing rows, 500
    insertions) against state of S rows, for a group-by with S/10 keys and an inner join with a
    static table of S rows, and how it grows from the smallest S to the largest;
@@ -13,8 +19,8 @@
 Every engine result is checked against numpy. The machine is shared: ratios measured within one
 run are what matter, so the load average at start and end is part of the output.
 
-    .venv/bin/python bench/engine.py [--quick] [--sizes 10k,1M,10M] [--reps 5]
-                                     [--only throughput|state]
+    .venv/bin/python bench/engine.py [--latency] [--throughput] [--state] (none: all three)
+        [--quick] [--sizes 10k,1M,10M] [--reps 5] [--latency-sizes 20k,1M] [--no-peer]
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import gc
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -36,10 +43,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from examples.order_events import as_changes, events
+from examples.orders import pipeline as orders_pipeline
 from schemas.tables import TableSchema
 from service.engine import Engine, Pipeline
 from service.engine import __file__ as engine_module
@@ -119,12 +127,57 @@ def seconds_of(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
-def spark_jobs(sc: SparkContext, group: str, fn: Callable[[], Any]) -> tuple[float, Any, int]:
-    """Time `fn` and count the Spark jobs it ran: the engine's fixed cost is per job. Later
-    jobs also land in `group` until the next call sets another; they are not counted."""
-    sc.setJobGroup(group, group)
-    elapsed, result = seconds_of(fn)
-    return elapsed, result, len(sc.statusTracker().getJobIdsForGroup(group))
+# --- 0. latency ---------------------------------------------------------------------------
+
+LOAD_EVENTS_PER_BATCH = 50_000
+
+
+def trivial_job_s(spark: SparkSession, reps: int = 15) -> float:
+    """The median time of Spark's smallest job here: the unit a batch's time is worth."""
+    frame = spark.range(1)
+    times = [seconds_of(frame.count)[0] for _ in range(reps)]
+    return statistics.median(times)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def latency(spark: SparkSession, state_events: int, transactions: int) -> dict[str, Any]:
+    engine = Engine(orders_pipeline(), spark)
+    stream = events(random.Random(11), 200)
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    time_ = 1
+    start = time.perf_counter()
+    for lo in range(0, state_events, LOAD_EVENTS_PER_BATCH):
+        size = min(LOAD_EVENTS_PER_BATCH, state_events - lo)
+        engine.process(as_changes([next(stream) for _ in range(size)], rows, time_))
+        time_ += 1
+    load_s = time.perf_counter() - start
+    log(f"latency S={state_events:,}: loaded in {load_s:.1f} s")
+    stats = []
+    for j in range(10 + transactions):  # the first ten warm up (and merge the loaded runs)
+        engine.process(as_changes([next(stream) for _ in range(10)], rows, time_))
+        time_ += 1
+        assert engine.last_batch is not None
+        if j >= 10:
+            stats.append(engine.last_batch)
+    total = [s.planning_s + s.execution_s for s in stats]
+    trivial = trivial_job_s(spark)
+    p50 = statistics.median(total)
+    log(f"latency S={state_events:,}: p50 {p50:.3f} s")
+    return {
+        "state_events": state_events, "live_orders": len(rows.get("orders", {})),
+        "live_customers": len(rows.get("customers", {})), "load_s": round(load_s, 1),
+        "transactions": transactions, "events_per_transaction": 10,
+        "p50_s": round(p50, 3), "p99_s": round(percentile(total, 0.99), 3),
+        "planning_p50_s": round(statistics.median(s.planning_s for s in stats), 3),
+        "execution_p50_s": round(statistics.median(s.execution_s for s in stats), 3),
+        "spark_jobs_per_batch": max(s.jobs for s in stats),
+        "spark_stages_per_batch": max(s.stages for s in stats),
+        "trivial_job_s": round(trivial, 4), "p50_over_trivial_job": round(p50 / trivial, 1),
+    }
 
 
 # --- 1. throughput ------------------------------------------------------------------------
@@ -147,21 +200,41 @@ def throughput(spark: SparkSession, events: int, keys: int, transactions: int,
         chunks = [table.slice(lo, rows) for lo in range(0, events, rows)]
         job_s = []
         outputs = []
+        spark_jobs = []
         start = time.perf_counter()
         for chunk in chunks:
             t0 = time.perf_counter()
             outputs.append(engine.process({"events": chunk})["sums"])
             job_s.append(time.perf_counter() - t0)
+            assert engine.last_batch is not None
+            spark_jobs.append(engine.last_batch.jobs)
         elapsed = time.perf_counter() - start
         check_integrated(pa.concat_tables(outputs), want_n, want_s)
         runs.append({"transactions_per_job": batch, "jobs": len(chunks),
                      "seconds": round(elapsed, 3), "events_per_s": round(events / elapsed),
                      "median_job_s": round(statistics.median(job_s), 3),
+                     "spark_jobs_per_batch": max(spark_jobs),
                      "output_rows": sum(o.num_rows for o in outputs)})
         log(f"throughput: {batch} transactions/job: {elapsed:.1f} s, "
             f"{events / elapsed:,.0f} events/s")
     return {"events": events, "keys": keys, "transactions": transactions,
             "events_per_transaction": per_txn, "runs": runs, "verified": True}
+
+
+PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "pathway_groupby.py")
+
+
+def pathway_peer(events: int, keys: int, transactions: int) -> dict[str, Any]:
+    """The same workload run by Pathway, in a virtualenv of its own (created on first use)."""
+    log("throughput: the same workload in Pathway")
+    done = subprocess.run(
+        [sys.executable, PEER, "--events", str(events), "--keys", str(keys),
+         "--transactions", str(transactions)],
+        capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"peer": "pathway", "skipped": f"exit {done.returncode}: {done.stderr[-500:]}"}
+    return json.loads(lines[-1])
 
 
 def check_integrated(diffs: pa.Table, want_n: np.ndarray, want_s: np.ndarray) -> None:
@@ -278,7 +351,6 @@ def load(engine: Engine, source: str, schema_rows: Callable[[np.ndarray], dict[s
 
 
 def state_cost(spark: SparkSession, workload: str, size: int, reps: int) -> dict[str, Any]:
-    sc = spark.sparkContext
     p = Pipeline()
     a = p.source("a", A_SCHEMA)
     cached: list[DataFrame] = []
@@ -319,8 +391,9 @@ def state_cost(spark: SparkSession, workload: str, size: int, reps: int) -> dict
     jobs: list[int] = []
     for j, txn in enumerate(txns):
         before, truth = truth, truth.after(txn)
-        elapsed, result, n_jobs = spark_jobs(sc, f"bench-{workload}-{size}-{j}",
-                                             lambda txn=txn: engine.process({"a": txn})["out"])
+        elapsed, result = seconds_of(lambda txn=txn: engine.process({"a": txn})["out"])
+        assert engine.last_batch is not None
+        n_jobs = engine.last_batch.jobs
         if workload == "groupby":
             check_groupby_delta(result, txn, before, truth)
         else:
@@ -410,39 +483,53 @@ def machine_facts(spark: SparkSession, started: datetime, load_start: tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency", action="store_true", help="run the latency part")
+    parser.add_argument("--throughput", action="store_true", help="run the throughput part")
+    parser.add_argument("--state", action="store_true", help="run the state-size part")
     parser.add_argument("--quick", action="store_true",
                         help="state sizes 10k, 100k, 1M and a 100,000-event throughput run")
     parser.add_argument("--sizes", help="state sizes, e.g. 10k,1M,10M")
+    parser.add_argument("--latency-sizes", default="20k,1M",
+                        help="order events behind the latency runs' state")
     parser.add_argument("--reps", type=int, default=5, help="timed transactions per size")
-    parser.add_argument("--only", choices=["throughput", "state"], help="run one part only")
+    parser.add_argument("--no-peer", action="store_true", help="skip the Pathway run")
     args = parser.parse_args()
+    parts = {p for p in ("latency", "throughput", "state") if getattr(args, p)} \
+        or {"latency", "throughput", "state"}
     sizes = sorted(parse_size(s) for s in args.sizes.split(",")) if args.sizes \
         else list(QUICK_SIZES if args.quick else FULL_SIZES)
-    events, keys = (100_000, 1_000) if args.quick else (1_000_000, 10_000)
+    events_, keys = (100_000, 1_000) if args.quick else (1_000_000, 10_000)
 
     load_start = os.getloadavg()
     started = datetime.now(UTC)
     # The engine is imported once, at start: a run that straddles a commit measured the first.
     engine_start = engine_version()
-    if sizes[-1] > LOAD_BATCH_ROWS:
-        # Tens of millions of rows of operator state, broadcast deltas and collected outputs.
+    if "state" in parts and sizes[-1] > LOAD_BATCH_ROWS:
+        # Tens of millions of rows of operator state and collected outputs.
         os.environ.setdefault("SPARK_DRIVER_MEMORY", "8g")
     spark = get_spark()
     log(f"spark {spark.version} {spark.sparkContext.master}")
 
-    # Warm the JVM (class loading, code generation, JIT) so the first measured engine does
-    # not pay for it: the smallest state size would look slower and the growth ratio smaller.
-    if args.only != "state":
-        throughput(spark, 2_000, 100, 4, [1])
-    if args.only != "throughput":
-        for workload in ("groupby", "join"):
-            state_cost(spark, workload, 1_000, 1)
+    # Warm the JVM (class loading, JIT) so the first measured engine does not pay for it.
+    throughput(spark, 2_000, 100, 4, [1])
+    for workload in ("groupby", "join"):
+        state_cost(spark, workload, 1_000, 1)
     log("warmed up")
 
     report: dict[str, Any] = {}
-    if args.only != "state":
-        report["throughput"] = throughput(spark, events, keys, 100, [1, 10, 100])
-    if args.only != "throughput":
+    if "latency" in parts:
+        report["latency"] = [latency(spark, parse_size(s), 10 if args.quick else 30)
+                             for s in args.latency_sizes.split(",")]
+    if "throughput" in parts:
+        report["throughput"] = throughput(spark, events_, keys, 100, [1, 10, 100])
+        if not args.no_peer:
+            peer = pathway_peer(events_, keys, 100)
+            report["throughput"]["pathway"] = peer
+            if "events_per_s" in peer:
+                ours = report["throughput"]["runs"][-1]["events_per_s"]
+                report["throughput"]["ratio_over_pathway_at_100_per_batch"] = \
+                    round(ours / peer["events_per_s"], 2)
+    if "state" in parts:
         report["state_cost"] = state_costs(spark, sizes, args.reps)
     report["machine"] = machine_facts(spark, started, load_start, engine_start)
     print(json.dumps(report, indent=2))

@@ -13,6 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
+from examples.orders import CUSTOMERS, ORDERS
+
 REGIONS = ("north", "south", "east", "west")
 STATUSES = ("new", "paid", "shipped", "delivered", "refunded")
 KEY_COLUMNS = {"customers": "customer_id", "orders": "order_id"}
@@ -84,3 +88,22 @@ def encode(event: Event) -> tuple[bytes, bytes | None]:
     source, key, row = event
     return (json.dumps({KEY_COLUMNS[source]: key}).encode(),
             None if row is None else json.dumps(row).encode())
+
+
+def as_changes(batch: list[Event], rows: dict[str, dict[int, dict[str, Any]]], time: int
+               ) -> dict[str, pa.Table]:
+    """Engine input for `batch` as one transaction numbered `time`: each event becomes the
+    `-1 old, +1 new` changes the upsert Kafka source would emit. `rows` holds the current row
+    of every key (per source) and is updated."""
+    schemas = {"customers": CUSTOMERS, "orders": ORDERS}
+    out: dict[str, list[dict[str, Any]]] = {"customers": [], "orders": []}
+    for source, key, row in batch:
+        current = rows.setdefault(source, {})
+        old = current.pop(key, None)
+        if old is not None:
+            out[source].append({**old, "time": time, "diff": -1})
+        if row is not None:
+            current[key] = row
+            out[source].append({**row, "time": time, "diff": 1})
+    return {s: pa.Table.from_pylist(changes, schema=schemas[s].arrow_schema(with_changes=True))
+            for s, changes in out.items() if changes}

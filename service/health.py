@@ -61,6 +61,8 @@ class Progress:
     sink_seconds: float = 0.0
     checkpoints: int = 0
     checkpoint_failures: int = 0
+    spark_jobs: int = 0  # of the engine's batches
+    spark_stages: int = 0
     last_transaction: int = 0  # last committed
     last_checkpoint_transaction: int | None = None
     last_checkpoint_at: float | None = None  # monotonic
@@ -154,6 +156,9 @@ _COUNTERS = (
     ("batches", "txstream_batches_total", "Spark batches run"),
     ("output_changes", "txstream_output_changes_total", "changes written to the sinks"),
     ("checkpoints", "txstream_checkpoints_total", "checkpoints completed"),
+    ("spark_jobs", "txstream_spark_jobs_total", "Spark jobs the engine's batches ran"),
+    ("spark_stages", "txstream_spark_stages_total",
+     "stages of those jobs (skipped ones included)"),
     ("checkpoint_failures", "txstream_checkpoint_failures_total",
      "checkpoints that failed (retried after the next batch)"),
 )

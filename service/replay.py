@@ -20,7 +20,7 @@ from connectors.change_json import dumps, json_columns
 from schemas.changes import SourceChange
 from schemas.tables import TableSchema
 from service.engine import Engine, Pipeline
-from service.engine.frames import DIFF, TIME
+from service.engine.columns import DIFF, TIME
 
 
 class ReplayInputError(ValueError):

@@ -388,6 +388,8 @@ class PipelineRunner:
         outputs = self.engine.process(changes) if changes else {}
         t1 = time.monotonic()
         self.progress.spark_job_seconds.observe(t1 - t0)
+        self.progress.spark_jobs = self.engine.totals.jobs
+        self.progress.spark_stages = self.engine.totals.stages
         for name, table in outputs.items():
             if not table.num_rows:
                 continue

@@ -1,23 +1,42 @@
 """The engine: compiles a pipeline once into incremental operators, then turns batches of input
-changes (many consecutive transactions at once) into the output tables' changes."""
+changes (many consecutive transactions at once) into the output tables' changes.
+
+A batch runs in two phases. First every operator builds its delta plan and stages its state's
+next version (`BatchPlan`), running nothing. Then the engine computes it all with one Spark
+action: the outputs, tagged and unioned, are collected as Arrow, and the same job computes the
+staged state runs (lazy local checkpoints it reads but filters out). Only then are the new state
+versions installed, so a failed batch leaves the engine as it was.
+
+Every frame of a batch lives in a single Spark partition: deltas enter through a narrow
+`coalesce(1)` and state runs are built from them, so no join, aggregate or window needs an
+exchange and a batch is one job of a stage or two, whatever the DAG. The price is that one
+batch uses one core: a large batch is not split across executors.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
 
 from schemas.tables import Column, ColumnType, TableSchema
+from service.engine.batch import BatchPlan
+from service.engine.columns import DIFF, PART, TIME
+from service.engine.consolidation import consolidate_arrow
 from service.engine.errors import EngineInputError, EngineStateError, PipelineDefinitionError
-from service.engine.frames import DIFF, TIME, consolidate
+from service.engine.frames import col, union_all
 from service.engine.operators import OPERATORS, Operator, SourceOp
-from service.engine.state import ZSetState
+from service.engine.sparkjobs import JobCount, counted
+from service.engine.state import Runs, ZSetState
 from service.engine.table import (
     DistinctNode,
     FilterNode,
@@ -29,6 +48,25 @@ from service.engine.table import (
     SelectNode,
     SourceNode,
 )
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What the last batch cost: driver time building and planning its Spark plans, time
+    executing them, and the Spark jobs and stages that ran."""
+
+    planning_s: float
+    execution_s: float
+    jobs: int
+    stages: int
+
+
+@dataclass(frozen=True)
+class EngineVersion:
+    """The engine's state as of a batch: immutable, so it can be saved while later batches run.
+    """
+
+    states: Mapping[str, tuple[ZSetState, Runs]]
 
 
 @dataclass(frozen=True)
@@ -54,7 +92,11 @@ class Engine:
             by_id[node.id] = op
             self._ops.append(op)
         self._by_id = by_id
+        # A delta read by several operators or outputs is computed once (BatchPlan.shared).
         self._consumers = Counter(i.id for op in self._ops for i in op.node.inputs)
+        self._consumers.update(out.node.id for out in pipeline.outputs.values())
+        self.last_batch: BatchStats | None = None
+        self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
         self.outputs = {
             name: OutputTable(name, self._table_schema(name, by_id[out.node.id].schema,
                                                        out.primary_key, out.node), out.node)
@@ -123,7 +165,9 @@ class Engine:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise EngineInputError(f"{name}: changes do not fit the schema: {exc}") from exc
         spark_schema = StructType.fromDDL(op.node.schema.spark_ddl(with_changes=True))
-        return self.spark.createDataFrame(typed, schema=spark_schema)
+        frame = self.spark.createDataFrame(consolidate_arrow(typed, op.columns),
+                                           schema=spark_schema)
+        return frame.coalesce(1)
 
     def process(self, changes: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
         """Run one batch: `changes` maps source names to their columns plus `time` and `diff`
@@ -136,23 +180,74 @@ class Engine:
                 f"unknown source(s) {', '.join(unknown)}; the pipeline has "
                 f"{', '.join(sorted(self.sources))}"
             )
+        started = time.perf_counter()
+        batch = BatchPlan(sum(t.num_rows for t in changes.values()))
         deltas: dict[int, DataFrame | None] = {}
-        batch_rows = sum(t.num_rows for t in changes.values())
         for op in self._ops:
-            op.batch_rows = batch_rows
             if isinstance(op, SourceOp):
                 table = changes.get(op.node.name)  # type: ignore[attr-defined]
-                delta = None
-                if table is not None and table.num_rows:
-                    delta = consolidate(self._to_spark(op, table), op.columns)
+                delta = self._to_spark(op, table) if table is not None and table.num_rows \
+                    else None
             else:
-                delta = op.step([deltas[i.id] for i in op.node.inputs])
+                delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
             if delta is not None and self._consumers[op.node.id] > 1:
-                # Computed once by the first job that needs it; consumers see a leaf plan.
-                delta = delta.localCheckpoint(eager=False)
+                delta = batch.shared(delta)
             deltas[op.node.id] = delta
-        return {name: self._collect(out, deltas[out.node.id])
-                for name, out in self.outputs.items()}
+        outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
+        result, execution_s, count = self._materialize(outputs, batch)
+        batch.commit()
+        self.last_batch = BatchStats(
+            planning_s=round(time.perf_counter() - started - execution_s, 4),
+            execution_s=round(execution_s, 4), jobs=count.jobs, stages=count.stages)
+        self.totals = JobCount(self.totals.jobs + count.jobs, self.totals.stages + count.stages)
+        return result
+
+    def _materialize(self, outputs: Mapping[str, DataFrame | None], batch: BatchPlan
+                     ) -> tuple[dict[str, pa.Table], float, JobCount]:
+        """Compute the batch with one Spark action. Each output becomes a struct column of its
+        own, filled on that output's rows only; the staged state runs are read by the same
+        job through a filter no row passes, which Spark cannot fold away (it depends on the
+        partition), so they are computed and kept without reaching the driver."""
+        present = [(name, frame.select(*[col(c) for c in self.outputs[name].schema.names],
+                                       col(TIME), col(DIFF)))
+                   for name, frame in outputs.items() if frame is not None]
+        results = {name: self.outputs[name].schema.arrow_schema(with_changes=True).empty_table()
+                   for name in outputs}
+        if not present and not batch.frames:
+            return results, 0.0, JobCount(0, 0)
+        # Nullable fields: a part's struct is null on the other parts' rows.
+        structs = [StructType([StructField(f.name, f.dataType, True) for f in frame.schema])
+                   for _, frame in present]
+
+        def tagged(part: int, frame: DataFrame) -> DataFrame:
+            return frame.select(F.lit(part).alias(PART), *[
+                (F.struct(*[col(c) for c in frame.columns]) if i == part
+                 else F.lit(None)).cast(s).alias(f"__out{i}")
+                for i, s in enumerate(structs)])
+
+        parts = [tagged(i, frame) for i, (_, frame) in enumerate(present)]
+        if batch.frames:
+            hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames])
+            parts.append(tagged(-1, hidden.where(F.spark_partition_id() < 0)))
+        union = parts[0]
+        for part in parts[1:]:
+            union = union.union(part)
+        union._jdf.queryExecution().executedPlan()  # planned here, so execution is timed alone
+        # Spark cuts the lineage of the first checkpointed frames it meets, not of the runs
+        # below them: those would drag every earlier batch's lineage along.
+        self.spark.sparkContext.setLocalProperty(
+            "spark.checkpoint.checkpointAllMarkedAncestors", "true")
+        started = time.perf_counter()
+        table, count = counted(self.spark.sparkContext, union.toArrow)
+        executed = time.perf_counter() - started
+        tags = table.column(PART)
+        for i, (name, _) in enumerate(present):
+            rows = table.filter(pc.equal(tags, i)).column(f"__out{i}").combine_chunks()
+            changes = pa.Table.from_struct_array(rows)
+            schema = self.outputs[name].schema.arrow_schema(with_changes=True)
+            results[name] = changes.cast(schema).sort_by([(TIME, "ascending"),
+                                                          (DIFF, "ascending")])
+        return results, executed, count
 
     def _fingerprint(self) -> list[str]:
         """What a saved state must match: every operator, in order, with its output schema."""
@@ -163,14 +258,20 @@ class Engine:
         return {f"{i:03d}-{type(op).__name__}-{name}": state
                 for i, op in enumerate(self._ops) for name, state in op.states().items()}
 
-    def save_state(self, path: str) -> None:
-        """Write every operator's state under `path`, a new directory (local or any
-        Hadoop-compatible URI). The manifest is written last: a state without it is incomplete.
-        """
+    def version(self) -> EngineVersion:
+        """The state as of the last batch; it stays valid (and saveable) while later batches
+        run."""
+        return EngineVersion({name: (state, state.runs) for name, state in self._states().items()})
+
+    def save_state(self, path: str, version: EngineVersion | None = None) -> None:
+        """Write every operator's state (as of `version`, by default now) under `path`, a new
+        directory (local or any Hadoop-compatible URI). The manifest is written last: a state
+        without it is incomplete."""
+        version = version or self.version()
         saved = []
-        for name, state in self._states().items():
-            if not state.is_empty:
-                state.save(f"{path}/{name}")
+        for name, (state, runs) in version.states.items():
+            if runs:
+                state.save(f"{path}/{name}", runs)
                 saved.append(name)
         manifest = json.dumps({"format": 1, "operators": self._fingerprint(), "states": saved})
         self.spark.createDataFrame([(manifest,)], "manifest STRING").coalesce(1) \
@@ -197,11 +298,3 @@ class Engine:
         saved = set(manifest.get("states", []))
         for name, state in self._states().items():
             state.load(self.spark, f"{path}/{name}" if name in saved else None)
-
-    @staticmethod
-    def _collect(out: OutputTable, delta: DataFrame | None) -> pa.Table:
-        schema = out.schema.arrow_schema(with_changes=True)
-        if delta is None:
-            return schema.empty_table()
-        table = delta.select(*[f"`{c}`" for c in out.schema.names], TIME, DIFF).toArrow()
-        return table.cast(schema).sort_by([(TIME, "ascending"), (DIFF, "ascending")])

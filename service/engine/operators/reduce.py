@@ -1,0 +1,249 @@
+"""Group-by/reduce: one row per group, the key columns then one column per reducer.
+
+Delta rule: for each group and transaction the batch touches, retract the group's row as it
+was before the transaction and insert its row after it (a -1/+1 pair that consolidation
+cancels when the row did not change).
+
+State (each a Z-set, see `service.engine.state`):
+- `acc_state`: per group, the row count and the reducers' linear accumulators (sums, non-null
+  counts), so a group's new accumulators are its old ones plus the batch's running sums;
+- `value_states`: per column that `min`, `max` or `count_distinct` read, each group's multiset
+  of non-null values;
+- `out_state`: the rows last emitted, which are what gets retracted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from schemas.tables import ColumnType
+from service.engine.batch import BatchPlan
+from service.engine.columns import BEFORE_BATCH, DIFF, ROW_COUNT, TIME
+from service.engine.consolidation import consolidate
+from service.engine.errors import PipelineDefinitionError
+from service.engine.frames import (
+    build_side,
+    col,
+    join,
+    null_safe_on,
+    prefixed,
+    semi_join,
+    union_all,
+)
+from service.engine.operators.base import Delta, Operator
+from service.engine.reducers import Reducer, ReducerError, ValueStats
+from service.engine.state import ZSetState
+from service.engine.table import ReduceNode
+
+# Open end of a value's presence interval: later than every transaction.
+_FOREVER = 2**62
+
+
+class ReduceOp(Operator):
+    node: ReduceNode
+
+    def _resolve(self) -> StructType:
+        src = self.input_schemas[0]
+        keys = list(self.node.keys)
+        self._require(src, keys, "group-by")
+        self.keys = keys
+        fields = [src[k] for k in keys]
+        self.column_types: dict[str, ColumnType | None] = {}
+        accumulators: dict[str, Column] = {}
+        value_columns: list[str] = []
+        for name, red in self.node.reducers:
+            ctype = self._column_type(name, red, src)
+            self.column_types[name] = ctype
+            spark_type = src[red.column].dataType if red.column is not None else None
+            fields.append(StructField(name, red.result_type(ctype, spark_type), True))
+            accumulators.update(red.accumulators(ctype))
+            if red.needs_values and red.column not in value_columns:
+                value_columns.append(red.column)  # type: ignore[arg-type]
+        # Accumulator ids name columns of the user's; state columns get internal names.
+        self.acc_names = {acc: f"__acc{i}" for i, acc in enumerate(accumulators)}
+        self.acc_exprs = {self.acc_names[acc]: e for acc, e in accumulators.items()}
+        self.acc_cols = [ROW_COUNT, *self.acc_exprs]
+        self.acc_state = ZSetState(keys, self.acc_cols, empty_when=f"`{ROW_COUNT}` = 0")
+        self.value_index = {c: i for i, c in enumerate(value_columns)}
+        self.value_states = {c: ZSetState([*keys, "__v"], [DIFF]) for c in value_columns}
+        out_schema = StructType(fields)
+        self.out_state = ZSetState(out_schema.names, [DIFF])
+        return out_schema
+
+    def _column_type(self, name: str, red: Reducer, src: StructType) -> ColumnType | None:
+        if red.column is not None:
+            self._require(src, [red.column], f"reducer {name}={red}")
+        ctype = (ColumnType.from_spark(src[red.column].dataType.simpleString())
+                 if red.column is not None else None)
+        try:
+            red.check(ctype)
+        except ReducerError as exc:
+            raise PipelineDefinitionError(f"{self.node.label}: {name}={exc}") from exc
+        return ctype
+
+    def states(self) -> dict[str, ZSetState]:
+        values = {f"value_states.{self.value_index[c]}": state
+                  for c, state in self.value_states.items()}
+        return {**super().states(), **values}
+
+    def _key_window(self, extra: Sequence[str] = ()) -> Window:
+        return Window.partitionBy(*[col(c) for c in [*self.keys, *extra]]).orderBy(col(TIME))
+
+    def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
+        d = deltas[0]
+        if d is None:
+            return None
+        keys = self.keys
+        key_cols = [col(k) for k in keys]
+        acc_delta = batch.shared(d.groupBy(*key_cols, col(TIME)).agg(
+            F.sum(col(DIFF)).alias(ROW_COUNT),
+            *[F.sum(e).alias(name) for name, e in self.acc_exprs.items()],
+        ))
+        touched = batch.shared(acc_delta.select(*key_cols).distinct())
+
+        # Running accumulators: the state's totals at BEFORE_BATCH, then each transaction's delta.
+        timeline = acc_delta
+        base = self.acc_state.lookup(touched, keys)
+        if base is not None:
+            timeline = timeline.unionByName(base.withColumn(TIME, F.lit(BEFORE_BATCH)))
+        running = self._key_window().rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        groups = timeline.select(
+            *key_cols, col(TIME), *[F.sum(col(a)).over(running).alias(a) for a in self.acc_cols]
+        ).where(col(TIME) != BEFORE_BATCH)
+
+        for column in self.value_states:
+            groups = self._with_values(groups, d, touched, column, batch)
+
+        new_rows = batch.shared(groups.select(*key_cols, col(TIME), col(ROW_COUNT),
+                                              *self._output_columns()))
+        out = batch.shared(self._emit(new_rows, touched))
+        batch.append(self.acc_state, acc_delta)
+        batch.append(self.out_state, out)
+        return out
+
+    def _with_values(self, groups: DataFrame, d: DataFrame, touched: DataFrame, column: str,
+                     batch: BatchPlan) -> DataFrame:
+        """Add `__min{i}`, `__max{i}`, `__cd{i}`: min, max and distinct count of `column`'s
+        non-null values of each group at each transaction of the batch."""
+        keys = self.keys
+        idx = self.value_index[column]
+        state = self.value_states[column]
+        vd = batch.shared(consolidate(
+            d.where(col(column).isNotNull()).select(*[col(k) for k in keys],
+                                                   col(column).alias("__v"), col(TIME),
+                                                   col(DIFF)),
+            [*keys, "__v"],
+        ))
+        touched_values = vd.select(*[col(k) for k in keys], col("__v")).distinct()
+
+        # The state's values of the touched groups, split in two: values the batch does not
+        # touch are constant over it (one min/max/count per group); touched values start the
+        # batch with their current count. One scan of the state serves both.
+        current = state.lookup(touched, keys)
+        steady = before = None
+        if current is not None:
+            current = batch.shared(current)
+            steady = semi_join(current, touched_values, [*keys, "__v"], anti=True) \
+                .groupBy(*[col(k) for k in keys]).agg(
+                    F.min("__v").alias("__smin"), F.max("__v").alias("__smax"),
+                    F.count(F.lit(1)).alias("__scnt"),
+                )
+            before = semi_join(current, touched_values, [*keys, "__v"])
+
+        # Touched values: their count over the batch as intervals [start, end).
+        vtimeline = vd
+        if before is not None:
+            vtimeline = vtimeline.unionByName(before.withColumn(TIME, F.lit(BEFORE_BATCH)))
+        w = self._key_window(["__v"])
+        intervals = vtimeline.select(
+            *[col(k) for k in keys], col("__v"),
+            col(TIME).alias("__start"),
+            F.lead(col(TIME), 1, _FOREVER).over(w).alias("__end"),
+            F.sum(col(DIFF)).over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+            .alias("__c"),
+        ).where(col("__c") > 0)
+        iv = prefixed(intervals, "__i_")
+        queries = build_side(groups.select(*[col(k) for k in keys], col(TIME)))
+        present = join(
+            queries, iv,
+            null_safe_on(queries, iv, keys, [f"__i_{k}" for k in keys])
+            & (iv["__i___start"] <= queries[TIME]) & (queries[TIME] < iv["__i___end"]),
+            "inner",
+        ).groupBy(*[queries[f"`{k}`"] for k in keys], queries[TIME]).agg(
+            F.min("__i___v").alias("__tmin"), F.max("__i___v").alias("__tmax"),
+            F.count(F.lit(1)).alias("__tcnt"),
+        )
+        p = build_side(prefixed(present, "__p_"))
+        joined = join(
+            groups, p,
+            null_safe_on(groups, p, [*keys, TIME], [f"__p_{c}" for c in [*keys, TIME]]),
+            "left",
+        )
+        stats = [F.col("__p___tmin"), F.col("__p___tmax"), F.col("__p___tcnt")]
+        if steady is not None:
+            s = build_side(prefixed(steady, "__q_"))
+            joined = join(
+                joined, s, null_safe_on(joined, s, keys, [f"__q_{k}" for k in keys]), "left"
+            )
+            stats = [
+                F.least(F.col("__p___tmin"), F.col("__q___smin")),
+                F.greatest(F.col("__p___tmax"), F.col("__q___smax")),
+                F.coalesce(F.col("__p___tcnt"), F.lit(0))
+                + F.coalesce(F.col("__q___scnt"), F.lit(0)),
+            ]
+        batch.append(state, vd)
+        return joined.select(
+            *[groups[f"`{c}`"] for c in groups.columns],
+            stats[0].alias(f"__min{idx}"), stats[1].alias(f"__max{idx}"),
+            F.coalesce(stats[2], F.lit(0)).cast("long").alias(f"__cd{idx}"),
+        )
+
+    def _output_columns(self) -> list[Column]:
+        def acc(accumulator: str) -> Column:
+            return col(self.acc_names[accumulator])
+
+        exprs = []
+        for name, red in self.node.reducers:
+            values = None
+            if red.needs_values:
+                i = self.value_index[red.column]  # type: ignore[index]
+                values = ValueStats(col(f"__min{i}"), col(f"__max{i}"), col(f"__cd{i}"))
+            value = red.value(self.column_types[name], acc, values)
+            exprs.append(value.cast(self.schema[name].dataType).alias(name))
+        return exprs
+
+    def _emit(self, new_rows: DataFrame, touched: DataFrame) -> DataFrame:
+        """+1 for each group's row after each transaction, -1 for its row before it.
+
+        The row before a group's first transaction in the batch is the one last emitted (from
+        `out_state`); before a later one, the previous transaction's new row.
+        """
+        keys = self.keys
+        names = self.columns
+        value_names = [n for n in names if n not in keys]
+        w = self._key_window()
+        prev = F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in value_names])).over(w)
+        ordered = new_rows.select("*", prev.alias("__prev"),
+                                  F.row_number().over(w).alias("__rank"))
+        adds = ordered.where(col(ROW_COUNT) > 0).select(
+            *[col(n) for n in names], col(TIME), F.lit(1).cast("long").alias(DIFF))
+        retracts = ordered.where(col("__prev").isNotNull()
+                                 & (F.col(f"__prev.{ROW_COUNT}") > 0)).select(
+            *[col(k) for k in keys], *[F.col(f"__prev.`{n}`").alias(n) for n in value_names],
+            col(TIME), F.lit(-1).cast("long").alias(DIFF))
+        parts = [adds, retracts]
+        last = self.out_state.lookup(touched, keys)
+        if last is not None:
+            firsts = build_side(prefixed(
+                ordered.where(col("__rank") == 1).select(*[col(k) for k in keys], col(TIME)),
+                "__f_"))
+            parts.append(join(
+                last, firsts, null_safe_on(last, firsts, keys, [f"__f_{k}" for k in keys]),
+                "inner",
+            ).select(*[col(n) for n in names], col(f"__f_{TIME}").alias(TIME),
+                     (-col(DIFF)).alias(DIFF)))
+        return consolidate(union_all(parts), names)

@@ -1,0 +1,113 @@
+"""The engine's structural costs and exactness, deterministic where timings are not: the Spark
+jobs one batch runs, sums of doubles that come back exactly, and a failed batch that leaves the
+state as it was."""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+
+from examples.order_events import as_changes, events
+from examples.orders import pipeline as orders_pipeline
+from schemas.tables import TableSchema
+from service.engine import Engine, Pipeline
+from service.engine import reducers as r
+
+
+def test_a_lone_transaction_of_the_example_runs_one_spark_job(spark: SparkSession) -> None:
+    engine = Engine(orders_pipeline(), spark)
+    stream = events(random.Random(7), 50)
+    rows: dict[str, dict[int, dict[str, object]]] = {}
+    engine.process(as_changes([next(stream) for _ in range(2_000)], rows, 1))
+    for time in range(2, 5):  # warm-up: the first batches after a load merge state runs
+        engine.process(as_changes([next(stream) for _ in range(10)], rows, time))
+    sc = spark.sparkContext
+    sc.setJobGroup("test-outside-the-engine", "jobs the engine runs outside its one action")
+    try:
+        for time in range(5, 8):
+            engine.process(as_changes([next(stream) for _ in range(10)], rows, time))
+            assert engine.last_batch is not None
+            assert 1 <= engine.last_batch.jobs <= 3, engine.last_batch
+            # One partition throughout: no shuffle, so the job is a single stage.
+            assert engine.last_batch.stages == 1, engine.last_batch
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert sc.statusTracker().getJobIdsForGroup("test-outside-the-engine") == []
+
+
+def _sums_engine(spark: SparkSession) -> Engine:
+    p = Pipeline()
+    t = p.source("t", TableSchema.of({"id": "bigint", "k": "bigint", "v": "double"},
+                                     primary_key=["id"]))
+    p.output("s", t.groupby("k").reduce(n=r.count(), s=r.sum("v"), a=r.avg("v")))
+    return Engine(p, spark)
+
+
+def _rows(changes: list[tuple[int, float, int]], time: int) -> dict[str, pa.Table]:
+    return {"t": pa.table({"id": [c[0] for c in changes], "k": [1] * len(changes),
+                           "v": [c[1] for c in changes], "time": [time] * len(changes),
+                           "diff": [c[2] for c in changes]})}
+
+
+def test_double_sums_are_exact_and_invertible(spark: SparkSession) -> None:
+    engine = _sums_engine(spark)
+    values = [1751.37, 0.1, 0.2, 0.3, 1e-9, 123456789.987654321]
+    engine.process(_rows([(0, values[0], 1)], 1))
+    for i, v in enumerate(values[1:], start=1):  # up, one value per transaction...
+        engine.process(_rows([(i, v, 1)], 1 + i))
+    for i, v in enumerate(values[1:], start=1):  # ...and back down
+        out = engine.process(_rows([(i, v, -1)], 10 + i))["s"]
+    last = out.filter(pa.compute.equal(out["diff"], 1)).to_pylist()
+    assert last[0]["s"] == 1751.37 and last[0]["a"] == 1751.37
+    # Present values sum exactly: the result is the double nearest the decimal sum.
+    out = engine.process(_rows([(i, v, 1) for i, v in enumerate(values[1:], start=1)], 20))["s"]
+    exact = float(sum(Decimal(repr(v)) for v in values))
+    assert out.filter(pa.compute.equal(out["diff"], 1))["s"].to_pylist() == [exact]
+    # The same values removed and inserted again (other rows): nothing changed, nothing emitted.
+    swapped = [(i, v, -1) for i, v in enumerate(values[1:], start=1)] \
+        + [(100 + i, v, 1) for i, v in enumerate(values[1:], start=1)]
+    assert engine.process(_rows(swapped, 21))["s"].num_rows == 0
+
+
+def test_double_sums_count_infinities_and_nan(spark: SparkSession) -> None:
+    engine = _sums_engine(spark)
+
+    def after(changes: list[tuple[int, float, int]], time: int) -> float:
+        out = engine.process(_rows(changes, time))["s"]
+        return out.filter(pa.compute.equal(out["diff"], 1))["s"][0].as_py()
+
+    assert after([(0, 2.5, 1), (1, float("inf"), 1)], 1) == float("inf")
+    assert str(after([(2, float("-inf"), 1)], 2)) == "nan"
+    assert after([(1, float("inf"), -1)], 3) == float("-inf")
+    assert str(after([(3, float("nan"), 1)], 4)) == "nan"
+    assert after([(2, float("-inf"), -1), (3, float("nan"), -1), (4, 1e300, 1)], 5) \
+        == 1e300 + 2.5
+    assert after([(4, 1e300, -1)], 6) == 2.5
+
+
+def test_a_failed_batch_leaves_the_state_as_it_was(spark: SparkSession) -> None:
+    p = Pipeline()
+    t = p.source("t", TableSchema.of({"id": "bigint", "k": "bigint", "d": "bigint"},
+                                     primary_key=["id"]))
+    ratio = t.select("id", "k", q="10 DIV d")  # ANSI mode: division by zero fails the batch
+    p.output("n", ratio.groupby("k").reduce(n=r.count(), q=r.sum("q")))
+    engine = Engine(p, spark)
+
+    def batch(rows: list[tuple[int, int, int, int]], time: int) -> pa.Table:
+        return engine.process({"t": pa.table({
+            "id": [x[0] for x in rows], "k": [x[1] for x in rows], "d": [x[2] for x in rows],
+            "time": [time] * len(rows), "diff": [x[3] for x in rows]})})["n"]
+
+    batch([(1, 1, 2, 1)], 1)
+    with pytest.raises(PySparkException, match="DIVIDE_BY_ZERO"):
+        batch([(2, 1, 0, 1), (3, 1, 5, 1)], 2)
+    out = batch([(3, 1, 5, 1)], 3)
+    assert sorted(out.to_pylist(), key=lambda row: row["diff"]) == [
+        {"k": 1, "n": 1, "q": 5, "time": 3, "diff": -1},
+        {"k": 1, "n": 2, "q": 7, "time": 3, "diff": 1},
+    ]
