@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
+from pyspark.sql import Column as PyColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
@@ -106,6 +107,26 @@ class Engine:
             op.node.name: op for op in self._ops
             if isinstance(op, SourceOp) and isinstance(op.node, SourceNode)
         }
+        self._part_of = {name: i for i, name in enumerate(self.outputs)}
+        self._tagging = self._tag_columns()
+
+    def _tag_columns(self) -> dict[str | None, list[PyColumn]]:
+        """The columns that lay each output's changes out in the batch's one result (and, for
+        `None`, the rows that only make Spark compute the state): the part number, then one
+        struct per output, null except on the output's own rows. Made once: each is several
+        round trips to the JVM."""
+        structs = [StructType([StructField(f.name, f.dataType, True) for f in StructType.fromDDL(
+            out.schema.spark_ddl(with_changes=True)).fields]) for out in self.outputs.values()]
+
+        outputs = list(self.outputs.values())
+
+        def layout(part: int) -> list[PyColumn]:
+            names = outputs[part].schema.names if part >= 0 else []
+            return [F.lit(part).alias(PART), *[
+                (F.struct(*[col(c) for c in [*names, TIME, DIFF]]) if i == part
+                 else F.lit(None)).cast(s).alias(f"__out{i}") for i, s in enumerate(structs)]]
+
+        return {None: layout(-1), **{name: layout(i) for name, i in self._part_of.items()}}
 
     def _table_schema(self, name: str, schema: StructType, key: tuple[str, ...] | None,
                       node: Node) -> TableSchema:
@@ -208,27 +229,15 @@ class Engine:
         own, filled on that output's rows only; the staged state runs are read by the same
         job through a filter no row passes, which Spark cannot fold away (it depends on the
         partition), so they are computed and kept without reaching the driver."""
-        present = [(name, frame.select(*[col(c) for c in self.outputs[name].schema.names],
-                                       col(TIME), col(DIFF)))
-                   for name, frame in outputs.items() if frame is not None]
+        present = [(name, frame) for name, frame in outputs.items() if frame is not None]
         results = {name: self.outputs[name].schema.arrow_schema(with_changes=True).empty_table()
                    for name in outputs}
         if not present and not batch.frames:
             return results, 0.0, JobCount(0, 0)
-        # Nullable fields: a part's struct is null on the other parts' rows.
-        structs = [StructType([StructField(f.name, f.dataType, True) for f in frame.schema])
-                   for _, frame in present]
-
-        def tagged(part: int, frame: DataFrame) -> DataFrame:
-            return frame.select(F.lit(part).alias(PART), *[
-                (F.struct(*[col(c) for c in frame.columns]) if i == part
-                 else F.lit(None)).cast(s).alias(f"__out{i}")
-                for i, s in enumerate(structs)])
-
-        parts = [tagged(i, frame) for i, (_, frame) in enumerate(present)]
+        parts = [frame.select(*self._tagging[name]) for name, frame in present]
         if batch.frames:
             hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames])
-            parts.append(tagged(-1, hidden.where(F.spark_partition_id() < 0)))
+            parts.append(hidden.where(F.spark_partition_id() < 0).select(*self._tagging[None]))
         union = parts[0]
         for part in parts[1:]:
             union = union.union(part)
@@ -241,7 +250,8 @@ class Engine:
         table, count = counted(self.spark.sparkContext, union.toArrow)
         executed = time.perf_counter() - started
         tags = table.column(PART)
-        for i, (name, _) in enumerate(present):
+        for name, _ in present:
+            i = self._part_of[name]
             rows = table.filter(pc.equal(tags, i)).column(f"__out{i}").combine_chunks()
             changes = pa.Table.from_struct_array(rows)
             schema = self.outputs[name].schema.arrow_schema(with_changes=True)

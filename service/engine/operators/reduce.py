@@ -15,6 +15,8 @@ State (each a Z-set, see `service.engine.state`):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -93,16 +95,50 @@ class ReduceOp(Operator):
     def _key_window(self, extra: Sequence[str] = ()) -> Window:
         return Window.partitionBy(*[col(c) for c in [*self.keys, *extra]]).orderBy(col(TIME))
 
+    # Expressions that depend only on the node, made once: each costs round trips to the JVM,
+    # and a batch's plans would otherwise build them all again.
+
+    @cached_property
+    def _accumulate(self) -> list[Column]:
+        return [F.sum(col(DIFF)).alias(ROW_COUNT),
+                *[F.sum(e).alias(name) for name, e in self.acc_exprs.items()]]
+
+    @cached_property
+    def _running(self) -> list[Column]:
+        running = self._key_window().rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        return [*[col(k) for k in self.keys], col(TIME),
+                *[F.sum(col(a)).over(running).alias(a) for a in self.acc_cols]]
+
+    @cached_property
+    def _emit_exprs(self) -> dict[str, Any]:
+        keys = self.keys
+        value_names = [n for n in self.columns if n not in keys]
+        w = self._key_window()
+        prev = F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in value_names])).over(w)
+        return {
+            "ordered": ["*", prev.alias("__prev"), F.row_number().over(w).alias("__rank")],
+            "added": col(ROW_COUNT) > 0,
+            "adds": [*[col(n) for n in self.columns], col(TIME),
+                     F.lit(1).cast("long").alias(DIFF)],
+            "retracted": col("__prev").isNotNull() & (F.col(f"__prev.{ROW_COUNT}") > 0),
+            "retracts": [*[col(k) for k in keys],
+                         *[F.col(f"__prev.`{n}`").alias(n) for n in value_names],
+                         col(TIME), F.lit(-1).cast("long").alias(DIFF)],
+            "first": col("__rank") == 1,
+            "firsts": [col(c).alias(f"__f_{c}") for c in [*keys, TIME]],
+        }
+
+    @cached_property
+    def _new_row(self) -> list[Column]:
+        return [*[col(k) for k in self.keys], col(TIME), col(ROW_COUNT), *self._output_columns()]
+
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
         if d is None:
             return None
         keys = self.keys
         key_cols = [col(k) for k in keys]
-        acc_delta = batch.shared(d.groupBy(*key_cols, col(TIME)).agg(
-            F.sum(col(DIFF)).alias(ROW_COUNT),
-            *[F.sum(e).alias(name) for name, e in self.acc_exprs.items()],
-        ))
+        acc_delta = batch.shared(d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate))
         touched = batch.shared(acc_delta.select(*key_cols).distinct())
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then each transaction's delta.
@@ -110,16 +146,12 @@ class ReduceOp(Operator):
         base = self.acc_state.lookup(touched, keys)
         if base is not None:
             timeline = timeline.unionByName(base.withColumn(TIME, F.lit(BEFORE_BATCH)))
-        running = self._key_window().rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        groups = timeline.select(
-            *key_cols, col(TIME), *[F.sum(col(a)).over(running).alias(a) for a in self.acc_cols]
-        ).where(col(TIME) != BEFORE_BATCH)
+        groups = timeline.select(*self._running).where(col(TIME) != BEFORE_BATCH)
 
         for column in self.value_states:
             groups = self._with_values(groups, d, touched, column, batch)
 
-        new_rows = batch.shared(groups.select(*key_cols, col(TIME), col(ROW_COUNT),
-                                              *self._output_columns()))
+        new_rows = batch.shared(groups.select(*self._new_row))
         out = batch.shared(self._emit(new_rows, touched))
         batch.append(self.acc_state, acc_delta)
         batch.append(self.out_state, out)
@@ -222,25 +254,16 @@ class ReduceOp(Operator):
         The row before a group's first transaction in the batch is the one last emitted (from
         `out_state`); before a later one, the previous transaction's new row.
         """
+        e = self._emit_exprs
+        ordered = new_rows.select(*e["ordered"])
+        adds = ordered.where(e["added"]).select(*e["adds"])
+        retracts = ordered.where(e["retracted"]).select(*e["retracts"])
+        parts = [adds, retracts]
         keys = self.keys
         names = self.columns
-        value_names = [n for n in names if n not in keys]
-        w = self._key_window()
-        prev = F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in value_names])).over(w)
-        ordered = new_rows.select("*", prev.alias("__prev"),
-                                  F.row_number().over(w).alias("__rank"))
-        adds = ordered.where(col(ROW_COUNT) > 0).select(
-            *[col(n) for n in names], col(TIME), F.lit(1).cast("long").alias(DIFF))
-        retracts = ordered.where(col("__prev").isNotNull()
-                                 & (F.col(f"__prev.{ROW_COUNT}") > 0)).select(
-            *[col(k) for k in keys], *[F.col(f"__prev.`{n}`").alias(n) for n in value_names],
-            col(TIME), F.lit(-1).cast("long").alias(DIFF))
-        parts = [adds, retracts]
         last = self.out_state.lookup(touched, keys)
         if last is not None:
-            firsts = build_side(prefixed(
-                ordered.where(col("__rank") == 1).select(*[col(k) for k in keys], col(TIME)),
-                "__f_"))
+            firsts = build_side(ordered.where(e["first"]).select(*e["firsts"]))
             parts.append(join(
                 last, firsts, null_safe_on(last, firsts, keys, [f"__f_{k}" for k in keys]),
                 "inner",
