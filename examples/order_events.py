@@ -42,10 +42,14 @@ class OrderWorld:
 
 def events(rng: random.Random, customers: int) -> Iterator[Event]:
     """An endless stream: every customer first, then orders created, updated (status or
-    amount), moved between customers, deleted; now and then a customer changes region."""
+    amount) and deleted; now and then a customer changes region."""
     for customer_id in range(1, customers + 1):
         yield "customers", customer_id, _customer(rng, customer_id)
     orders: dict[int, dict[str, Any]] = {}
+    # The live order ids in a list, for a random pick in O(1) (a deletion moves the last id into
+    # the gap): picking from `list(orders)` would make a long stream quadratic.
+    ids: list[int] = []
+    position: dict[int, int] = {}
     next_order_id = 1
     while True:
         roll = rng.random()
@@ -58,10 +62,12 @@ def events(rng: random.Random, customers: int) -> Iterator[Event]:
                 "status": STATUSES[0],
             }
             orders[next_order_id] = row
+            position[next_order_id] = len(ids)
+            ids.append(next_order_id)
             next_order_id += 1
             yield "orders", row["order_id"], row
         elif roll < 0.85:
-            order_id = rng.choice(list(orders))
+            order_id = ids[rng.randrange(len(ids))]
             row = dict(orders[order_id])
             if rng.random() < 0.7:
                 row["status"] = rng.choice(STATUSES)
@@ -73,8 +79,13 @@ def events(rng: random.Random, customers: int) -> Iterator[Event]:
             customer_id = rng.randint(1, customers)
             yield "customers", customer_id, _customer(rng, customer_id)
         else:
-            order_id = rng.choice(list(orders))
+            order_id = ids[rng.randrange(len(ids))]
             del orders[order_id]
+            last = ids.pop()
+            gap = position.pop(order_id)
+            if last != order_id:
+                ids[gap] = last
+                position[last] = gap
             yield "orders", order_id, None
 
 

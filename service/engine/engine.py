@@ -9,7 +9,8 @@ versions installed, so a failed batch leaves the engine as it was.
 
 Every frame of a batch lives in a single Spark partition: deltas enter through a narrow
 `coalesce(1)` and state runs are built from them, so no join, aggregate or window needs an
-exchange and a batch is one job of a stage or two, whatever the DAG. The price is that one
+exchange and a batch is one Spark job of a single stage, whatever the DAG (see
+`service.engine.frames.join` for what keeps Spark from adding exchanges). The price is that one
 batch uses one core: a large batch is not split across executors.
 """
 
