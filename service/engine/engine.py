@@ -116,10 +116,9 @@ class Engine:
         `None`, the rows that only make Spark compute the state): the part number, then one
         struct per output, null except on the output's own rows. Made once: each is several
         round trips to the JVM."""
-        structs = [StructType([StructField(f.name, f.dataType, True) for f in StructType.fromDDL(
-            out.schema.spark_ddl(with_changes=True)).fields]) for out in self.outputs.values()]
-
         outputs = list(self.outputs.values())
+        structs = [StructType([StructField(f.name, f.dataType, True) for f in StructType.fromDDL(
+            out.schema.spark_ddl(with_changes=True)).fields]) for out in outputs]
 
         def layout(part: int) -> list[PyColumn]:
             names = outputs[part].schema.names if part >= 0 else []
@@ -239,9 +238,7 @@ class Engine:
         if batch.frames:
             hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames])
             parts.append(hidden.where(F.spark_partition_id() < 0).select(*self._tagging[None]))
-        union = parts[0]
-        for part in parts[1:]:
-            union = union.union(part)
+        union = union_all(parts)
         union._jdf.queryExecution().executedPlan()  # planned here, so execution is timed alone
         # Spark cuts the lineage of the first checkpointed frames it meets, not of the runs
         # below them: those would drag every earlier batch's lineage along.

@@ -64,10 +64,6 @@ class ZSetState:
         self._empty_when = empty_when
         self.runs: Runs = ()
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.runs
-
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
         summed = frame.groupBy(*[col(k) for k in self.keys]).agg(
             *[F.sum(col(w)).alias(w) for w in self.weights]
