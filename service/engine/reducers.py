@@ -183,34 +183,33 @@ class Avg(Sum):
         return F.when(n > 0, _sum_value(self.column, ctype, acc).cast("double") / n)
 
 
-class Min(Reducer):
+class _ValueReducer(Reducer):
+    """A reducer that reads one statistic of the group's multiset of values."""
+
+    needs_values = True
+    statistic: ClassVar[str]  # a field of ValueStats
+
+    def value(self, ctype: ColumnType | None, acc: Lookup, values: ValueStats | None) -> Column:
+        assert values is not None
+        return getattr(values, self.statistic)
+
+
+class Min(_ValueReducer):
     kind = ReducerKind.MIN
-    needs_values = True
-
-    def value(self, ctype: ColumnType | None, acc: Lookup, values: ValueStats | None) -> Column:
-        assert values is not None
-        return values.min
+    statistic = "min"
 
 
-class Max(Reducer):
+class Max(_ValueReducer):
     kind = ReducerKind.MAX
-    needs_values = True
-
-    def value(self, ctype: ColumnType | None, acc: Lookup, values: ValueStats | None) -> Column:
-        assert values is not None
-        return values.max
+    statistic = "max"
 
 
-class CountDistinct(Reducer):
+class CountDistinct(_ValueReducer):
     kind = ReducerKind.COUNT_DISTINCT
-    needs_values = True
+    statistic = "distinct"
 
     def result_type(self, ctype: ColumnType | None, spark_type: DataType | None) -> DataType:
         return LongType()
-
-    def value(self, ctype: ColumnType | None, acc: Lookup, values: ValueStats | None) -> Column:
-        assert values is not None
-        return values.distinct
 
 
 def count(column: str | None = None) -> Reducer:
