@@ -117,34 +117,39 @@ class Progress:
 
 class Readiness:
     """Ready means: started (state restored, first poll done), every dependency reachable at
-    its last use, and the lag at most `max_lag`. Set by the loop and the Kafka monitor."""
+    its last use, and the lag at most `max_lag`. Set by the loop and the Kafka monitor.
+
+    Each observer's verdict is kept apart: a dependency is down while any observer last saw it
+    fail. The loop's successful poll proves little (a poll of a paused broker returns nothing
+    without an error), so it must not clear the monitor's failed metadata request."""
 
     def __init__(self, max_lag: int) -> None:
         self.max_lag = max_lag
         self.started = threading.Event()
-        self._problems: dict[str, str] = {}
+        self._problems: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
-    def fail(self, dependency: str, reason: str) -> None:
+    def fail(self, dependency: str, reason: str, observer: str = "loop") -> None:
         with self._lock:
-            self._problems[dependency] = reason
+            self._problems[(dependency, observer)] = reason
 
-    def ok(self, dependency: str) -> None:
+    def ok(self, dependency: str, observer: str = "loop") -> None:
         with self._lock:
-            self._problems.pop(dependency, None)
+            self._problems.pop((dependency, observer), None)
 
     def problems(self, progress: Progress) -> list[str]:
         if not self.started.is_set():
             return ["starting"]
         with self._lock:
-            found = [f"{d} unavailable: {r}" for d, r in sorted(self._problems.items())]
+            reasons = {d: r for (d, _), r in sorted(self._problems.items(), reverse=True)}
+        found = [f"{d} unavailable: {r}" for d, r in sorted(reasons.items())]
         if progress.lag > self.max_lag:
             found.append(f"lag {progress.lag} > {self.max_lag}")
         return found
 
     def up(self, dependency: str) -> bool:
         with self._lock:
-            return dependency not in self._problems
+            return all(d != dependency for d, _ in self._problems)
 
 
 _COUNTERS = (

@@ -203,9 +203,10 @@ class KafkaMonitor:
             if time.monotonic() >= next_lag:
                 try:
                     self.measure_lag()
-                    self._readiness.ok("kafka")
+                    self._readiness.ok("kafka", observer="monitor")
                 except KafkaException as exc:
-                    self._readiness.fail("kafka", str(exc.args[0] if exc.args else exc))
+                    self._readiness.fail("kafka", str(exc.args[0] if exc.args else exc),
+                                          observer="monitor")
                 next_lag = time.monotonic() + self._interval
             try:
                 ranges, commit_time = self._latency.get(timeout=self._interval / 4)

@@ -46,7 +46,7 @@ from schemas.sources import BatchPolicy
 from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
 from service.cli import main, run_checks
 from service.embedded.postgres import EmbeddedPostgres, free_port
-from service.health import HealthServer
+from service.health import HealthServer, Progress, Readiness
 from service.runner import PipelineRunner
 
 DEPLOY = ROOT / "deploy" / "pipeline.yaml"
@@ -398,6 +398,22 @@ def test_txstream_check_reports_each_part(kafka, postgres, spark, topics, topic_
     assert not results["kafka"][0]
     assert "topic(s) no-such-topic do not exist" in results["kafka"][1]
     assert results["pipeline"][0] and results["spark"][0]
+
+
+def test_a_dependency_is_down_while_any_observer_saw_it_fail() -> None:
+    # The loop's empty poll of a paused broker succeeds; it must not clear the monitor's
+    # failed metadata request (it did, and readiness flickered back to ready).
+    readiness, progress = Readiness(max_lag=10), Progress()
+    readiness.started.set()
+    readiness.fail("kafka", "metadata request timed out", observer="monitor")
+    readiness.ok("kafka")
+    assert readiness.problems(progress) == ["kafka unavailable: metadata request timed out"]
+    assert not readiness.up("kafka")
+    readiness.fail("kafka", "poll failed")
+    assert len(readiness.problems(progress)) == 1, "one line per dependency"
+    readiness.ok("kafka", observer="monitor")
+    readiness.ok("kafka")
+    assert readiness.problems(progress) == [] and readiness.up("kafka")
 
 
 @pytest.fixture
