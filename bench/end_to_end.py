@@ -140,8 +140,8 @@ def _run(kafka: KafkaEndpoint, url: str, policy: BatchPolicy, batch_transactions
         return measure(stream, watcher) | {
             "spark_batches": runner.progress.batches,
             "transactions": runner.progress.transactions,
-            "spark_seconds": round(runner.progress.engine_seconds, 1),
-            "sink_seconds": round(runner.progress.sink_seconds, 1),
+            "stage_busy_seconds": {stage: round(seconds, 1) for stage, seconds
+                                   in runner.progress.stage_seconds.items()},
         }
     finally:
         runner.request_stop()

@@ -22,14 +22,14 @@ import pyarrow.csv as pacsv
 
 from connectors.change_json import encode_rows
 from connectors.changes import conform_changes
-from connectors.sink import Closing
+from connectors.sink import SinkBase
 from connectors.update_records import update_records
 from schemas.tables import TableSchema
 
 FileFormat = Literal["jsonl", "csv", "updates"]
 
 
-class FileSink(Closing):
+class FileSink(SinkBase):
     def __init__(self, path: str | os.PathLike[str], table: str, schema: TableSchema, *,
                  format: FileFormat = "jsonl") -> None:
         self.path = Path(path)

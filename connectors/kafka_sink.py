@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.change_json import encode_rows
 from connectors.changes import conform_changes
-from connectors.sink import Closing, SinkSchemaError, SinkWriteError
+from connectors.sink import SinkBase, SinkSchemaError, SinkWriteError
 from connectors.update_records import update_records
 from schemas.sinks import RetryPolicy
 from schemas.tables import TableSchema
@@ -32,7 +32,7 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")  # Kafka's own rule for topic na
 Message = tuple[bytes | None, bytes, list[tuple[str, bytes]]]  # key, value, headers
 
 
-class KafkaSink(Closing):
+class KafkaSink(SinkBase):
     """Writes the changes of `table` to `topic` with the transactional id `transactional_id`.
 
     The transactional id must be stable across restarts of one writer (it fences a zombie

@@ -19,12 +19,12 @@ from psycopg import sql
 
 from connectors.changes import conform_changes
 from connectors.postgres_common import Connection, check_identifier, copy_into, ensure_table
-from connectors.sink import Closing, SinkSchemaError
+from connectors.sink import SinkBase, SinkSchemaError
 from schemas.sinks import RetryPolicy
 from schemas.tables import TableSchema
 
 
-class PostgresAppendSink(Closing):
+class PostgresAppendSink(SinkBase):
     def __init__(self, url: str, table: str, schema: TableSchema, *, db_schema: str = "public",
                  mode: Literal["create", "replace"] = "create",
                  retry: RetryPolicy | None = None) -> None:

@@ -22,7 +22,7 @@ from psycopg import sql
 
 from connectors.changes import changes_columns, check_unit_diffs, conform_changes
 from connectors.postgres_common import Connection, check_identifier, copy_into, ensure_table
-from connectors.sink import Closing, SinkDataError, SinkSchemaError
+from connectors.sink import SinkBase, SinkDataError, SinkSchemaError
 from schemas.sinks import RetryPolicy, TombstonePurge
 from schemas.tables import TableSchema
 
@@ -57,7 +57,7 @@ def last_change_per_key(changes: pa.Table, key: list[str]) -> pa.Table:
     return ordered.filter(pa.chunked_array([pa.array([True]), *starts.chunks]))
 
 
-class PostgresSnapshotSink(Closing):
+class PostgresSnapshotSink(SinkBase):
     """The live snapshot of one keyed output table in `db_schema.table`.
 
     `mode="create"` creates the table if missing and validates an existing one; `"replace"`
@@ -154,6 +154,9 @@ class PostgresSnapshotSink(Closing):
         (by any writer), e.g. the last checkpointed transaction: tombstones up to it may go."""
         if self._watermark is None or time > self._watermark:
             self._watermark = time
+
+    def on_checkpoint(self, transaction: int) -> None:
+        self.advance_watermark(transaction)
 
     def purge_tombstones(self) -> int:
         """Delete the tombstones no change can still need (time <= watermark - horizon); the

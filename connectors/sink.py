@@ -36,6 +36,11 @@ class Sink(Protocol):
 
     def write(self, changes: pa.Table) -> None: ...
 
+    def on_checkpoint(self, transaction: int) -> None:
+        """Every transaction up to `transaction` is checkpointed: a recovery never writes a
+        change with a `time` at or below it again."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -51,3 +56,11 @@ class Closing:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+class SinkBase(Closing):
+    """What every sink shares: closed on leaving a `with` block; ignores checkpoints unless it
+    keeps something a checkpoint makes obsolete."""
+
+    def on_checkpoint(self, transaction: int) -> None:
+        return None

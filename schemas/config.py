@@ -95,8 +95,9 @@ class PipelineConfig(BaseModel):
     sources: list[SourceSpec]
     sinks: list[SinkConfig]
     transactions: BatchPolicy = BatchPolicy()
-    # At most this many transactions per Spark job: more amortizes Spark's fixed cost per job
-    # (throughput), fewer gets each transaction out sooner (latency). Results do not depend on it.
+    # At most this many transactions per Spark job. Batches adapt below it: one transaction at
+    # low load (latency), more under a backlog (Spark's fixed cost per job shared). It also
+    # bounds memory: a stage holds at most one batch. Results do not depend on it.
     batch_transactions: int = Field(default=20, ge=1)
     kafka_bootstrap_servers: str | None = None
     # Also names the pipeline's checkpoints (`checkpoint_dir/<consumer_group>`).

@@ -45,6 +45,9 @@ class Histogram:
         return [*lines, f"{name}_sum{suffix} {total}", f"{name}_count{suffix} {count}"]
 
 
+STAGES = ("ingest", "compute", "deliver", "checkpoint")
+
+
 @dataclass
 class Progress:
     """What the loop has done since start (counters), where it is (gauges), and how long its
@@ -74,6 +77,9 @@ class Progress:
     sink_write_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
     checkpoint_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
     end_to_end_seconds: Histogram = field(default_factory=lambda: Histogram(_SECONDS))
+    # Time each stage of the service spent working (not waiting): the slowest stage is the one
+    # whose busy time grows as fast as the wall clock.
+    stage_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
 
     @property
     def elapsed(self) -> float:
@@ -199,6 +205,9 @@ def render_metrics(progress: Progress, readiness: Readiness) -> str:
     head("txstream_partition_lag_records", "records not yet committed, per partition", "gauge")
     lines += [f'txstream_partition_lag_records{{topic="{t}",partition="{p}"}} {n}'
               for (t, p), n in sorted(progress.lag_by_partition.items())]
+    head("txstream_stage_busy_seconds_total", "time each stage spent working", "counter")
+    lines += [f'txstream_stage_busy_seconds_total{{stage="{stage}"}} {seconds:.3f}'
+              for stage, seconds in progress.stage_seconds.items()]
     head("txstream_checkpoint_age_seconds", "time since the last checkpoint completed", "gauge")
     age = progress.checkpoint_age
     lines.append(f"txstream_checkpoint_age_seconds {'NaN' if age is None else f'{age:.3f}'}")

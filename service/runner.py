@@ -1,10 +1,25 @@
-"""The service loop: closed transactions -> engine (several per Spark job) -> sinks -> commit,
-with checkpoints and recovery.
+"""The service: a pipeline of stages joined by bounded queues.
 
-Per batch, in this order: the transactions' identities go to the transaction log; the engine
-runs; every sink writes; the consumer offsets are committed to Kafka. Every so many batches (and
-at a graceful stop) a checkpoint saves the builder's state (next number, offsets, upsert rows)
-and the engine's state, both as of the last committed transaction.
+    ingest -> compute -> deliver (+ commit) -> checkpoint
+    (poll, decode, dead-letter, form transactions) -> (log, engine) -> (every sink of a batch
+    in parallel, then the source offsets) -> (in the background, from a committed version)
+
+Each stage runs in a thread of its own and waits when the next one is behind (backpressure):
+ingest holds at most `batch_transactions` closed transactions ready, compute hands over at
+most one computed batch, so memory stays bounded by about three batches of changes (the one
+being computed, one waiting for the sinks, the one being written). Throughput is that of the
+slowest stage, not the sum of all.
+
+Batches adapt to the load: compute takes every transaction ready when it is free, up to
+`batch_transactions`. At low load that is one transaction, processed as soon as it closes;
+under a backlog the batches grow, so the engine's cost per batch is shared by more events.
+
+The guarantees are those of a sequential loop:
+* a batch's transactions are in the transaction log before the engine runs them, so before
+  any sink sees them;
+* offsets are committed only after every sink committed the batch, batches in order;
+* a checkpoint holds the source state and the engine's state as of one committed transaction
+  (the engine may be further ahead: its versions are immutable, see `Engine.version`).
 
 After a crash the runner loads the newest complete checkpoint and the transactions logged after
 it; the builder re-forms those from the same records with the same numbers and boundaries, the
@@ -20,7 +35,6 @@ the checkpoint's offsets, which belong with the engine's state.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -28,18 +42,19 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 from pyspark.sql import SparkSession
 
 from connectors.factory import open_sink
+from connectors.kafka_monitor import KafkaMonitor
 from connectors.kafka_source import KafkaSourceError
-from connectors.postgres_snapshot import PostgresSnapshotSink
 from connectors.sink import Sink, SinkWriteError
 from connectors.transactions import (
-    Offsets,
     Ranges,
     SourceState,
     Transaction,
@@ -49,7 +64,7 @@ from connectors.transactions import (
 from schemas.config import ConfigError, PipelineConfig, SinkConfig
 from schemas.tables import TableSchema
 from service.checkpoint import CheckpointStore, PipelineIdentity
-from service.engine import Engine, Pipeline
+from service.engine import Engine, EngineVersion, Pipeline
 from service.health import Progress, Readiness
 from service.pipelines import load_pipeline
 from service.spark import get_spark
@@ -128,109 +143,34 @@ def _dependency(cfg: SinkConfig) -> str:
     return "postgresql" if kind.startswith("postgres") else f"{kind} sink"
 
 
-class KafkaMonitor:
-    """A thread that measures the lag per partition (high watermark minus the committed
-    position) and the end-to-end latency of committed batches (commit time minus the Kafka
-    timestamp of the first and last record per partition), off the loop, with its own
-    consumer: a slow or unreachable broker never stalls the loop through it."""
+class _Reports:
+    """The Kafka monitor's measurements, into the service's metrics and readiness."""
 
-    def __init__(self, bootstrap: str, group: str, topics: list[str], progress: Progress,
-                 readiness: Readiness, interval_s: float) -> None:
-        settings = {"bootstrap.servers": bootstrap, "group.id": f"{group}-monitor",
-                    "enable.auto.commit": False, "socket.timeout.ms": 5000}
-        # Two consumers: a latency probe waiting on a fetch never delays a lag measurement.
-        self._consumer = Consumer(settings)
-        self._probe = Consumer(settings)
-        self._lock = threading.Lock()  # `lag()` from the loop and the thread share _consumer
-        self._topics = topics
+    def __init__(self, progress: Progress, readiness: Readiness) -> None:
         self._progress = progress
         self._readiness = readiness
-        self._interval = interval_s
-        self.positions: Offsets = {}  # replaced (never mutated) by the loop
-        self._latency: queue.Queue[tuple[Ranges, float]] = queue.Queue(maxsize=1)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kafka-monitor", daemon=True)
 
-    def start(self) -> KafkaMonitor:
-        self._thread.start()
-        return self
+    def lag(self, by_partition: dict[tuple[str, int], int]) -> None:
+        self._progress.lag_by_partition = by_partition
+        self._progress.lag = sum(by_partition.values())
 
-    def committed(self, ranges: Ranges, commit_time: float) -> None:
-        """A batch with these offset ranges was committed at `commit_time` (epoch seconds).
-        Sampled: dropped while the previous one is still being measured."""
-        with contextlib.suppress(queue.Full):
-            self._latency.put_nowait((ranges, commit_time))
+    def latency(self, seconds: float) -> None:
+        self._progress.end_to_end_seconds.observe(seconds)
 
-    def measure_lag(self) -> int:
-        """Measure now; the total lag. Raises KafkaException when the broker does not answer."""
-        with self._lock:
-            lags: dict[tuple[str, int], int] = {}
-            topics = self._consumer.list_topics(timeout=5).topics
-            for topic in self._topics:
-                meta = topics.get(topic)
-                for partition in sorted(meta.partitions if meta else {}):
-                    _, high = self._consumer.get_watermark_offsets(
-                        TopicPartition(topic, partition), timeout=5, cached=False)
-                    done = self.positions.get(topic, {}).get(partition, 0)
-                    lags[(topic, partition)] = max(0, high - done)
-        self._progress.lag_by_partition = lags
-        self._progress.lag = sum(lags.values())
-        return self._progress.lag
-
-    def _measure_latency(self, ranges: Ranges, commit_time: float) -> None:
-        for index in (0, 1):  # the first, then the last record of each range
-            tps = [TopicPartition(t, p, span[0] if index == 0 else span[1] - 1)
-                   for t, parts in ranges.items() for p, span in parts.items()]
-            if not tps:
-                return
-            self._probe.assign(tps)
-            wanted = {(tp.topic, tp.partition): tp.offset for tp in tps}
-            deadline = time.monotonic() + 5
-            while wanted and time.monotonic() < deadline and not self._stop.is_set():
-                for m in self._probe.consume(len(wanted), timeout=0.5):
-                    tp = (m.topic(), m.partition())
-                    if m.error() is None and wanted.get(tp) == m.offset():
-                        del wanted[tp]
-                        kind, stamp_ms = m.timestamp()
-                        if kind != 0 and stamp_ms > 0:  # 0: TIMESTAMP_NOT_AVAILABLE
-                            self._progress.end_to_end_seconds.observe(
-                                max(0.0, commit_time - stamp_ms / 1000))
-        self._probe.unassign()
-
-    def _run(self) -> None:
-        next_lag = 0.0
-        while not self._stop.is_set():
-            if time.monotonic() >= next_lag:
-                try:
-                    self.measure_lag()
-                    self._readiness.ok("kafka", observer="monitor")
-                except KafkaException as exc:
-                    self._readiness.fail("kafka", str(exc.args[0] if exc.args else exc),
-                                          observer="monitor")
-                next_lag = time.monotonic() + self._interval
-            try:
-                ranges, commit_time = self._latency.get(timeout=self._interval / 4)
-            except queue.Empty:
-                continue
-            try:
-                self._measure_latency(ranges, commit_time)
-            except KafkaException as exc:
-                log.debug("latency probe failed: %s", exc)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self._consumer.close()
-        self._probe.close()
+    def reachable(self, problem: str | None) -> None:
+        if problem is None:
+            self._readiness.ok("kafka", observer="monitor")
+        else:
+            self._readiness.fail("kafka", problem, observer="monitor")
 
 
 class PipelineRunner:
     """Runs one configured pipeline until told to stop.
 
     Construction restores the newest checkpoint (or starts from scratch) and connects to Kafka
-    and the sinks, retrying while they are unavailable. `run` loops; `request_stop` (e.g. from a
-    SIGTERM handler) makes it return after the current batch; `checkpoint` then `close`.
+    and the sinks, retrying while they are unavailable. `run` runs the stages (see the module's
+    docstring); `request_stop` (e.g. from a SIGTERM handler) makes it return once the batches
+    already computed are delivered; `checkpoint` then `close`.
     """
 
     def __init__(self, config: PipelineConfig, *, spark: SparkSession | None = None,
@@ -274,7 +214,9 @@ class PipelineRunner:
         self._logged_through = self._checkpointed + len(replay)
         self._last_checkpoint = time.monotonic()
         self._batches_since_checkpoint = 0
-        self._engine_ahead = False  # the engine ran a batch the sinks did not all commit
+        # The last transaction every sink committed, and the engine's state as of it.
+        self._committed: tuple[int, EngineVersion | None] = (self._checkpointed, None)
+        self._announced = self._checkpointed  # the newest checkpoint the sinks were told of
         self.progress.last_transaction = self._checkpointed
         if latest is not None or replay:
             log.info("resuming after transaction #%d (%s); replaying %d logged transaction(s)",
@@ -285,11 +227,14 @@ class PipelineRunner:
             "kafka", lambda: self._open_builder(state, replay))
         self.monitor = KafkaMonitor(
             config.kafka_bootstrap_servers, config.consumer_group,
-            [s.topic for s in config.sources], self.progress, self.readiness,
+            [s.topic for s in config.sources], _Reports(self.progress, self.readiness),
             interval_s=min(2.0, config.status_interval_s))
         self.monitor.positions = state.offsets
         self.monitor.start()
-        self._pending: list[Transaction] = []
+        self._stages = _Stages(config.batch_transactions, serving=False)
+        sink_count = sum(len(sinks) for sinks in self.sinks.values())
+        self._sink_pool = ThreadPoolExecutor(max_workers=max(1, sink_count),
+                                             thread_name_prefix="sink")
 
     # ---- connections ---------------------------------------------------------------------
 
@@ -344,37 +289,85 @@ class PipelineRunner:
                 self.readiness.ok(dependency)
                 return result
 
-    # ---- the loop ------------------------------------------------------------------------
+    # ---- the stages ----------------------------------------------------------------------
 
-    def step(self, poll_timeout: float = 0.2) -> int:
-        """Poll once; run a batch when enough transactions wait or the input paused; checkpoint
-        when due. Returns the number of transactions processed."""
-        fresh = self._retrying("kafka", lambda: self.builder.poll(poll_timeout))
-        self.readiness.started.set()
-        self._pending.extend(fresh)
-        stats = self.builder.stats
-        self.progress.events, self.progress.bad_records = stats.events, stats.bad_records
-        self.progress.transactions_closed = stats.transactions
-        processed = 0
-        if self._pending and (not fresh or len(self._pending) >= self.config.batch_transactions):
-            batch = self._pending[: self.config.batch_transactions]
-            del self._pending[: len(batch)]
-            self._process(batch)
-            processed = len(batch)
-        if self._batches_since_checkpoint and (
-                self._batches_since_checkpoint >= self.config.checkpoint_every_batches
-                or time.monotonic() - self._last_checkpoint >= self.config.checkpoint_every_s):
-            try:
-                self.checkpoint()
-            except Exception:
-                # The storage may be back by the next batch; until then a crash replays more
-                # (an incomplete checkpoint has no manifest and is never read).
-                self.progress.checkpoint_failures += 1
-                log.exception("checkpoint failed; retried after the next batch")
-        return processed
+    def run(self, until: Callable[[PipelineRunner], bool] | None = None,
+            on_progress: Callable[[Progress], None] | None = None,
+            progress_interval: float = 2.0) -> Progress:
+        """Run the stages until `until(self)` holds (checked while every stage is idle) or a stop
+        is requested; forever without either. Compute runs in the calling thread; a failure of
+        any stage stops them all and is raised here. A batch abandoned by a stop is left to
+        recovery."""
+        stages = self._stages = _Stages(self.config.batch_transactions, serving=True)
+        threads = [threading.Thread(target=stages.guard(work), name=name, daemon=True)
+                   for name, work in (("ingest", self._ingest), ("deliver", self._deliver),
+                                      ("checkpoint", self._checkpoint_in_background))]
+        for thread in threads:
+            thread.start()
+        last_report = time.monotonic()
+        try:
+            while not self._stop.is_set() and stages.failure is None:
+                batch = stages.take_batch(timeout=0.1)
+                if batch:
+                    self._compute(batch)
+                elif until is not None and stages.idle() and until(self):
+                    break
+                now = time.monotonic()
+                if on_progress is not None and now - last_report >= progress_interval:
+                    on_progress(self.progress)
+                    last_report = now
+        except BaseException as exc:
+            stages.fail(exc)
+        finally:
+            stages.computing_done.set()
+            if stages.failure is not None:
+                self._stop.set()  # no stage waits on a dependency for a run that is over
+            threads[1].join()  # delivers what was computed, unless a stage failed
+            stages.halt.set()
+            for thread in (threads[2], threads[0]):
+                thread.join()
+        if isinstance(stages.failure, ShutdownRequested):
+            log.warning("%s: the current batch is abandoned; the next start replays it",
+                        stages.failure)
+        elif stages.failure is not None:
+            raise stages.failure
+        return self.progress
 
-    def _process(self, batch: list[Transaction]) -> None:
+    def _ingest(self) -> None:
+        """Poll, decode and form transactions into the ready queue; between polls, run the
+        other stages' calls to the builder (it is not thread-safe). After a stop, only those
+        calls, until the other stages are done."""
+        stages = self._stages
+        try:
+            while not stages.halt.is_set():
+                stages.serve_builder(self.builder)
+                if self._stop.is_set() or stages.failure is not None:
+                    stages.halt.wait(0.02)
+                    continue
+                started = time.monotonic()
+                try:
+                    fresh = self._retrying("kafka", lambda: self.builder.poll(0.05))
+                except ShutdownRequested:
+                    continue
+                self.readiness.started.set()
+                stats = self.builder.stats
+                if stats.events != self.progress.events:
+                    self.progress.stage_seconds["ingest"] += time.monotonic() - started
+                self.progress.events, self.progress.bad_records = stats.events, stats.bad_records
+                self.progress.transactions_closed = stats.transactions
+                for transaction in fresh:
+                    # Never logged, a transaction not handed over is formed again at the next
+                    # start, with the same number.
+                    while not stages.offer(transaction):
+                        stages.serve_builder(self.builder)
+                        if self._stop.is_set() or stages.failure is not None:
+                            break
+        finally:
+            stages.stop_serving(self.builder)
+
+    def _compute(self, batch: list[Transaction]) -> None:
         # Logged before any sink sees them: a recovery re-forms exactly these transactions.
+        started = time.monotonic()
         self.checkpoints.log([t.log_entry() for t in batch if t.number > self._logged_through])
         self._logged_through = max(self._logged_through, batch[-1].number)
         self._crash.reached("log")
@@ -384,71 +377,146 @@ class PipelineRunner:
                      if source in t.changes and t.changes[source].num_rows]
             if parts:
                 changes[source] = pa.concat_tables(parts)
-        self._engine_ahead = True
         t0 = time.monotonic()
         outputs = self.engine.process(changes) if changes else {}
         t1 = time.monotonic()
         self.progress.spark_job_seconds.observe(t1 - t0)
+        self.progress.engine_seconds += t1 - t0
         self.progress.spark_jobs = self.engine.totals.jobs
         self.progress.spark_stages = self.engine.totals.stages
-        for name, table in outputs.items():
-            if not table.num_rows:
+        self.progress.batch_transactions.observe(len(batch))
+        self.progress.batch_changes.observe(sum(t.num_rows for t in changes.values()))
+        self.progress.stage_seconds["compute"] += t1 - started
+        self._stages.hand_over(_Computed(batch, outputs, self.engine.version()))
+
+    def _deliver(self) -> None:
+        """Write each computed batch to every sink (in parallel), then commit its offsets; in
+        order, one batch at a time. Tell the sinks about checkpoints between batches."""
+        stages = self._stages
+        while True:
+            self._announce_checkpoint()
+            computed = stages.next_computed(timeout=0.1)
+            if computed is None:
+                if stages.computing_done.is_set() or stages.failure is not None:
+                    return
                 continue
-            for cfg, sink in self.sinks.get(name, []):
-                started = time.monotonic()
-                self._retrying(_dependency(cfg), lambda s=sink, t=table: s.write(t))
-                self.progress.sink_write_seconds.observe(time.monotonic() - started)
-                self._crash.reached("sink_write")
-            self.progress.output_changes += table.num_rows
+            try:
+                self._write(computed)
+            except ShutdownRequested as exc:
+                stages.fail(exc)
+                return
+            finally:
+                stages.delivered()
+
+    def _write(self, computed: _Computed) -> None:
+        started = time.monotonic()
+        writes = [(cfg, sink, table) for name, table in computed.outputs.items()
+                  if table.num_rows for cfg, sink in self.sinks.get(name, [])]
+        for _ in self._sink_pool.map(lambda w: self._write_one(*w), writes):
+            pass
+        self.progress.output_changes += sum(t.num_rows for t in computed.outputs.values())
         commit_time = time.time()
-        self.progress.engine_seconds += t1 - t0
-        self.progress.sink_seconds += time.monotonic() - t1
+        self.progress.sink_seconds += time.monotonic() - started
         self._crash.reached("commit")
-        self._retrying("kafka", lambda: self.builder.commit(batch[-1]))
-        self._engine_ahead = False
-        self.monitor.positions = batch[-1].offsets
+        last = computed.transactions[-1]
+        due = self._checkpoint_due()
+        state = self._retrying("kafka", lambda: self._stages.call_builder(
+            self.builder, lambda builder: _commit(builder, last, with_state=due)))
+        self.monitor.positions = last.offsets
         ranges: Ranges = {}
-        for t in batch:
+        for t in computed.transactions:
             for topic, parts in t.ranges.items():
                 for p, (first, end) in parts.items():
                     lo, hi = ranges.setdefault(topic, {}).get(p, (first, end))
                     ranges[topic][p] = (min(lo, first), max(hi, end))
         self.monitor.committed(ranges, commit_time)
-        self.progress.transactions += len(batch)
+        self._committed = (last.number, computed.version)
+        self.progress.transactions += len(computed.transactions)
         self.progress.batches += 1
-        self.progress.batch_transactions.observe(len(batch))
-        self.progress.batch_changes.observe(sum(t.num_rows for t in changes.values()))
-        self.progress.last_transaction = batch[-1].number
+        self.progress.last_transaction = last.number
         self._batches_since_checkpoint += 1
-        log.debug("batch of %d transactions done, last #%d", len(batch), batch[-1].number)
+        self.progress.stage_seconds["deliver"] += time.monotonic() - started
+        if state is not None:
+            self._batches_since_checkpoint = 0
+            self._stages.checkpoint_jobs.put((last.number, state, computed.version))
+        log.debug("batch of %d transactions done, last #%d", len(computed.transactions),
+                  last.number)
 
-    def checkpoint(self) -> bool:
-        """Checkpoint the state through the last committed transaction, if anything changed
-        since the last checkpoint and the engine is not ahead of the sinks; True if written."""
-        number = self.progress.last_transaction
-        if self._engine_ahead or number == self._checkpointed:
-            return False
+    def _write_one(self, cfg: SinkConfig, sink: Sink, table: pa.Table) -> None:
         started = time.monotonic()
-        prepared = self.checkpoints.prepare(number, self.builder.state())
-        self.engine.save_state(self.checkpoints.engine_uri(prepared))
+        self._retrying(_dependency(cfg), lambda: sink.write(table))
+        self.progress.sink_write_seconds.observe(time.monotonic() - started)
+        self._crash.reached("sink_write")
+
+    def _checkpoint_due(self) -> bool:
+        """Whether to checkpoint as of the batch being committed (counted in); one checkpoint
+        at a time: while one is written, later batches wait for the next occasion."""
+        if self._stages.checkpointing.is_set():
+            return False
+        due = (self._batches_since_checkpoint + 1 >= self.config.checkpoint_every_batches
+               or time.monotonic() - self._last_checkpoint >= self.config.checkpoint_every_s)
+        if due:
+            self._stages.checkpointing.set()
+        return due
+
+    def _checkpoint_in_background(self) -> None:
+        stages = self._stages
+        while True:
+            try:
+                number, state, version = stages.checkpoint_jobs.get(timeout=0.1)
+            except queue.Empty:
+                if stages.halt.is_set():
+                    return
+                continue
+            try:
+                self._save_checkpoint(number, state, version)
+            except Exception:
+                # The storage may be back by the next one; until then a crash replays more
+                # (an incomplete checkpoint has no manifest and is never read).
+                self.progress.checkpoint_failures += 1
+                log.exception("checkpoint failed; retried after a later batch")
+            finally:
+                stages.checkpointing.clear()
+
+    def _save_checkpoint(self, number: int, state: SourceState,
+                         version: EngineVersion | None) -> None:
+        started = time.monotonic()
+        prepared = self.checkpoints.prepare(number, state)
+        self.engine.save_state(self.checkpoints.engine_uri(prepared), version)
         self._crash.reached("checkpoint")
         self.checkpoints.publish(prepared)
         elapsed = time.monotonic() - started
         self._checkpointed = number
         self._last_checkpoint = time.monotonic()
-        self._batches_since_checkpoint = 0
         self.progress.checkpoints += 1
         self.progress.checkpoint_seconds.observe(elapsed)
+        self.progress.stage_seconds["checkpoint"] += elapsed
         self.progress.last_checkpoint_transaction = number
         self.progress.last_checkpoint_at = self._last_checkpoint
-        # No change at or below a checkpointed transaction is ever written again (a recovery
-        # replays only later ones), so tombstones up to it may be purged.
-        for sinks in self.sinks.values():
-            for _, sink in sinks:
-                if isinstance(sink, PostgresSnapshotSink):
-                    sink.advance_watermark(number)
         log.info("checkpoint through transaction #%d in %.2fs (%s)", number, elapsed,
                  prepared.name)
+
+    def _announce_checkpoint(self) -> None:
+        """Tell every sink the newest checkpointed transaction (from the thread that writes to
+        them)."""
+        number = self._checkpointed
+        if number > self._announced:
+            for sinks in self.sinks.values():
+                for _, sink in sinks:
+                    sink.on_checkpoint(number)
+            self._announced = number
+
+    def checkpoint(self) -> bool:
+        """Checkpoint through the last transaction every sink committed, if any since the last
+        checkpoint; True if written. Call it while `run` is not running (e.g. after it returned,
+        at a graceful stop): during a run, checkpoints are taken in the background."""
+        number, version = self._committed
+        if number == self._checkpointed:
+            return False
+        state = self._stages.call_builder(self.builder, lambda builder: builder.state())
+        self._batches_since_checkpoint = 0
+        self._save_checkpoint(number, state, version)
+        self._announce_checkpoint()
         return True
 
     def lag(self) -> int:
@@ -456,36 +524,153 @@ class PipelineRunner:
         return self.monitor.measure_lag()
 
     def request_stop(self) -> None:
-        """Make `run` return after the current batch (or at once, abandoning it, while it waits
-        for an unavailable dependency). Safe from a signal handler or another thread."""
+        """Make `run` return once the batches already computed are delivered (or at once,
+        abandoning them, while a stage waits for an unavailable dependency). Safe from a signal
+        handler or another thread."""
         self._stop.set()
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def run(self, until: Callable[[PipelineRunner], bool] | None = None,
-            on_progress: Callable[[Progress], None] | None = None,
-            progress_interval: float = 2.0) -> Progress:
-        """Loop until `until(self)` holds (checked when the input is idle) or a stop is
-        requested; forever without either. A batch abandoned by a stop is left to recovery."""
-        last_report = time.monotonic()
-        try:
-            while not self._stop.is_set():
-                processed = self.step()
-                now = time.monotonic()
-                if on_progress is not None and now - last_report >= progress_interval:
-                    on_progress(self.progress)
-                    last_report = now
-                if not processed and not self._pending and until is not None and until(self):
-                    break
-        except ShutdownRequested as exc:
-            log.warning("%s: the current batch is abandoned; the next start replays it", exc)
-        return self.progress
-
     def close(self) -> None:
         self.monitor.close()
+        self._sink_pool.shutdown()
         self.builder.close()
         for sinks in self.sinks.values():
             for _, sink in sinks:
                 sink.close()
+
+
+def _commit(builder: TransactionBuilder, last: Transaction, with_state: bool
+            ) -> SourceState | None:
+    """Commit the offsets through `last`; with `with_state`, the source state as of it, taken
+    in the same call so that no later commit slips in between."""
+    builder.commit(last)
+    return builder.state() if with_state else None
+
+
+@dataclass(frozen=True)
+class _Computed:
+    """A batch the engine computed, on its way to the sinks, with the engine's state after it."""
+
+    transactions: list[Transaction]
+    outputs: dict[str, pa.Table]
+    version: EngineVersion
+
+
+class _Stages:
+    """The queues and signals between the stages of one `run`."""
+
+    def __init__(self, batch_transactions: int, serving: bool) -> None:
+        """`serving`: whether an ingest thread will run the other stages' builder calls."""
+        self.batch_transactions = batch_transactions
+        # Closed transactions waiting for compute: at most one full batch.
+        self._ready: queue.Queue[Transaction] = queue.Queue(maxsize=batch_transactions)
+        # Computed batches waiting for the sinks: at most one.
+        self._computed: queue.Queue[_Computed] = queue.Queue(maxsize=1)
+        self._in_flight = 0  # handed over to deliver and not yet committed
+        self._lock = threading.Lock()
+        self.checkpoint_jobs: queue.Queue[tuple[int, SourceState, EngineVersion | None]] = \
+            queue.Queue()
+        self.checkpointing = threading.Event()  # a checkpoint is queued or being written
+        self.computing_done = threading.Event()
+        self.halt = threading.Event()  # every stage but ingest is done
+        self.failure: BaseException | None = None
+        self._calls: queue.Queue[tuple[Callable[[TransactionBuilder], Any], Future[Any]]] = \
+            queue.Queue()
+        self._serving = serving
+
+    def guard(self, work: Callable[[], None]) -> Callable[[], None]:
+        def guarded() -> None:
+            try:
+                work()
+            except BaseException as exc:
+                self.fail(exc)
+        return guarded
+
+    def fail(self, exc: BaseException) -> None:
+        """The first failure stops every stage; `run` raises it."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = exc
+
+    # ingest -> compute
+
+    def offer(self, transaction: Transaction) -> bool:
+        try:
+            self._ready.put(transaction, timeout=0.02)
+        except queue.Full:
+            return False
+        return True
+
+    def take_batch(self, timeout: float) -> list[Transaction]:
+        """Every transaction ready, up to a batch's worth, once at least one is (adaptive
+        batching: one at low load, a full batch under a backlog)."""
+        try:
+            batch = [self._ready.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while len(batch) < self.batch_transactions:
+            try:
+                batch.append(self._ready.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    # compute -> deliver
+
+    def hand_over(self, computed: _Computed) -> None:
+        with self._lock:
+            self._in_flight += 1
+        while True:
+            if self.failure is not None:
+                raise self.failure
+            try:
+                self._computed.put(computed, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def next_computed(self, timeout: float) -> _Computed | None:
+        try:
+            return self._computed.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def delivered(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def idle(self) -> bool:
+        with self._lock:
+            return self._in_flight == 0 and self._ready.empty()
+
+    # other stages -> the builder, through ingest
+
+    def call_builder(self, builder: TransactionBuilder,
+                     work: Callable[[TransactionBuilder], _T]) -> _T:
+        """`work(builder)`, run by the ingest thread between two polls while it serves calls,
+        else here (no other thread uses the builder then)."""
+        done: Future[_T] = Future()
+        with self._lock:
+            serving = self._serving
+            if serving:
+                self._calls.put((work, done))
+        return done.result() if serving else work(builder)
+
+    def serve_builder(self, builder: TransactionBuilder) -> None:
+        while True:
+            try:
+                work, done = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.set_result(work(builder))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+    def stop_serving(self, builder: TransactionBuilder) -> None:
+        with self._lock:
+            self._serving = False
+        self.serve_builder(builder)

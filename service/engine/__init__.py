@@ -2,7 +2,7 @@
 DataFrames carrying `time` and `diff`."""
 
 from service.engine import reducers
-from service.engine.engine import Engine, OutputTable
+from service.engine.engine import Engine, EngineVersion, OutputTable
 from service.engine.errors import EngineInputError, EngineStateError, PipelineDefinitionError
 from service.engine.table import GroupedTable, Pipeline, Table
 
@@ -10,6 +10,7 @@ __all__ = [
     "Engine",
     "EngineInputError",
     "EngineStateError",
+    "EngineVersion",
     "GroupedTable",
     "OutputTable",
     "Pipeline",
