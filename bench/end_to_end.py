@@ -11,16 +11,28 @@ produced (its Kafka timestamp) to the first poll of PostgreSQL that sees it (eve
   consumes them (large transactions, several per Spark job): events/s from the first produce
   to the last commit, and the latency each event saw in that backlog.
 
+* groupby_saturation: Pathway's workload end to end (examples/groupby.py): a backlog of
+  `--groupby-events` JSON events `{"k": i % 10000, "v": i % 1000}` in one partition (zstd: the
+  embedded broker keeps ~5 MiB per partition and would drop older records; the low watermark is
+  checked), 10,000 events per transaction, group-by count and sum into a PostgreSQL snapshot
+  keyed by `k`: events/s from consumer start to the final snapshot, busy time per stage, and
+  the same backlog read by Pathway into a table of its own in the same run
+  (bench/peers/pathway_kafka_pg.py), with the ratio. Both final tables are checked against
+  numpy.
+
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
 
     .venv/bin/python bench/end_to_end.py [--events 50000] [--rounds 30] [--small 10]
+        [--groupby-events 1000000] [--no-peer] [--only low_load,saturation,groupby_saturation]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -31,8 +43,9 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
+from examples import groupby
 from examples.order_events import REGIONS
 from examples.orders import OUTPUTS, kafka_sources
 from schemas.config import PipelineConfig, SinkConfig
@@ -137,16 +150,18 @@ def _run(kafka: KafkaEndpoint, url: str, policy: BatchPolicy, batch_transactions
     loop.start()
     try:
         stream.customers()
-        return measure(stream, watcher) | {
-            "spark_batches": runner.progress.batches,
-            "transactions": runner.progress.transactions,
-            "stage_busy_seconds": {stage: round(seconds, 1) for stage, seconds
-                                   in runner.progress.stage_seconds.items()},
-        }
+        result = measure(stream, watcher)
     finally:
         runner.request_stop()
         loop.join()
         runner.close()
+    # Read once the stages are stopped: the last batch's counters are final then.
+    return result | {
+        "spark_batches": runner.progress.batches,
+        "transactions": runner.progress.transactions,
+        "stage_busy_seconds": {stage: round(seconds, 1) for stage, seconds
+                               in runner.progress.stage_seconds.items()},
+    }
 
 
 def low_load(rounds: int, small: int) -> Measure:
@@ -178,24 +193,152 @@ def saturation(events: int) -> Measure:
     return measure
 
 
+GROUPBY_KEYS = 10_000
+GROUPBY_EVENTS_PER_TRANSACTION = 10_000
+PEER = Path(__file__).resolve().parent / "peers" / "pathway_kafka_pg.py"
+
+
+def produce_backlog(bootstrap: str, topic: str, events: int) -> None:
+    """Pathway's workload into one partition, compressed; fails if the broker dropped any."""
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd",
+                         "linger.ms": 100, "batch.size": 1_000_000,
+                         "queue.buffering.max.messages": 2_000_000})
+    for i in range(events):
+        producer.produce(topic, value=b'{"k": %d, "v": %d}' % (i % GROUPBY_KEYS, i % 1000))
+        if i % 100_000 == 0:
+            producer.poll(0)
+    assert producer.flush(300) == 0
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+    finally:
+        consumer.close()
+    if (low, high) != (0, events):
+        raise SystemExit(f"the broker holds offsets [{low}, {high}) of the {events} events "
+                         "produced: it dropped records (retention); produce fewer")
+
+
+def expected_sums(events: int) -> dict[int, tuple[int, int]]:
+    i = np.arange(events, dtype=np.int64)
+    k, v = i % GROUPBY_KEYS, i % 1000
+    counts = np.bincount(k, minlength=GROUPBY_KEYS)
+    totals = np.bincount(k, weights=v, minlength=GROUPBY_KEYS).astype(np.int64)
+    return {int(key): (int(counts[key]), int(totals[key])) for key in np.flatnonzero(counts)}
+
+
+def read_sums(url: str, table: str) -> dict[int, tuple[int, int]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(f"SELECT k, count, total FROM {table}").fetchall()
+    return {int(k): (int(c), int(t)) for k, c, t in rows}
+
+
+def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
+                     want: dict[int, tuple[int, int]]) -> dict[str, object]:
+    run_id = uuid.uuid4().hex[:8]
+    schema = f"bench_{run_id}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    config = PipelineConfig(
+        pipeline="examples.groupby:pipeline", sources=groupby.sources(topic),
+        sinks=[SinkConfig.model_validate({"output": "sums", "db_schema": schema})],
+        transactions=BatchPolicy(max_events=GROUPBY_EVENTS_PER_TRANSACTION, max_delay_ms=500),
+        kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"bench-{run_id}",
+        database_url=url, checkpoint_dir=tempfile.mkdtemp(prefix="txstream-bench-"),
+    )
+    print("groupby_saturation: txstream", file=sys.stderr, flush=True)
+    runner = PipelineRunner(config, spark=get_spark())
+    loop = threading.Thread(target=runner.run, daemon=True)
+    started = time.monotonic()
+    loop.start()
+    try:
+        while runner.progress.last_transaction < events // GROUPBY_EVENTS_PER_TRANSACTION:
+            if not loop.is_alive():
+                raise SystemExit("the runner stopped before the end of the backlog")
+            time.sleep(0.01)
+        elapsed = time.monotonic() - started
+    finally:
+        runner.request_stop()
+        loop.join()
+        runner.close()
+    if read_sums(url, f'"{schema}".sums_live') != want:
+        raise SystemExit("txstream's final snapshot differs from numpy's sums")
+    return {"seconds": round(elapsed, 2), "events_per_s": round(events / elapsed),
+            "verified": True, "spark_batches": runner.progress.batches,
+            "transactions": runner.progress.transactions,
+            "stage_busy_seconds": {stage: round(seconds, 1) for stage, seconds
+                                   in runner.progress.stage_seconds.items()}}
+
+
+def groupby_pathway(kafka: KafkaEndpoint, url: str, topic: str, events: int,
+                    want: dict[int, tuple[int, int]]) -> dict[str, object]:
+    print("groupby_saturation: the same backlog in Pathway", file=sys.stderr, flush=True)
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    settings = {"host": info.get("host", "127.0.0.1"), "port": int(info.get("port", 5432)),
+                "dbname": info.get("dbname", "postgres"), "user": info.get("user", "postgres")}
+    if info.get("password"):
+        settings["password"] = info["password"]
+    table = f"pathway_sums_{uuid.uuid4().hex[:8]}"
+    done = subprocess.run(
+        [sys.executable, str(PEER), "--bootstrap", kafka.bootstrap_servers, "--topic", topic,
+         "--events", str(events), "--table", table, "--pg", json.dumps(settings)],
+        capture_output=True, text=True, check=False, env=os.environ)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"peer": "pathway", "skipped": f"exit {done.returncode}: {done.stderr[-800:]}"}
+    result = json.loads(lines[-1])
+    if "skipped" not in result:
+        result["verified"] = read_sums(url, table) == want
+    return result
+
+
+def groupby_saturation(kafka: KafkaEndpoint, url: str, events: int, peer: bool
+                       ) -> dict[str, object]:
+    topic = f"bench-groupby-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    print(f"groupby_saturation: producing {events:,} events", file=sys.stderr, flush=True)
+    produce_backlog(kafka.bootstrap_servers, topic, events)
+    want = expected_sums(events)
+    result: dict[str, object] = {
+        "events": events, "keys": GROUPBY_KEYS,
+        "events_per_transaction": GROUPBY_EVENTS_PER_TRANSACTION,
+        "txstream": groupby_txstream(kafka, url, topic, events, want)}
+    if peer:
+        theirs = groupby_pathway(kafka, url, topic, events, want)
+        result["pathway"] = theirs
+        ours = result["txstream"]
+        assert isinstance(ours, dict)
+        if "events_per_s" in theirs:
+            result["ratio_txstream_to_pathway"] = round(
+                ours["events_per_s"] / theirs["events_per_s"], 2)
+    return result
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--small", type=int, default=10)
+    parser.add_argument("--groupby-events", type=int, default=1_000_000)
+    parser.add_argument("--no-peer", action="store_true", help="skip the Pathway run")
+    parser.add_argument("--only", default="low_load,saturation,groupby_saturation")
     args = parser.parse_args()
+    only = set(args.only.split(","))
     kafka = kafka_from_env()
     postgres = postgres_from_env(Path(tempfile.mkdtemp(prefix="txstream-bench-pg-")))
     try:
         get_spark()
-        results = {
-            "low_load": _run(kafka, postgres.url,
-                             BatchPolicy(max_events=args.small, max_delay_ms=50), 1,
-                             low_load(args.rounds, args.small)),
-            "saturation": _run(kafka, postgres.url,
-                               BatchPolicy(max_events=5000, max_delay_ms=500), 10,
-                               saturation(args.events)),
-        }
+        results: dict[str, object] = {}
+        if "low_load" in only:
+            results["low_load"] = _run(kafka, postgres.url,
+                                       BatchPolicy(max_events=args.small, max_delay_ms=50), 1,
+                                       low_load(args.rounds, args.small))
+        if "saturation" in only:
+            results["saturation"] = _run(kafka, postgres.url,
+                                         BatchPolicy(max_events=5000, max_delay_ms=500), 10,
+                                         saturation(args.events))
+        if "groupby_saturation" in only:
+            results["groupby_saturation"] = groupby_saturation(
+                kafka, postgres.url, args.groupby_events, peer=not args.no_peer)
         print(json.dumps(results, indent=2))
     finally:
         kafka.stop()

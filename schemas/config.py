@@ -98,7 +98,7 @@ class PipelineConfig(BaseModel):
     # At most this many transactions per Spark job. Batches adapt below it: one transaction at
     # low load (latency), more under a backlog (Spark's fixed cost per job shared). It also
     # bounds memory: a stage holds at most one batch. Results do not depend on it.
-    batch_transactions: int = Field(default=20, ge=1)
+    batch_transactions: int = Field(default=100, ge=1)
     kafka_bootstrap_servers: str | None = None
     # Also names the pipeline's checkpoints (`checkpoint_dir/<consumer_group>`).
     consumer_group: str = Field(default="txstream", pattern=r"^[A-Za-z0-9._-]+$")

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import random
 from decimal import Decimal
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from examples.groupby import pipeline as groupby_pipeline
 from examples.order_events import as_changes, events
 from examples.orders import pipeline as orders_pipeline
 from schemas.tables import TableSchema
 from service.engine import Engine, Pipeline
+from service.engine import engine as engine_module
 from service.engine import reducers as r
 
 
@@ -62,12 +66,12 @@ def test_double_sums_are_exact_and_invertible(spark: SparkSession) -> None:
         engine.process(_rows([(i, v, 1)], 1 + i))
     for i, v in enumerate(values[1:], start=1):  # ...and back down
         out = engine.process(_rows([(i, v, -1)], 10 + i))["s"]
-    last = out.filter(pa.compute.equal(out["diff"], 1)).to_pylist()
+    last = out.filter(pc.equal(out["diff"], 1)).to_pylist()
     assert last[0]["s"] == 1751.37 and last[0]["a"] == 1751.37
     # Present values sum exactly: the result is the double nearest the decimal sum.
     out = engine.process(_rows([(i, v, 1) for i, v in enumerate(values[1:], start=1)], 20))["s"]
     exact = float(sum(Decimal(repr(v)) for v in values))
-    assert out.filter(pa.compute.equal(out["diff"], 1))["s"].to_pylist() == [exact]
+    assert out.filter(pc.equal(out["diff"], 1))["s"].to_pylist() == [exact]
     # The same values removed and inserted again (other rows): nothing changed, nothing emitted.
     swapped = [(i, v, -1) for i, v in enumerate(values[1:], start=1)] \
         + [(100 + i, v, 1) for i, v in enumerate(values[1:], start=1)]
@@ -79,7 +83,7 @@ def test_double_sums_count_infinities_and_nan(spark: SparkSession) -> None:
 
     def after(changes: list[tuple[int, float, int]], time: int) -> float:
         out = engine.process(_rows(changes, time))["s"]
-        return out.filter(pa.compute.equal(out["diff"], 1))["s"][0].as_py()
+        return out.filter(pc.equal(out["diff"], 1))["s"][0].as_py()
 
     assert after([(0, 2.5, 1), (1, float("inf"), 1)], 1) == float("inf")
     assert str(after([(2, float("-inf"), 1)], 2)) == "nan"
@@ -111,3 +115,34 @@ def test_a_failed_batch_leaves_the_state_as_it_was(spark: SparkSession) -> None:
         {"k": 1, "n": 1, "q": 5, "time": 3, "diff": -1},
         {"k": 1, "n": 2, "q": 7, "time": 3, "diff": 1},
     ]
+
+
+def test_a_large_input_enters_through_a_file_with_the_same_result(
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    n = engine_module.FILE_INPUT_ROWS + 10_000
+    i = pa.array(range(n), pa.int64())
+    batch = {"events": pa.table({"k": pc.divide(i, 7), "v": i,
+                                 "time": pc.add(pc.divide(i, 20_000), 1),
+                                 "diff": pa.array([1] * n, pa.int64())})}
+    monkeypatch.setattr(engine_module.tempfile, "tempdir", str(tmp_path))
+    written: list[str] = []
+    write_table = engine_module.pq.write_table
+
+    def counted_write(table: pa.Table, path: str, **options: object) -> None:
+        written.append(path)
+        write_table(table, path, **options)
+
+    monkeypatch.setattr(engine_module.pq, "write_table", counted_write)
+    through_file = Engine(groupby_pipeline(), spark).process(batch)["sums"]
+    if spark.sparkContext.master.startswith("local"):
+        assert len(written) == 1, "the large input went through a file"
+    assert list(tmp_path.iterdir()) == [], "the batch's files are gone after it"
+    monkeypatch.setattr(engine_module, "FILE_INPUT_ROWS", n + 1)
+    in_memory = Engine(groupby_pipeline(), spark).process(batch)["sums"]
+    assert through_file.equals(in_memory)
+    net = through_file.group_by(["k", "count", "total"]).aggregate([("diff", "sum")])
+    final = net.filter(pc.equal(net["diff_sum"], 1)).select(["k", "count", "total"])
+    want = batch["events"].group_by("k").aggregate([("v", "count"), ("v", "sum")])
+    assert sorted(final.to_pylist(), key=lambda row: row["k"]) == [
+        {"k": row["k"], "count": row["v_count"], "total": row["v_sum"]}
+        for row in sorted(want.to_pylist(), key=lambda row: row["k"])]

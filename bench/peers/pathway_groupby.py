@@ -157,7 +157,8 @@ def reexec_in(venv: Path, python: Path) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     env = {**os.environ, INSIDE_ENV: str(venv)}
-    os.execve(str(python), [str(python), os.path.abspath(__file__), *sys.argv[1:]], env)
+    # The script being run (this one, or another peer that borrows this bootstrap).
+    os.execve(str(python), [str(python), os.path.abspath(sys.argv[0]), *sys.argv[1:]], env)
 
 
 # --- the benchmark, inside the venv ------------------------------------------------------

@@ -1,0 +1,85 @@
+"""Peer benchmark: Pathway's group-by workload end to end, Kafka to a PostgreSQL snapshot, run
+on Pathway (bench/end_to_end.py runs the same on txstream and compares).
+
+Reads the topic from its beginning to its end (`pw.io.kafka.read(mode="static")`, JSON values
+`{"k": int, "v": int}`), groups by `k` into `count` and `total` = sum(v), and writes the result
+with `pw.io.postgres.write_snapshot` (primary key `k`) into `--table`, created if missing.
+`seconds` runs from building the graph to `pw.run` returning, i.e. until every event is read
+and the last snapshot update is written. The caller verifies the table.
+
+    python3 bench/peers/pathway_kafka_pg.py --bootstrap HOST:PORT --topic T --events N
+        --table SCHEMA.TABLE --pg '{"host": ..., "port": ..., "dbname": ..., "user": ...}'
+
+The virtualenv and the output protocol (one JSON line last on stdout; `skipped` when Pathway
+cannot be installed) are those of bench/peers/pathway_groupby.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+# The bootstrap is borrowed from a sibling script, not a package.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pathway_groupby import (
+    DEFAULT_VENV,
+    emit,
+    ensure_venv,
+    inside_venv,
+    log,
+    reexec_in,
+    skip,
+)
+
+
+def run_pathway(args: argparse.Namespace, out_fd: int) -> None:
+    import pathway as pw
+
+    class Event(pw.Schema):
+        k: int
+        v: int
+
+    settings = {"bootstrap.servers": args.bootstrap, "group.id": f"pathway-{uuid.uuid4().hex}",
+                "auto.offset.reset": "earliest", "enable.auto.commit": "false"}
+    log(f"pathway {pw.__version__}: {args.events:,} events from {args.topic} to {args.table}")
+    start = time.perf_counter()
+    events = pw.io.kafka.read(settings, args.topic, schema=Event, format="json", mode="static")
+    sums = events.groupby(pw.this.k).reduce(pw.this.k, count=pw.reducers.count(),
+                                            total=pw.reducers.sum(pw.this.v))
+    pw.io.postgres.write_snapshot(sums, json.loads(args.pg), args.table, ["k"],
+                                  init_mode="create_if_not_exists")
+    pw.run(monitoring_level=pw.MonitoringLevel.NONE)
+    elapsed = time.perf_counter() - start
+    log(f"done in {elapsed:.2f} s: {args.events / elapsed:,.0f} events/s")
+    emit({"peer": "pathway", "version": pw.__version__, "events": args.events,
+          "seconds": round(elapsed, 3), "events_per_s": round(args.events / elapsed),
+          "threads": int(os.environ.get("PATHWAY_THREADS") or 1)}, out_fd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for name in ("--bootstrap", "--topic", "--table", "--pg"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--events", type=int, required=True)
+    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
+    args = parser.parse_args()
+    args.venv = args.venv.expanduser().absolute()
+    if not inside_venv(args.venv):
+        reexec_in(args.venv, ensure_venv(args.venv))
+    try:
+        import pathway  # noqa: F401 (fails here, not mid-run, when the venv is broken)
+    except ImportError as error:
+        skip(f"cannot import pathway in {sys.prefix}: {error}")
+    sys.stdout.flush()
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # Pathway's own output to stderr; the JSON line to the real stdout
+    run_pathway(args, out_fd)
+
+
+if __name__ == "__main__":
+    main()
