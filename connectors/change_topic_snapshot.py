@@ -13,6 +13,7 @@ import threading
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 
 from connectors.change_json import ChangeDecodeError, decode_changes
+from connectors.kafka_client import client_settings
 from connectors.postgres_snapshot import PostgresSnapshotSink
 from connectors.sink import Closing, SinkDataError
 
@@ -26,14 +27,13 @@ class ChangeTopicSnapshot(Closing):
         self.topic = topic
         self.sink = sink
         self._batch_size = batch_size
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap_servers,
+        self._consumer = Consumer(client_settings(bootstrap_servers, **{
             "group.id": group_id,
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             **(consumer_config or {}),
-        })
+        }))
         self._consumer.subscribe([topic])
 
     def poll(self, timeout_s: float = 1.0) -> int:

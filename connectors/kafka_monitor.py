@@ -12,6 +12,7 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from connectors.kafka_client import client_settings
 from connectors.transactions import Offsets, Ranges
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,9 @@ class KafkaMonitor:
 
     def __init__(self, bootstrap: str, group: str, topics: list[str], reports: MonitorReports,
                  interval_s: float) -> None:
-        settings = {"bootstrap.servers": bootstrap, "group.id": f"{group}-monitor",
-                    "enable.auto.commit": False, "socket.timeout.ms": 5000}
+        settings = client_settings(bootstrap, **{"group.id": f"{group}-monitor",
+                                                 "enable.auto.commit": False,
+                                                 "socket.timeout.ms": 5000})
         # Two consumers: a latency probe waiting on a fetch never delays a lag measurement.
         self._consumer = Consumer(settings)
         self._probe = Consumer(settings)

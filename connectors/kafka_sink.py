@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.change_json import encode_rows
 from connectors.changes import conform_changes
+from connectors.kafka_client import client_settings
 from connectors.sink import SinkBase, SinkSchemaError, SinkWriteError
 from connectors.update_records import update_records
 from schemas.sinks import RetryPolicy
@@ -54,13 +55,12 @@ class KafkaSink(SinkBase):
         self.format = format
         self._retry = retry or RetryPolicy()
         self._timeout_s = timeout_s
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap_servers,
+        self._producer = Producer(client_settings(bootstrap_servers, **{
             "transactional.id": transactional_id,
             "enable.idempotence": True,
             "linger.ms": 5,
             **(producer_config or {}),
-        })
+        }))
         try:
             self._producer.init_transactions(timeout_s)
         except KafkaException as exc:

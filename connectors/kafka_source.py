@@ -23,6 +23,7 @@ import pyarrow.json as pajson
 from confluent_kafka import Message, Producer
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from connectors.kafka_client import client_settings
 from schemas.sources import (
     KafkaMetadata,
     RecordField,
@@ -718,7 +719,7 @@ class DeadLetterWriter:
         self.topic = topic
         self._failures: list[str] = []
         self._producer = Producer(
-            {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 20}
+            client_settings(bootstrap_servers, **{"enable.idempotence": True, "linger.ms": 20})
         )
 
     def _on_delivery(self, err: Any, _msg: Message) -> None:

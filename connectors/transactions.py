@@ -64,6 +64,7 @@ from confluent_kafka import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
+from connectors.kafka_client import client_settings
 from connectors.kafka_source import (
     BOOKKEEPING,
     DIFF,
@@ -234,17 +235,14 @@ class TransactionBuilder:
         self._dead = (
             DeadLetterWriter(bootstrap_servers, dead_letter_topic) if dead_letter_topic else None
         )
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap_servers,
-                "group.id": group_id,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "isolation.level": policy.isolation_level,
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 100,
-            }
-        )
+        self._consumer = Consumer(client_settings(bootstrap_servers, **{
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": policy.isolation_level,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 100,
+        }))
         self._next_number = first_number
         self._seq = 0
         self._positions: dict[_TP, int] = {}

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from connectors.kafka_client import client_settings
 from schemas.config import ConfigError, PipelineConfig
 from service.checkpoint import CheckpointError
 from service.engine import EngineInputError, PipelineDefinitionError
@@ -163,8 +164,8 @@ def run_checks(config: PipelineConfig) -> list[Check]:
     checks.append(_attempt("spark", spark_compiles))
 
     def kafka_topics() -> str:
-        consumer = Consumer({"bootstrap.servers": config.kafka_bootstrap_servers,
-                             "group.id": f"{config.consumer_group}-check"})
+        consumer = Consumer(client_settings(config.kafka_bootstrap_servers,
+                                            **{"group.id": f"{config.consumer_group}-check"}))
         try:
             topics = consumer.list_topics(timeout=10).topics
         finally:

@@ -21,6 +21,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import Producer
 
+from connectors.kafka_client import client_settings
 from examples.order_events import OrderWorld, encode, events
 from examples.orders import OUTPUTS, kafka_sources
 from schemas.config import PipelineConfig, SinkConfig
@@ -64,8 +65,8 @@ class _Producer(threading.Thread):
 
     def run(self) -> None:
         # Local to the thread, so the client is gone before the broker stops.
-        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
-                             "linger.ms": 20})
+        producer = Producer(client_settings(self.bootstrap, **{"enable.idempotence": True,
+                                                               "linger.ms": 20}))
         rng = random.Random(self.seed)
         stream = events(rng, customers=200)
         malformed_at = {self.count // 3: MALFORMED[0], 2 * self.count // 3: MALFORMED[1]}

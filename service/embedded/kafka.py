@@ -24,6 +24,8 @@ from typing import Protocol
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from connectors.kafka_client import client_settings
+
 
 class KafkaUnavailableError(RuntimeError):
     """No Kafka-protocol broker could be reached or started."""
@@ -137,7 +139,7 @@ class ExternalKafka:
         self.bootstrap_servers = bootstrap_servers
 
     def create_topic(self, name: str, partitions: int = 1) -> None:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        admin = AdminClient(client_settings(self.bootstrap_servers))
         futures = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)
         for future in futures.values():
             try:
