@@ -299,10 +299,12 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args()
-    if not inside_venv(args.venv):
-        reexec_in(args.venv, ensure_venv(args.venv))
+def enter_venv(venv: Path) -> int:
+    """Re-execute the running script in the peer's venv (made when missing) unless already
+    there; then check Pathway imports and point stdout at stderr. Returns a descriptor of the
+    real stdout, for the JSON line."""
+    if not inside_venv(venv):
+        reexec_in(venv, ensure_venv(venv))
     try:
         import pathway  # noqa: F401 (fails here, not mid-run, when the venv is broken)
     except ImportError as error:
@@ -312,6 +314,12 @@ def main() -> None:
     sys.stdout.flush()
     out_fd = os.dup(1)
     os.dup2(2, 1)
+    return out_fd
+
+
+def main() -> None:
+    args = parse_args()
+    out_fd = enter_venv(args.venv)
     run_pathway(args.events, args.keys, args.transactions, args.feed, out_fd)
 
 

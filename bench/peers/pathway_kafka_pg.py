@@ -26,15 +26,7 @@ from pathlib import Path
 
 # The bootstrap is borrowed from a sibling script, not a package.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pathway_groupby import (
-    DEFAULT_VENV,
-    emit,
-    ensure_venv,
-    inside_venv,
-    log,
-    reexec_in,
-    skip,
-)
+from pathway_groupby import DEFAULT_VENV, emit, enter_venv, log
 
 
 def run_pathway(args: argparse.Namespace, out_fd: int) -> None:
@@ -68,16 +60,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, required=True)
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
     args = parser.parse_args()
-    args.venv = args.venv.expanduser().absolute()
-    if not inside_venv(args.venv):
-        reexec_in(args.venv, ensure_venv(args.venv))
-    try:
-        import pathway  # noqa: F401 (fails here, not mid-run, when the venv is broken)
-    except ImportError as error:
-        skip(f"cannot import pathway in {sys.prefix}: {error}")
-    sys.stdout.flush()
-    out_fd = os.dup(1)
-    os.dup2(2, 1)  # Pathway's own output to stderr; the JSON line to the real stdout
+    out_fd = enter_venv(args.venv.expanduser().absolute())
     run_pathway(args, out_fd)
 
 
