@@ -54,8 +54,8 @@ from connectors.factory import open_sink
 from connectors.kafka_monitor import KafkaMonitor
 from connectors.kafka_source import KafkaSourceError
 from connectors.sink import Sink, SinkWriteError
+from connectors.transaction_batch import TransactionBatch
 from connectors.transactions import (
-    Ranges,
     SourceState,
     Transaction,
     TransactionBuilder,
@@ -308,7 +308,7 @@ class PipelineRunner:
         try:
             while not self._stop.is_set() and stages.failure is None:
                 batch = stages.take_batch(timeout=0.1)
-                if batch:
+                if batch is not None:
                     self._compute(batch)
                 elif until is not None and stages.idle() and until(self):
                     break
@@ -365,18 +365,14 @@ class PipelineRunner:
         finally:
             stages.stop_serving(self.builder)
 
-    def _compute(self, batch: list[Transaction]) -> None:
+    def _compute(self, batch: TransactionBatch) -> None:
         # Logged before any sink sees them: a recovery re-forms exactly these transactions.
         started = time.monotonic()
-        self.checkpoints.log([t.log_entry() for t in batch if t.number > self._logged_through])
-        self._logged_through = max(self._logged_through, batch[-1].number)
+        self.checkpoints.log(batch.log_entries(after=self._logged_through))
+        self._logged_through = max(self._logged_through, batch.last.number)
         self._crash.reached("log")
-        changes: dict[str, pa.Table] = {}
-        for source in self.engine.sources:
-            parts = [t.changes[source] for t in batch
-                     if source in t.changes and t.changes[source].num_rows]
-            if parts:
-                changes[source] = pa.concat_tables(parts)
+        changes = {name: table for name, table in batch.changes.items()
+                   if name in self.engine.sources}
         t0 = time.monotonic()
         outputs = self.engine.process(changes) if changes else {}
         t1 = time.monotonic()
@@ -385,7 +381,7 @@ class PipelineRunner:
         self.progress.spark_jobs = self.engine.totals.jobs
         self.progress.spark_stages = self.engine.totals.stages
         self.progress.batch_transactions.observe(len(batch))
-        self.progress.batch_changes.observe(sum(t.num_rows for t in changes.values()))
+        self.progress.batch_changes.observe(batch.rows)
         self.progress.stage_seconds["compute"] += t1 - started
         self._stages.hand_over(_Computed(batch, outputs, self.engine.version()))
 
@@ -418,20 +414,15 @@ class PipelineRunner:
         commit_time = time.time()
         self.progress.sink_seconds += time.monotonic() - started
         self._crash.reached("commit")
-        last = computed.transactions[-1]
+        batch = computed.batch
+        last = batch.last
         due = self._checkpoint_due()
         state = self._retrying("kafka", lambda: self._stages.call_builder(
             self.builder, lambda builder: _commit(builder, last, with_state=due)))
-        self.monitor.positions = last.offsets
-        ranges: Ranges = {}
-        for t in computed.transactions:
-            for topic, parts in t.ranges.items():
-                for p, (first, end) in parts.items():
-                    lo, hi = ranges.setdefault(topic, {}).get(p, (first, end))
-                    ranges[topic][p] = (min(lo, first), max(hi, end))
-        self.monitor.committed(ranges, commit_time)
+        self.monitor.positions = batch.offsets
+        self.monitor.committed(batch.ranges, commit_time)
         self._committed = (last.number, computed.version)
-        self.progress.transactions += len(computed.transactions)
+        self.progress.transactions += len(batch)
         self.progress.batches += 1
         self.progress.last_transaction = last.number
         self._batches_since_checkpoint += 1
@@ -439,8 +430,7 @@ class PipelineRunner:
         if state is not None:
             self._batches_since_checkpoint = 0
             self._stages.checkpoint_jobs.put((last.number, state, computed.version))
-        log.debug("batch of %d transactions done, last #%d", len(computed.transactions),
-                  last.number)
+        log.debug("batch of %d transactions done, last #%d", len(batch), last.number)
 
     def _write_one(self, cfg: SinkConfig, sink: Sink, table: pa.Table) -> None:
         started = time.monotonic()
@@ -554,7 +544,7 @@ def _commit(builder: TransactionBuilder, last: Transaction, with_state: bool
 class _Computed:
     """A batch the engine computed, on its way to the sinks, with the engine's state after it."""
 
-    transactions: list[Transaction]
+    batch: TransactionBatch
     outputs: dict[str, pa.Table]
     version: EngineVersion
 
@@ -604,19 +594,19 @@ class _Stages:
             return False
         return True
 
-    def take_batch(self, timeout: float) -> list[Transaction]:
+    def take_batch(self, timeout: float) -> TransactionBatch | None:
         """Every transaction ready, up to a batch's worth, once at least one is (adaptive
         batching: one at low load, a full batch under a backlog)."""
         try:
             batch = [self._ready.get(timeout=timeout)]
         except queue.Empty:
-            return []
+            return None
         while len(batch) < self.batch_transactions:
             try:
                 batch.append(self._ready.get_nowait())
             except queue.Empty:
                 break
-        return batch
+        return TransactionBatch.of(batch)
 
     # compute -> deliver
 
