@@ -47,19 +47,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
-from confluent_kafka import KafkaException
 from pyspark.sql import SparkSession
 
 from connectors.factory import open_sink
-from connectors.kafka_monitor import KafkaMonitor
+from connectors.kafka_input import KafkaInput
 from connectors.kafka_source import KafkaSourceError
 from connectors.sink import Sink, SinkWriteError
 from connectors.transaction_batch import TransactionBatch
 from connectors.transactions import (
     SourceState,
     Transaction,
-    TransactionBuilder,
-    TransactionLogEntry,
 )
 from schemas.config import ConfigError, PipelineConfig, SinkConfig
 from schemas.tables import TableSchema
@@ -144,11 +141,12 @@ def _dependency(cfg: SinkConfig) -> str:
 
 
 class _Reports:
-    """The Kafka monitor's measurements, into the service's metrics and readiness."""
+    """The input monitor's measurements, into the service's metrics and readiness."""
 
-    def __init__(self, progress: Progress, readiness: Readiness) -> None:
+    def __init__(self, progress: Progress, readiness: Readiness, dependency: str) -> None:
         self._progress = progress
         self._readiness = readiness
+        self._dependency = dependency
 
     def lag(self, by_partition: dict[tuple[str, int], int]) -> None:
         self._progress.lag_by_partition = by_partition
@@ -159,9 +157,9 @@ class _Reports:
 
     def reachable(self, problem: str | None) -> None:
         if problem is None:
-            self._readiness.ok("kafka", observer="monitor")
+            self._readiness.ok(self._dependency, observer="monitor")
         else:
-            self._readiness.fail("kafka", problem, observer="monitor")
+            self._readiness.fail(self._dependency, problem, observer="monitor")
 
 
 class PipelineRunner:
@@ -223,14 +221,8 @@ class PipelineRunner:
                      self._checkpointed, latest.name if latest else "no checkpoint", len(replay))
         self.sinks: dict[str, list[tuple[SinkConfig, Sink]]] = self._retrying(
             "postgresql", lambda: self._open_sinks(resuming))
-        self.builder: TransactionBuilder = self._retrying(
-            "kafka", lambda: self._open_builder(state, replay))
-        self.monitor = KafkaMonitor(
-            config.kafka_bootstrap_servers, config.consumer_group,
-            [s.topic for s in config.sources], _Reports(self.progress, self.readiness),
-            interval_s=min(2.0, config.status_interval_s))
-        self.monitor.positions = state.offsets
-        self.monitor.start()
+        self.input = self._retrying(KafkaInput.name, lambda: KafkaInput(
+            config, state, replay, _Reports(self.progress, self.readiness, KafkaInput.name)))
         self._stages = _Stages(config.batch_transactions, serving=False)
         sink_count = sum(len(sinks) for sinks in self.sinks.values())
         self._sink_pool = ThreadPoolExecutor(max_workers=max(1, sink_count),
@@ -256,21 +248,6 @@ class PipelineRunner:
             raise
         return opened
 
-    def _open_builder(self, state: SourceState, replay: list[TransactionLogEntry]
-                      ) -> TransactionBuilder:
-        assert self.config.kafka_bootstrap_servers is not None
-        builder = TransactionBuilder(
-            self.config.kafka_bootstrap_servers, self.config.sources,
-            group_id=self.config.consumer_group, policy=self.config.transactions,
-            dead_letter_topic=self.config.dead_letter_topic,
-        )
-        try:
-            builder.restore(state, replay)
-        except BaseException:
-            builder.close()
-            raise
-        return builder
-
     def _retrying(self, dependency: str, work: Callable[[], _T]) -> _T:
         """`work()`, retried with exponential backoff while `dependency` is unavailable (not
         ready meanwhile); ShutdownRequested if a stop is requested while waiting."""
@@ -278,7 +255,7 @@ class PipelineRunner:
         while True:
             try:
                 result = work()
-            except (SinkWriteError, KafkaSourceError, KafkaException) as exc:
+            except (SinkWriteError, KafkaSourceError) as exc:
                 self.readiness.fail(dependency, str(exc).splitlines()[0])
                 log.warning("%s unavailable, retrying in %.1fs: %s", dependency, delay, exc)
                 if self._stop.wait(delay):
@@ -335,22 +312,22 @@ class PipelineRunner:
 
     def _ingest(self) -> None:
         """Poll, decode and form transactions into the ready queue; between polls, run the
-        other stages' calls to the builder (it is not thread-safe). After a stop, only those
+        other stages' calls to the input (it is not thread-safe). After a stop, only those
         calls, until the other stages are done."""
         stages = self._stages
         try:
             while not stages.halt.is_set():
-                stages.serve_builder(self.builder)
+                stages.serve_input(self.input)
                 if self._stop.is_set() or stages.failure is not None:
                     stages.halt.wait(0.02)
                     continue
                 started = time.monotonic()
                 try:
-                    fresh = self._retrying("kafka", lambda: self.builder.poll(0.05))
+                    fresh = self._retrying(self.input.name, lambda: self.input.poll(0.05))
                 except ShutdownRequested:
                     continue
                 self.readiness.started.set()
-                stats = self.builder.stats
+                stats = self.input.stats
                 if stats.events != self.progress.events:
                     self.progress.stage_seconds["ingest"] += time.monotonic() - started
                 self.progress.events, self.progress.bad_records = stats.events, stats.bad_records
@@ -359,11 +336,11 @@ class PipelineRunner:
                     # Never logged, a transaction not handed over is formed again at the next
                     # start, with the same number.
                     while not stages.offer(transaction):
-                        stages.serve_builder(self.builder)
+                        stages.serve_input(self.input)
                         if self._stop.is_set() or stages.failure is not None:
                             break
         finally:
-            stages.stop_serving(self.builder)
+            stages.stop_serving(self.input)
 
     def _compute(self, batch: TransactionBatch) -> None:
         # Logged before any sink sees them: a recovery re-forms exactly these transactions.
@@ -417,10 +394,8 @@ class PipelineRunner:
         batch = computed.batch
         last = batch.last
         due = self._checkpoint_due()
-        state = self._retrying("kafka", lambda: self._stages.call_builder(
-            self.builder, lambda builder: _commit(builder, last, with_state=due)))
-        self.monitor.positions = batch.offsets
-        self.monitor.committed(batch.ranges, commit_time)
+        state = self._retrying(self.input.name, lambda: self._stages.call_input(
+            self.input, lambda source: source.commit(batch, commit_time, with_state=due)))
         self._committed = (last.number, computed.version)
         self.progress.transactions += len(batch)
         self.progress.batches += 1
@@ -503,7 +478,7 @@ class PipelineRunner:
         number, version = self._committed
         if number == self._checkpointed:
             return False
-        state = self._stages.call_builder(self.builder, lambda builder: builder.state())
+        state = self._stages.call_input(self.input, lambda source: source.state())
         self._batches_since_checkpoint = 0
         self._save_checkpoint(number, state, version)
         self._announce_checkpoint()
@@ -511,7 +486,7 @@ class PipelineRunner:
 
     def lag(self) -> int:
         """Records in the source topics not yet in a committed transaction (measured now)."""
-        return self.monitor.measure_lag()
+        return self.input.lag()
 
     def request_stop(self) -> None:
         """Make `run` return once the batches already computed are delivered (or at once,
@@ -524,20 +499,11 @@ class PipelineRunner:
         return self._stop.is_set()
 
     def close(self) -> None:
-        self.monitor.close()
         self._sink_pool.shutdown()
-        self.builder.close()
+        self.input.close()
         for sinks in self.sinks.values():
             for _, sink in sinks:
                 sink.close()
-
-
-def _commit(builder: TransactionBuilder, last: Transaction, with_state: bool
-            ) -> SourceState | None:
-    """Commit the offsets through `last`; with `with_state`, the source state as of it, taken
-    in the same call so that no later commit slips in between."""
-    builder.commit(last)
-    return builder.state() if with_state else None
 
 
 @dataclass(frozen=True)
@@ -553,7 +519,7 @@ class _Stages:
     """The queues and signals between the stages of one `run`."""
 
     def __init__(self, batch_transactions: int, serving: bool) -> None:
-        """`serving`: whether an ingest thread will run the other stages' builder calls."""
+        """`serving`: whether an ingest thread will run the other stages' calls to the input."""
         self.batch_transactions = batch_transactions
         # Closed transactions waiting for compute: at most one full batch.
         self._ready: queue.Queue[Transaction] = queue.Queue(maxsize=batch_transactions)
@@ -567,7 +533,7 @@ class _Stages:
         self.computing_done = threading.Event()
         self.halt = threading.Event()  # every stage but ingest is done
         self.failure: BaseException | None = None
-        self._calls: queue.Queue[tuple[Callable[[TransactionBuilder], Any], Future[Any]]] = \
+        self._calls: queue.Queue[tuple[Callable[[KafkaInput], Any], Future[Any]]] = \
             queue.Queue()
         self._serving = serving
 
@@ -636,31 +602,30 @@ class _Stages:
         with self._lock:
             return self._in_flight == 0 and self._ready.empty()
 
-    # other stages -> the builder, through ingest
+    # other stages -> the input, through ingest
 
-    def call_builder(self, builder: TransactionBuilder,
-                     work: Callable[[TransactionBuilder], _T]) -> _T:
-        """`work(builder)`, run by the ingest thread between two polls while it serves calls,
-        else here (no other thread uses the builder then)."""
+    def call_input(self, source: KafkaInput, work: Callable[[KafkaInput], _T]) -> _T:
+        """`work(source)`, run by the ingest thread between two polls while it serves calls,
+        else here (no other thread uses the input then)."""
         done: Future[_T] = Future()
         with self._lock:
             serving = self._serving
             if serving:
                 self._calls.put((work, done))
-        return done.result() if serving else work(builder)
+        return done.result() if serving else work(source)
 
-    def serve_builder(self, builder: TransactionBuilder) -> None:
+    def serve_input(self, source: KafkaInput) -> None:
         while True:
             try:
                 work, done = self._calls.get_nowait()
             except queue.Empty:
                 return
             try:
-                done.set_result(work(builder))
+                done.set_result(work(source))
             except BaseException as exc:
                 done.set_exception(exc)
 
-    def stop_serving(self, builder: TransactionBuilder) -> None:
+    def stop_serving(self, source: KafkaInput) -> None:
         with self._lock:
             self._serving = False
-        self.serve_builder(builder)
+        self.serve_input(source)
