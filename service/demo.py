@@ -129,7 +129,6 @@ def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = p
             sinks=[SinkConfig.model_validate({"output": name, "mode": "replace"}) for name in
                    OUTPUTS],
             transactions=BatchPolicy(max_events=500, max_delay_ms=200),
-            batch_transactions=10,
             kafka_bootstrap_servers=kafka.bootstrap_servers,
             consumer_group=f"txstream-demo-{run_id}",
             dead_letter_topic=dead_letters,
