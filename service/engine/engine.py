@@ -223,8 +223,9 @@ class Engine:
         deltas: dict[int, DataFrame | None] = {}
         # Read by the batch's one job only: what it computes from them is materialized there.
         with contextlib.ExitStack() as stack:
+            large = any(t.num_rows >= FILE_INPUT_ROWS for t in changes.values())
             spill_dir = stack.enter_context(tempfile.TemporaryDirectory(
-                prefix="txstream-batch-")) if self._local else None
+                prefix="txstream-batch-")) if self._local and large else None
             for op in self._ops:
                 if isinstance(op, SourceOp):
                     table = changes.get(op.node.name)  # type: ignore[attr-defined]
