@@ -1,5 +1,5 @@
 """The Kafka monitor: lag per partition and end-to-end latency, measured off the service loop
-with consumers of its own, so a slow or unreachable broker never stalls the loop through it."""
+with consumers of its own, so a slow or unreachable broker never stalls the service through it."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ class MonitorReports(Protocol):
 class KafkaMonitor:
     """A thread that measures the lag per partition (high watermark minus the committed
     position) and the end-to-end latency of committed batches (commit time minus the Kafka
-    timestamp of the first and last record per partition), off the loop, with its own
-    consumer: a slow or unreachable broker never stalls the loop through it."""
+    timestamp of the first and last record per partition), off the service's threads, with its
+    own consumers: a slow or unreachable broker never stalls the service through it."""
 
     def __init__(self, bootstrap: str, group: str, topics: list[str], reports: MonitorReports,
                  interval_s: float) -> None:
@@ -44,11 +44,11 @@ class KafkaMonitor:
         # Two consumers: a latency probe waiting on a fetch never delays a lag measurement.
         self._consumer = Consumer(settings)
         self._probe = Consumer(settings)
-        self._lock = threading.Lock()  # `lag()` from the loop and the thread share _consumer
+        self._lock = threading.Lock()  # callers of `measure_lag` and the thread share _consumer
         self._topics = topics
         self._reports = reports
         self._interval = interval_s
-        self.positions: Offsets = {}  # replaced (never mutated) by the loop
+        self.positions: Offsets = {}  # replaced (never mutated) by the service
         self._latency: queue.Queue[tuple[Ranges, float]] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kafka-monitor", daemon=True)

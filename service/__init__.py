@@ -1,1 +1,1 @@
-"""txstream service: the loop, configuration, the Spark engine and embedded defaults."""
+"""txstream service: the stages (runner), configuration, the Spark engine and embedded defaults."""

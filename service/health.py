@@ -24,7 +24,7 @@ class Histogram:
         self._counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
         self.count = 0
-        self._lock = threading.Lock()  # observed by the loop and the Kafka monitor thread
+        self._lock = threading.Lock()  # observed by the stages and the input monitor thread
 
     def observe(self, value: float) -> None:
         with self._lock:
@@ -50,7 +50,7 @@ STAGES = ("ingest", "compute", "deliver", "checkpoint")
 
 @dataclass
 class Progress:
-    """What the loop has done since start (counters), where it is (gauges), and how long its
+    """What the service has done since start (counters), where it is (gauges), and how long its
     steps take (histograms)."""
 
     started: float = field(default_factory=time.monotonic)
@@ -123,7 +123,7 @@ class Progress:
 
 class Readiness:
     """Ready means: started (state restored, first poll done), every dependency reachable at
-    its last use, and the lag at most `max_lag`. Set by the loop and the Kafka monitor.
+    its last use, and the lag at most `max_lag`. Set by the stages and the input monitor.
 
     Each observer's verdict is kept apart: a dependency is down while any observer last saw it
     fail. The loop's successful poll proves little (a poll of a paused broker returns nothing

@@ -79,7 +79,7 @@ CRASH_ENV = "TXSTREAM_CRASH_AT"
 
 
 class ShutdownRequested(Exception):
-    """A stop was requested while the loop waited for an unavailable dependency: the current
+    """A stop was requested while a stage waited for an unavailable dependency: the current
     batch is abandoned (recovery replays it)."""
 
 
