@@ -126,8 +126,8 @@ class Readiness:
     its last use, and the lag at most `max_lag`. Set by the stages and the input monitor.
 
     Each observer's verdict is kept apart: a dependency is down while any observer last saw it
-    fail. The loop's successful poll proves little (a poll of a paused broker returns nothing
-    without an error), so it must not clear the monitor's failed metadata request."""
+    fail. The ingest stage's successful poll proves little (a poll of a paused broker returns
+    nothing without an error), so it must not clear the monitor's failed metadata request."""
 
     def __init__(self, max_lag: int) -> None:
         self.max_lag = max_lag
@@ -135,11 +135,11 @@ class Readiness:
         self._problems: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
-    def fail(self, dependency: str, reason: str, observer: str = "loop") -> None:
+    def fail(self, dependency: str, reason: str, observer: str = "stages") -> None:
         with self._lock:
             self._problems[(dependency, observer)] = reason
 
-    def ok(self, dependency: str, observer: str = "loop") -> None:
+    def ok(self, dependency: str, observer: str = "stages") -> None:
         with self._lock:
             self._problems.pop((dependency, observer), None)
 

@@ -401,7 +401,7 @@ def test_txstream_check_reports_each_part(kafka, postgres, spark, topics, topic_
 
 
 def test_a_dependency_is_down_while_any_observer_saw_it_fail() -> None:
-    # The loop's empty poll of a paused broker succeeds; it must not clear the monitor's
+    # The ingest stage's empty poll of a paused broker succeeds; it must not clear the monitor's
     # failed metadata request (it did, and readiness flickered back to ready).
     readiness, progress = Readiness(max_lag=10), Progress()
     readiness.started.set()
