@@ -166,6 +166,18 @@ class SourceSpec(BaseModel):
         """The table this source feeds (the field is `table_schema`, spelled `schema` outside)."""
         return self.table_schema
 
+    @field_validator("table_schema")
+    @classmethod
+    def _keys_required(cls, schema: TableSchema) -> TableSchema:
+        """A primary key column is required whatever the schema declares: a row without its key
+        cannot be upserted, deleted or retracted, so such a record is dead-lettered."""
+        key = set(schema.primary_key)
+        if all(not c.nullable for c in schema.columns if c.name in key):
+            return schema
+        return schema.model_copy(update={"columns": tuple(
+            c.model_copy(update={"nullable": False}) if c.name in key else c
+            for c in schema.columns)})
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:

@@ -328,3 +328,31 @@ def test_garbage_never_stops_the_stream_and_every_record_is_accounted_for(
 
 def order_row(i: int) -> dict[str, Any]:
     return {"id": i, "item": f"i{i}", "qty": i}
+
+
+@pytest.mark.parametrize("semantics", ["upsert", "insert_delete"])
+def test_key_columns_are_required_whatever_the_schema_says(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder],
+    semantics: str,
+) -> None:
+    # As a YAML schema declares it: every column nullable by default, the key too.
+    schema = TableSchema.model_validate({
+        "columns": [{"name": "id", "type": "bigint"}, {"name": "item", "type": "text"},
+                    {"name": "qty", "type": "int"}],
+        "primary_key": ["id"]})
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=schema, semantics=semantics)
+    assert not spec.table_schema.column("id").nullable
+    builders.append(b := make_builder(kafka, [spec], dlq))
+    extra = {"diff": 1} if semantics == "insert_delete" else {}
+    produce(kafka, topic_name, [("1", {"id": 1, "item": "a", "qty": 1, **extra}),
+                                ("2", {"item": "no key", "qty": 2, **extra}),
+                                ("3", {"id": None, "item": "null key", "qty": 3, **extra}),
+                                ("4", {"id": 4, "item": "d", "qty": 4, **extra})])
+    txs = poll_until(b, n_events(2))
+    assert integrate(txs, "orders") == {
+        (("id", 1), ("item", "a"), ("qty", 1)): 1, (("id", 4), ("item", "d"), ("qty", 4)): 1}
+    assert b.stats.bad_records == 2
+    b.commit(txs[-1])
+    letters = read_dead_letters(kafka, dlq, 2)
+    assert all("required field 'id'" in x["txstream.error"] for x in letters)
