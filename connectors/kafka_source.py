@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
-from confluent_kafka import Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from connectors.kafka_client import client_settings
@@ -711,22 +711,74 @@ class SourceDecoder:
         return (None if txid is None else str(txid)), count_int, ended
 
 
+# Kafka's default limit of a message is about 1 MB (producer `message.max.bytes`, broker and
+# topic `max.message.bytes`); a record can be rejected for its size and still be that large.
+MAX_DEAD_LETTER_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class _Letter:
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+    def size(self) -> int:
+        return len(self.key or b"") + len(self.value or b"") + sum(
+            len(k) + len(v) for k, v in self.headers)
+
+    def within(self, limit: int) -> _Letter:
+        """The letter, its value cut so that the whole fits in `limit` bytes (the headers say
+        so and give the original size); the key and headers are never cut."""
+        if self.size() <= limit or not self.value:
+            return self
+        original = dict(self.headers).get("txstream.value_bytes", str(len(self.value)).encode())
+        headers = [(k, v) for k, v in self.headers
+                   if k not in ("txstream.truncated", "txstream.value_bytes")]
+        headers += [("txstream.truncated", b"true"), ("txstream.value_bytes", original)]
+        cut = _Letter(self.key, self.value, headers)
+        return _Letter(self.key, self.value[:max(0, len(self.value) - (cut.size() - limit))],
+                       headers)
+
+
 class DeadLetterWriter:
     """Writes bad records to the dead-letter topic: original key, value and headers, plus
-    `txstream.*` headers with the source, its coordinates and the error."""
+    `txstream.*` headers with the source, its coordinates and the error. A value too large for
+    the topic is truncated to `max_bytes` in all (headers `txstream.truncated: true` and
+    `txstream.value_bytes`: the original size)."""
 
-    def __init__(self, bootstrap_servers: str, topic: str) -> None:
+    def __init__(self, bootstrap_servers: str, topic: str,
+                 max_bytes: int = MAX_DEAD_LETTER_BYTES) -> None:
         self.topic = topic
-        self._failures: list[str] = []
+        self._max_bytes = max_bytes
+        self._failed: list[tuple[_Letter, KafkaError]] = []
         self._producer = Producer(
             client_settings(bootstrap_servers, **{"enable.idempotence": True, "linger.ms": 20})
         )
 
-    def _on_delivery(self, err: Any, _msg: Message) -> None:
+    def _on_delivery(self, letter: _Letter, err: KafkaError | None) -> None:
         if err is not None:
-            self._failures.append(str(err))
+            self._failed.append((letter, err))
+
+    def _produce(self, letter: _Letter) -> None:
+        while True:
+            try:
+                self._producer.produce(
+                    self.topic, value=letter.value, key=letter.key, headers=letter.headers,
+                    on_delivery=lambda err, _msg: self._on_delivery(letter, err),
+                )
+                break
+            except BufferError:  # local queue full: let deliveries drain
+                self._producer.poll(0.1)
+            except KafkaException as exc:
+                # Refused before it left (e.g. too large for this producer): kept like a
+                # failed delivery, so `flush` raises and sends it again.
+                self._failed.append((letter, exc.args[0]))
+                break
+        self._producer.poll(0)
 
     def send(self, bad: BadRecord) -> None:
+        """Queue one dead letter; never raises: a letter that cannot be delivered is kept and
+        makes `flush` fail until it is."""
         headers = [
             *bad.headers,
             ("txstream.error", bad.error.encode()),
@@ -735,24 +787,20 @@ class DeadLetterWriter:
             ("txstream.partition", str(bad.partition).encode()),
             ("txstream.offset", str(bad.offset).encode()),
         ]
-        while True:
-            try:
-                self._producer.produce(
-                    self.topic, value=bad.value, key=bad.key, headers=headers,
-                    on_delivery=self._on_delivery,
-                )
-                break
-            except BufferError:  # local queue full: let deliveries drain
-                self._producer.poll(0.1)
-        self._producer.poll(0)
+        self._produce(_Letter(bad.key, bad.value, headers).within(self._max_bytes))
 
     def flush(self, timeout: float = 30.0) -> None:
-        """Blocks until every dead letter is acknowledged; raises if any was lost, so that the
-        consumer offsets past them are not committed."""
+        """Blocks until every dead letter is acknowledged. Raises while any is not, so that the
+        consumer offsets past them are not committed; the failed ones are sent again by the next
+        call (smaller, when the broker found one too large)."""
+        failed, self._failed = self._failed, []
+        for letter, err in failed:
+            too_large = err.code() == KafkaError.MSG_SIZE_TOO_LARGE
+            self._produce(letter.within(letter.size() // 8) if too_large else letter)
         remaining = self._producer.flush(timeout)
-        if remaining or self._failures:
-            failures, self._failures = self._failures, []
+        if remaining or self._failed:
             raise KafkaSourceError(
                 f"dead-letter topic {self.topic!r}: {remaining} record(s) unacknowledged, "
-                f"failures: {failures[:3]}; check the topic exists and is writable"
+                f"{len(self._failed)} failed ({', '.join(str(e) for _, e in self._failed[:3])})"
+                "; check the topic exists and is writable. They are sent again on the next try"
             )

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Producer
 from kafka_helpers import (  # noqa: F401 (fixtures by name)
     FAST,
     ORDERS,
@@ -24,10 +25,11 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     rows,
 )
 
+from connectors.kafka_source import KafkaSourceError
 from connectors.transactions import TransactionBuilder
 from schemas.sources import SourceSpec, UpstreamTransactions
 from schemas.tables import TableSchema
-from service.embedded.kafka import KafkaEndpoint
+from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 
 # ---- append_only and mini-batches ---------------------------------------------------------
 
@@ -356,3 +358,55 @@ def test_key_columns_are_required_whatever_the_schema_says(
     b.commit(txs[-1])
     letters = read_dead_letters(kafka, dlq, 2)
     assert all("required field 'id'" in x["txstream.error"] for x in letters)
+
+
+def test_a_record_too_large_for_the_dead_letter_topic_goes_there_truncated(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder],
+) -> None:
+    # Over max_value_bytes (1,000,000), under the broker's limit: the source topic takes it,
+    # the dead-letter producer's own 1 MB limit would not.
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
+    builders.append(b := make_builder(kafka, [spec], dlq))
+    huge = json.dumps({"id": 2, "item": "x" * 1_010_000, "qty": 1}).encode()
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers,
+                         "message.max.bytes": 2_000_000})
+    for value in [json.dumps({"id": 1, "item": "a", "qty": 1}).encode(), huge,
+                  json.dumps({"id": 3, "item": "c", "qty": 3}).encode()]:
+        producer.produce(topic_name, value=value)
+    assert producer.flush(10) == 0
+    txs = poll_until(b, n_events(2))
+    assert integrate(txs, "orders") == {
+        (("id", 1), ("item", "a"), ("qty", 1)): 1, (("id", 3), ("item", "c"), ("qty", 3)): 1}
+    assert b.stats.bad_records == 1
+    b.commit(txs[-1])
+    [letter] = read_dead_letters(kafka, dlq, 1)
+    assert letter["txstream.truncated"] == "true"
+    assert letter["txstream.value_bytes"] == str(len(huge))
+    assert "max_value_bytes" in letter["txstream.error"]
+    assert huge.startswith(letter["value"]) and 0 < len(letter["value"]) < 1_000_000
+
+
+def test_a_dead_letter_the_broker_refused_is_sent_again_before_offsets_move(
+    topic_name: str, tmp_path: Any,
+) -> None:
+    broker = MockKafkaBroker()  # its own, so the injected errors disturb no other test
+    try:
+        broker.create_topic(topic_name, 1)
+        broker.create_topic("dlq", 1)
+        spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
+        b = make_builder(broker, [spec], "dlq")
+        try:
+            produce(broker, topic_name, [(None, {"id": 1, "item": "a", "qty": 1}),
+                                         (None, {"id": 2, "item": "b", "qty": "many"})])
+            broker.fail_requests(0, 29, 1)  # the next Produce: TOPIC_AUTHORIZATION_FAILED
+            txs = poll_until(b, n_events(1))
+            with pytest.raises(KafkaSourceError, match="dead-letter topic"):
+                b.commit(txs[-1])
+            b.commit(txs[-1])  # the runner's retry: the letter goes out first
+            [letter] = read_dead_letters(broker, "dlq", 1)
+            assert letter["txstream.offset"] == "1" and "qty" in letter["txstream.error"]
+        finally:
+            b.close()
+    finally:
+        broker.stop()

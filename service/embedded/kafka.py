@@ -66,6 +66,9 @@ class _MockCluster:
         lib.rd_kafka_mock_topic_create.argtypes = [
             ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
         ]
+        lib.rd_kafka_mock_push_request_errors_array.argtypes = [
+            ctypes.c_void_p, ctypes.c_int16, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int),
+        ]
         lib.rd_kafka_err2str.restype = ctypes.c_char_p
         self._lib = lib
         errbuf = ctypes.create_string_buffer(512)
@@ -84,6 +87,11 @@ class _MockCluster:
         err = self._lib.rd_kafka_mock_topic_create(self._cluster, name.encode(), partitions, 1)
         return None if err == 0 else self._lib.rd_kafka_err2str(err).decode()
 
+    def fail_requests(self, api_key: int, error: int, count: int) -> None:
+        """The next `count` requests of `api_key` (0 = Produce) get `error` from the broker."""
+        errors = (ctypes.c_int * count)(*[error] * count)
+        self._lib.rd_kafka_mock_push_request_errors_array(self._cluster, api_key, count, errors)
+
 
 def serve() -> None:
     cluster = _MockCluster()
@@ -93,6 +101,9 @@ def serve() -> None:
         if len(parts) == 3 and parts[0] == "create" and parts[2].isdigit():
             error = cluster.create_topic(parts[1], int(parts[2]))
             print("ok" if error is None else f"error {error}", flush=True)
+        elif len(parts) == 4 and parts[0] == "fail" and all(p.isdigit() for p in parts[1:]):
+            cluster.fail_requests(*(int(p) for p in parts[1:]))
+            print("ok", flush=True)
         elif parts:
             print(f"error unknown command: {line.strip()}", flush=True)
 
@@ -112,14 +123,24 @@ class MockKafkaBroker:
         self.bootstrap_servers = first
         self._lock = threading.Lock()
 
-    def create_topic(self, name: str, partitions: int = 1) -> None:
+    def _command(self, line: str) -> str:
         assert self._proc.stdin is not None and self._proc.stdout is not None
         with self._lock:
-            self._proc.stdin.write(f"create {name} {partitions}\n")
+            self._proc.stdin.write(f"{line}\n")
             self._proc.stdin.flush()
-            answer = self._proc.stdout.readline().strip()
+            return self._proc.stdout.readline().strip()
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        answer = self._command(f"create {name} {partitions}")
         if answer != "ok":
             raise KafkaUnavailableError(f"could not create topic {name!r}: {answer or 'no answer'}")
+
+    def fail_requests(self, api_key: int, error: int, count: int) -> None:
+        """Make the broker answer the next `count` requests of `api_key` with `error` (fault
+        injection for tests: librdkafka's mock cluster does it, a real broker cannot)."""
+        answer = self._command(f"fail {api_key} {error} {count}")
+        if answer != "ok":
+            raise KafkaUnavailableError(f"could not inject broker errors: {answer or 'no answer'}")
 
     def stop(self) -> None:
         if self._proc.poll() is None:
