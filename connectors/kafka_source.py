@@ -115,6 +115,21 @@ def _dates(text: pa.Array, which: np.ndarray, errors: _Errors, where: str) -> pa
     return pc.cast(parsed, pa.date32())
 
 
+def _storable(values: pa.Array, which: np.ndarray, errors: _Errors, where: str) -> None:
+    """Fail the records whose value decodes but no sink can store: PostgreSQL text holds no
+    NUL character, and dates and timestamps outside years 1 to 9999 exist in Arrow but not in
+    PostgreSQL (which has no year 0) nor in Python clients reading the output."""
+    if pa.types.is_string(values.type):
+        nul = pc.fill_null(pc.match_substring(values, "\x00"), False)
+        errors.add(_np(nul) & which, f"field {where!r} contains a NUL character (\\u0000), "
+                                     "which PostgreSQL text cannot store")
+    elif pa.types.is_date(values.type) or pa.types.is_timestamp(values.type):
+        year = pc.year(values)
+        outside = pc.fill_null(pc.or_(pc.less(year, 1), pc.greater(year, 9999)), False)
+        errors.add(_np(outside) & which, f"field {where!r} is outside year 1 to 9999, which "
+                                         "PostgreSQL and most clients cannot hold")
+
+
 def _header_values(texts: pa.Array, dtype: pa.DataType) -> pa.Array:
     """Header texts as `dtype`; a value that is not one becomes null (and fails its record
     where the value is required) instead of failing the batch."""
@@ -440,6 +455,8 @@ class SourceDecoder:
                     cols[col] = parsed.get(spec.path_of(col))
                 if col not in meta and self._schema.column(col).type is ColumnType.DATE:
                     cols[col] = _dates(cols[col], which, errors, spec.fields.get(col, col))
+                if col not in meta:
+                    _storable(cols[col], which, errors, spec.fields.get(col, col))
             for col in required:
                 missing = _np(pc.is_null(cols[col])) & which
                 where = spec.fields.get(col, col)

@@ -410,3 +410,27 @@ def test_a_dead_letter_the_broker_refused_is_sent_again_before_offsets_move(
             b.close()
     finally:
         broker.stop()
+
+
+def test_values_no_sink_can_store_are_dead_lettered_when_decoded(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    schema = TableSchema.of({"id": "bigint", "name": "text", "day": "date", "at": "timestamp"})
+    spec = SourceSpec(name="typed", topic=topic_name, schema=schema)
+    builders.append(b := make_builder(kafka, [spec], dlq))
+    produce(kafka, topic_name, [
+        (None, {"id": 1, "name": "fine", "day": "0001-01-01", "at": "9999-12-31T23:59:59Z"}),
+        (None, {"id": 2, "name": "nul\u0000inside"}),
+        (None, {"id": 3, "day": "0000-01-01"}),
+        (None, {"id": 4, "at": "0000-06-01T00:00:00Z"}),
+    ])
+    (t,) = poll_until(b, lambda ts: len(ts) == 1)
+    assert t.changes["typed"].column("id").to_pylist() == [1]
+    assert b.stats.bad_records == 3
+    b.commit(t)
+    errors = {int(x["txstream.offset"]): x["txstream.error"]
+              for x in read_dead_letters(kafka, dlq, 3)}
+    assert "'name'" in errors[1] and "NUL" in errors[1]
+    assert "'day'" in errors[2] and "year 1 to 9999" in errors[2]
+    assert "'at'" in errors[3] and "year 1 to 9999" in errors[3]
