@@ -5,7 +5,10 @@ multiset, its weights are any integer) and no key. Each write is one COPY in one
 
 Replays after a crash must not append a transaction twice. The sink assumes it is the table's
 only writer and writes transactions in time order (the engine's output), so it skips every
-change whose time is not above the greatest time already in the table.
+change whose time is not above the greatest time already in the table: the time it last wrote,
+or, after a write whose outcome is unknown (the connection failed around COMMIT), the table's
+own greatest time. Rows PostgreSQL refuses go to the rejects table in the same transaction
+(`connectors.postgres_rejects`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from psycopg import sql
 
 from connectors.changes import conform_changes
 from connectors.postgres_common import Connection, check_identifier, copy_into, ensure_table
+from connectors.postgres_rejects import apply_isolating, ensure_rejects_table, record_rejects
 from connectors.sink import SinkBase, SinkSchemaError
 from schemas.sinks import RetryPolicy
 from schemas.tables import TableSchema
@@ -35,6 +39,8 @@ class PostgresAppendSink(SinkBase):
         self._table_name = check_identifier(table, "table")
         self.table = sql.Identifier(self._db_schema, self._table_name)
         self._db = Connection(url, retry or RetryPolicy(), f"txstream append {table}")
+        # Set while a write may have committed without the sink knowing (see the module doc).
+        self._unsure = False
         try:
             self._last_time: int | None = self._db.run(
                 lambda conn: self._set_up(conn, replace=mode == "replace"))
@@ -45,7 +51,8 @@ class PostgresAppendSink(SinkBase):
     def _set_up(self, conn: psycopg.Connection[tuple[object, ...]], *, replace: bool
                 ) -> int | None:
         ensure_table(conn, self._db_schema, self._table_name, self.schema, diff_type="BIGINT",
-                     primary_key=(), replace=replace)
+                     key=(), replace=replace)
+        ensure_rejects_table(conn, self._db_schema)
         return self._max_time(conn)
 
     def write(self, changes: pa.Table) -> None:
@@ -55,21 +62,24 @@ class PostgresAppendSink(SinkBase):
         if batch.num_rows == 0:
             return
 
-        attempts = 0
-
-        def append(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-            nonlocal attempts
-            attempts += 1
+        def append(conn: psycopg.Connection[tuple[object, ...]]) -> int:
             rows = batch
-            if attempts > 1:
-                # The previous attempt may have committed before its connection failed.
+            if self._unsure:
                 last = self._max_time(conn)
                 if last is not None:
                     rows = batch.filter(pc.greater(batch["time"], last))
-            with conn.cursor() as cur:
-                copy_into(cur, self.table, rows)
+            self._unsure = True
 
-        self._db.run(append)
+            def copy(conn: psycopg.Connection[tuple[object, ...]], part: pa.Table) -> None:
+                with conn.cursor() as cur:
+                    copy_into(cur, self.table, part)
+
+            rejects = apply_isolating(conn, rows, copy)
+            record_rejects(conn, self._db_schema, self._table_name, rejects)
+            return rejects.count
+
+        self.rejected_rows += self._db.run(append)
+        self._unsure = False
         self._last_time = int(pc.max(batch["time"]).as_py())
 
     def _max_time(self, conn: psycopg.Connection[tuple[object, ...]]) -> int | None:

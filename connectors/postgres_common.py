@@ -11,7 +11,6 @@ from typing import TypeVar
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
@@ -44,15 +43,6 @@ def check_identifier(name: str, what: str) -> str:
 def encode_csv(changes: pa.Table) -> bytes:
     """CSV for `COPY ... (FORMAT csv)`: strings are always quoted and nulls never are, which is
     how PostgreSQL tells an empty string from NULL."""
-    for name in changes.column_names:
-        column = changes[name]
-        if pa.types.is_string(column.type) and pc.any(
-            pc.match_substring(column, "\x00")
-        ).as_py():
-            raise SinkDataError(
-                f"column {name!r} contains a NUL character, which PostgreSQL text cannot store; "
-                "strip it upstream"
-            )
     buf = io.BytesIO()
     pacsv.write_csv(changes, buf, pacsv.WriteOptions(include_header=False))
     return buf.getvalue()
@@ -77,9 +67,15 @@ def _canonical_types(conn: psycopg.Connection[tuple[object, ...]],
     return [str(r[0]) for r in rows]
 
 
+def nulls_not_distinct(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether the server has unique keys whose nulls are equal (PostgreSQL 15+)."""
+    return conn.info.server_version >= 150000
+
+
 def _existing_shape(conn: psycopg.Connection[tuple[object, ...]], db_schema: str, table: str
-                    ) -> tuple[str, dict[str, str], list[str]] | None:
-    """(relkind, {column: type}, primary key columns) of an existing relation, or None."""
+                    ) -> tuple[str, dict[str, str], list[list[str]]] | None:
+    """(relkind, {column: type}, the column lists of its keys) of an existing relation, or
+    None. A key is the primary key or a plain unique index whose nulls are not distinct."""
     found = conn.execute(
         "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
         " WHERE n.nspname = %s AND c.relname = %s", [db_schema, table],
@@ -91,19 +87,28 @@ def _existing_shape(conn: psycopg.Connection[tuple[object, ...]], db_schema: str
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
         " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", [oid],
     ).fetchall()
-    key = conn.execute(
-        "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY"
-        " AS k(attnum, pos) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
-        " WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.pos", [oid],
+    unique = ("i.indisunique AND i.indnullsnotdistinct AND i.indexprs IS NULL"
+              " AND i.indpred IS NULL" if nulls_not_distinct(conn) else "false")
+    keys = conn.execute(
+        "SELECT array_agg(a.attname::text ORDER BY k.pos) FROM pg_index i"
+        " CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, pos)"
+        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+        f" WHERE i.indrelid = %s AND (i.indisprimary OR {unique}) GROUP BY i.indexrelid"
+        " ORDER BY i.indexrelid", [oid],
     ).fetchall()
-    return str(relkind), {str(n): str(t) for n, t in columns}, [str(r[0]) for r in key]
+    return str(relkind), {str(n): str(t) for n, t in columns}, [list(k) for (k,) in keys]
 
 
 def ensure_table(conn: psycopg.Connection[tuple[object, ...]], db_schema: str, table: str,
-                 schema: TableSchema, *, diff_type: str, primary_key: tuple[str, ...],
+                 schema: TableSchema, *, diff_type: str, key: tuple[str, ...],
                  replace: bool) -> None:
-    """Create `db_schema.table` (columns, `time`, `diff`, primary key) if missing, or validate
-    the existing one; `replace` drops it first. Runs in the caller's transaction."""
+    """Create `db_schema.table` (columns, `time`, `diff`, unique `key` if any) if missing, or
+    validate the existing one; `replace` drops it first. Runs in the caller's transaction.
+
+    A group-by key or a distinct row may be null, so the key is `UNIQUE NULLS NOT DISTINCT`
+    where the server has it (PostgreSQL 15+): nulls are values like any other. Older servers get
+    a primary key, whose columns cannot hold null; rows with a null key are then refused (see
+    `connectors.postgres_rejects`). An existing table keyed either way is accepted."""
     ident = sql.Identifier(db_schema, table)
     if replace:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(ident))
@@ -111,19 +116,22 @@ def ensure_table(conn: psycopg.Connection[tuple[object, ...]], db_schema: str, t
     want = dict(zip(changes_columns(schema), _canonical_types(conn, want_types), strict=True))
     shape = _existing_shape(conn, db_schema, table)
     if shape is None:
+        nullable_key = nulls_not_distinct(conn)
         columns = [
             sql.SQL("{} {}{}").format(
                 sql.Identifier(c.name), sql.SQL(c.type.postgres),
-                sql.SQL("" if c.nullable and c.name not in primary_key else " NOT NULL"),
+                sql.SQL("" if c.nullable and (nullable_key or c.name not in key)
+                        else " NOT NULL"),
             )
             for c in schema.columns
         ] + [sql.SQL('"time" BIGINT NOT NULL'), sql.SQL(f'"diff" {diff_type} NOT NULL')]
-        if primary_key:
-            columns.append(sql.SQL("PRIMARY KEY ({})").format(
-                sql.SQL(", ").join(sql.Identifier(k) for k in primary_key)))
+        if key:
+            key_columns = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+            columns.append(sql.SQL("UNIQUE NULLS NOT DISTINCT ({})" if nullable_key
+                                   else "PRIMARY KEY ({})").format(key_columns))
         conn.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, sql.SQL(", ").join(columns)))
         return
-    relkind, have, key = shape
+    relkind, have, keys = shape
     where = f"{db_schema}.{table}"
     if relkind not in ("r", "p"):
         raise SinkSchemaError(f"{where} exists but is not a table (relkind {relkind!r})")
@@ -133,8 +141,9 @@ def ensure_table(conn: psycopg.Connection[tuple[object, ...]], db_schema: str, t
         f"column {n!r} has type {have[n]}, expected {t}"
         for n, t in want.items() if n in have and have[n] != t
     ]
-    if key != list(primary_key):
-        problems.append(f"primary key is ({', '.join(key)}), expected ({', '.join(primary_key)})")
+    if key and list(key) not in keys:
+        found = " or ".join(f"({', '.join(k)})" for k in keys) or "none"
+        problems.append(f"key is {found}, expected ({', '.join(key)})")
     if problems:
         raise SinkSchemaError(
             f"existing table {where} does not match the output table: {'; '.join(problems)}. "

@@ -7,6 +7,9 @@ stay as tombstones (`diff = -1`), so an older insertion delivered later (a repla
 another writer, a change topic read across partitions) cannot resurrect the row; the stored row
 of a key is always its greatest `(time, diff)` change, whatever the order of delivery. Within one
 time a +1 beats a -1 because an update is `-1 old, +1 new` in one transaction.
+
+A key may be null (a group-by key, a distinct row): see `ensure_table`. A row PostgreSQL refuses
+is kept in the rejects table and the rest of the batch is written (`connectors.postgres_rejects`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from psycopg import sql
 
 from connectors.changes import changes_columns, check_unit_diffs, conform_changes
 from connectors.postgres_common import Connection, check_identifier, copy_into, ensure_table
-from connectors.sink import SinkBase, SinkDataError, SinkSchemaError
+from connectors.postgres_rejects import apply_isolating, ensure_rejects_table, record_rejects
+from connectors.sink import SinkBase, SinkSchemaError
 from schemas.sinks import RetryPolicy, TombstonePurge
 from schemas.tables import TableSchema
 
@@ -31,30 +35,33 @@ log = logging.getLogger(__name__)
 _STAGE = sql.Identifier("pg_temp", "txstream_snapshot_stage")
 
 
+def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Row-wise equality as a unique key sees it: nulls equal nulls, NaN equals NaN."""
+    same = pc.or_(pc.fill_null(pc.equal(a, b), False),
+                  pc.and_(pc.is_null(a), pc.is_null(b)))
+    if pa.types.is_floating(a.type):
+        same = pc.or_(same, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+    return same
+
+
 def last_change_per_key(changes: pa.Table, key: list[str]) -> pa.Table:
-    """One change per key: the greatest `(time, diff)`, sorted by key.
+    """One change per key (null and NaN key values are values like any other): the greatest
+    `(time, diff)`, sorted by key.
 
     Sorting by key also makes concurrent writers lock rows in the same order.
     """
-    for name in key:
-        column = changes[name]
-        bad = column.null_count
-        if pa.types.is_floating(column.type):
-            bad += pc.sum(pc.is_nan(column)).as_py() or 0
-        if bad:
-            raise SinkDataError(f"primary key column {name!r} has {bad} null or NaN value(s)")
     order = [(k, "ascending") for k in key] + [("time", "descending"), ("diff", "descending")]
     ordered = changes.take(pc.sort_indices(changes, sort_keys=order))
     if ordered.num_rows < 2:
         return ordered
     # A row starts a new key when any key column differs from the row before it.
-    starts: pa.ChunkedArray | None = None
+    same: pa.ChunkedArray | None = None
     for name in key:
         column = ordered[name]
-        differs = pc.not_equal(column.slice(1), column.slice(0, ordered.num_rows - 1))
-        starts = differs if starts is None else pc.or_(starts, differs)
-    assert starts is not None  # a keyed table has at least one key column
-    return ordered.filter(pa.chunked_array([pa.array([True]), *starts.chunks]))
+        equal = _same(column.slice(1), column.slice(0, ordered.num_rows - 1))
+        same = equal if same is None else pc.and_(same, equal)
+    assert same is not None  # a keyed table has at least one key column
+    return ordered.filter(pa.chunked_array([pa.array([True]), *pc.invert(same).chunks]))
 
 
 class PostgresSnapshotSink(SinkBase):
@@ -104,7 +111,8 @@ class PostgresSnapshotSink(SinkBase):
 
     def _set_up(self, conn: psycopg.Connection[tuple[object, ...]], *, replace: bool) -> None:
         ensure_table(conn, self._db_schema, self._table_name, self.schema, diff_type="SMALLINT",
-                     primary_key=self.schema.primary_key, replace=replace)
+                     key=self.schema.primary_key, replace=replace)
+        ensure_rejects_table(conn, self._db_schema)
         columns = sql.SQL(", ").join(sql.Identifier(n) for n in self.schema.names)
         try:
             with conn.transaction():
@@ -132,22 +140,29 @@ class PostgresSnapshotSink(SinkBase):
                  key=sql.SQL(", ").join(sql.Identifier(k) for k in self._key))
 
     def write(self, changes: pa.Table) -> None:
-        """Apply `changes` (columns + `time` + `diff`, any order, duplicates allowed) atomically."""
+        """Apply `changes` (columns + `time` + `diff`, any order, duplicates allowed) atomically;
+        rows PostgreSQL refuses go to the rejects table in the same transaction."""
         batch = conform_changes(changes, self.schema)
         if batch.num_rows == 0:
             return
         check_unit_diffs(batch)
         batch = last_change_per_key(batch, self._key)
 
-        def apply(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        def upsert(conn: psycopg.Connection[tuple[object, ...]], rows: pa.Table) -> None:
+            with conn.cursor() as cur:
+                copy_into(cur, _STAGE, rows)
+                cur.execute(self._upsert)
+                cur.execute(sql.SQL("TRUNCATE {}").format(_STAGE))
+
+        def apply(conn: psycopg.Connection[tuple[object, ...]]) -> int:
             conn.execute(sql.SQL(
                 "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) ON COMMIT DELETE ROWS"
             ).format(_STAGE, self.table))
-            with conn.cursor() as cur:
-                copy_into(cur, _STAGE, batch)
-                cur.execute(self._upsert)
+            rejects = apply_isolating(conn, batch, upsert)
+            record_rejects(conn, self._db_schema, self._table_name, rejects)
+            return rejects.count
 
-        self._db.run(apply)
+        self.rejected_rows += self._db.run(apply)
 
     def advance_watermark(self, time: int) -> None:
         """Declare that no change with `time` <= this will ever be written to this table again

@@ -17,7 +17,8 @@ class SinkSchemaError(SinkError):
 
 
 class SinkDataError(SinkError):
-    """A batch of changes cannot be written as is (missing columns, NUL in text, bad diff...)."""
+    """A batch of changes cannot be written as is (missing columns, types that do not convert,
+    a diff other than +1/-1 on a keyed table...)."""
 
 
 class SinkWriteError(SinkError):
@@ -60,7 +61,10 @@ class Closing:
 
 class SinkBase(Closing):
     """What every sink shares: closed on leaving a `with` block; ignores checkpoints unless it
-    keeps something a checkpoint makes obsolete."""
+    keeps something a checkpoint makes obsolete; counts the rows its destination refused (kept
+    aside by the sink, see `connectors.postgres_rejects`)."""
+
+    rejected_rows: int = 0
 
     def on_checkpoint(self, transaction: int) -> None:
         return None

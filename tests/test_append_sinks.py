@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from pg_proxy import CommitCutter
 from psycopg import sql
 from pydantic import TypeAdapter, ValidationError
 
@@ -36,8 +37,8 @@ from connectors.file_sink import FileSink
 from connectors.kafka_sink import KafkaSink
 from connectors.postgres_append import PostgresAppendSink
 from connectors.postgres_snapshot import PostgresSnapshotSink
-from connectors.sink import Sink, SinkSchemaError
-from schemas.sinks import SinkSettings, UpdateRecord
+from connectors.sink import Sink, SinkSchemaError, SinkWriteError
+from schemas.sinks import RetryPolicy, SinkSettings, UpdateRecord
 from schemas.tables import TableSchema
 from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 from service.embedded.postgres import PostgresEndpoint
@@ -78,15 +79,51 @@ def test_postgres_append_copies_every_change_once(postgres: PostgresEndpoint,
     again.write(TXN2)
     again.write(TXN3)
     again.close()
-    with psycopg.connect(postgres.url) as conn, conn.cursor() as cur:
-        cur.execute(sql.SQL('SELECT * FROM {} ORDER BY "time", id, diff').format(
-            sql.Identifier(pg_schema, "log")))
-        stored = pa.Table.from_pylist(
-            [dict(zip([c.name for c in cur.description or []], r, strict=True))
-             for r in cur.fetchall()], schema=SCHEMA.arrow_schema(with_changes=True))
-    assert same_changes(stored, pa.concat_tables([TXN1, TXN2, TXN3]))
+    assert same_changes(stored_changes(postgres.url, pg_schema, "log"),
+                        pa.concat_tables([TXN1, TXN2, TXN3]))
     with pytest.raises(SinkSchemaError, match="'diff' has type bigint, expected smallint"):
         PostgresSnapshotSink(postgres.url, "log", SCHEMA, db_schema=pg_schema)
+
+
+def stored_changes(url: str, db_schema: str, table: str) -> pa.Table:
+    with psycopg.connect(url) as conn, conn.cursor() as cur:
+        cur.execute(sql.SQL('SELECT * FROM {} ORDER BY "time", id, diff').format(
+            sql.Identifier(db_schema, table)))
+        return pa.Table.from_pylist(
+            [dict(zip([c.name for c in cur.description or []], r, strict=True))
+             for r in cur.fetchall()], schema=SCHEMA.arrow_schema(with_changes=True))
+
+
+def test_postgres_append_a_write_lost_around_commit_is_not_appended_twice(
+        postgres: PostgresEndpoint, pg_schema: str) -> None:
+    with CommitCutter(postgres.url) as proxy, PostgresAppendSink(
+            proxy.url, "log", SCHEMA, db_schema=pg_schema,
+            retry=RetryPolicy(attempts=1)) as sink:
+        sink.write(TXN1)
+        proxy.cut_next_commit()
+        with pytest.raises(SinkWriteError):
+            sink.write(TXN2)  # committed, but the sink cannot know
+        assert proxy.cuts == 1
+        sink.write(TXN2)  # the runner writes the batch again
+        sink.write(TXN3)
+    assert same_changes(stored_changes(postgres.url, pg_schema, "log"),
+                        pa.concat_tables([TXN1, TXN2, TXN3]))
+
+
+def test_postgres_append_keeps_refused_rows_aside(postgres: PostgresEndpoint,
+                                                  pg_schema: str) -> None:
+    with PostgresAppendSink(postgres.url, "log", SCHEMA, db_schema=pg_schema) as sink:
+        with psycopg.connect(postgres.url, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER TABLE {} ADD CHECK (id < 100)").format(
+                sql.Identifier(pg_schema, "log")))
+        bad = changes([(100, "big", 1.0, 1, 1), (5, "nul\x00", 2.0, 1, 1)])
+        sink.write(pa.concat_tables([TXN1, bad]))
+        assert sink.rejected_rows == 2
+    assert same_changes(stored_changes(postgres.url, pg_schema, "log"), TXN1)
+    with psycopg.connect(postgres.url) as conn:
+        rejected = conn.execute(sql.SQL("SELECT output_table, row_json FROM {}").format(
+            sql.Identifier(pg_schema, "txstream_rejects"))).fetchall()
+    assert sorted(json.loads(r)["id"] for t, r in rejected if t == "log") == [5, 100]
 
 
 def test_jsonl_and_csv_files(tmp_path: Path) -> None:
