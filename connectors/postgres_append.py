@@ -21,7 +21,13 @@ import pyarrow.compute as pc
 from psycopg import sql
 
 from connectors.changes import conform_changes
-from connectors.postgres_common import Connection, check_identifier, copy_into, ensure_table
+from connectors.postgres_common import (
+    Connection,
+    check_identifier,
+    copy_into,
+    ensure_table,
+    max_time,
+)
 from connectors.postgres_rejects import apply_isolating, ensure_rejects_table, record_rejects
 from connectors.sink import SinkBase, SinkSchemaError
 from schemas.sinks import RetryPolicy
@@ -44,6 +50,7 @@ class PostgresAppendSink(SinkBase):
         try:
             self._last_time: int | None = self._db.run(
                 lambda conn: self._set_up(conn, replace=mode == "replace"))
+            self._held = self._last_time
         except BaseException:
             self._db.close()
             raise
@@ -53,7 +60,7 @@ class PostgresAppendSink(SinkBase):
         ensure_table(conn, self._db_schema, self._table_name, self.schema, diff_type="BIGINT",
                      key=(), replace=replace)
         ensure_rejects_table(conn, self._db_schema)
-        return self._max_time(conn)
+        return max_time(conn, self.table)
 
     def write(self, changes: pa.Table) -> None:
         batch = conform_changes(changes, self.schema)
@@ -65,7 +72,7 @@ class PostgresAppendSink(SinkBase):
         def append(conn: psycopg.Connection[tuple[object, ...]]) -> int:
             rows = batch
             if self._unsure:
-                last = self._max_time(conn)
+                last = max_time(conn, self.table)
                 if last is not None:
                     rows = batch.filter(pc.greater(batch["time"], last))
             self._unsure = True
@@ -82,9 +89,8 @@ class PostgresAppendSink(SinkBase):
         self._unsure = False
         self._last_time = int(pc.max(batch["time"]).as_py())
 
-    def _max_time(self, conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
-        row = conn.execute(sql.SQL('SELECT max("time") FROM {}').format(self.table)).fetchone()
-        return None if row is None or row[0] is None else int(str(row[0]))
+    def held_through(self) -> int | None:
+        return self._held
 
     def close(self) -> None:
         self._db.close()

@@ -67,6 +67,12 @@ def _canonical_types(conn: psycopg.Connection[tuple[object, ...]],
     return [str(r[0]) for r in rows]
 
 
+def max_time(conn: psycopg.Connection[tuple[object, ...]], table: sql.Composable) -> int | None:
+    """The greatest `time` in `table` (a scan: for start-up and recovery, not every write)."""
+    row = conn.execute(sql.SQL('SELECT max("time") FROM {}').format(table)).fetchone()
+    return None if row is None or row[0] is None else int(str(row[0]))
+
+
 def nulls_not_distinct(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
     """Whether the server has unique keys whose nulls are equal (PostgreSQL 15+)."""
     return conn.info.server_version >= 150000

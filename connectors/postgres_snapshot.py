@@ -24,7 +24,13 @@ import pyarrow.compute as pc
 from psycopg import sql
 
 from connectors.changes import changes_columns, check_unit_diffs, conform_changes
-from connectors.postgres_common import Connection, check_identifier, copy_into, ensure_table
+from connectors.postgres_common import (
+    Connection,
+    check_identifier,
+    copy_into,
+    ensure_table,
+    max_time,
+)
 from connectors.postgres_rejects import apply_isolating, ensure_rejects_table, record_rejects
 from connectors.sink import SinkBase, SinkSchemaError
 from schemas.sinks import RetryPolicy, TombstonePurge
@@ -96,7 +102,8 @@ class PostgresSnapshotSink(SinkBase):
         self._db = Connection(url, self._retry, f"txstream snapshot {table}")
         self._upsert = self._upsert_statement()
         try:
-            self._db.run(lambda conn: self._set_up(conn, replace=mode == "replace"))
+            self._held = self._db.run(
+                lambda conn: self._set_up(conn, replace=mode == "replace"))
         except BaseException:
             self._db.close()
             raise
@@ -109,7 +116,8 @@ class PostgresSnapshotSink(SinkBase):
                 target=self._purge_loop, name=f"purge-{table}", daemon=True)
             self._purger.start()
 
-    def _set_up(self, conn: psycopg.Connection[tuple[object, ...]], *, replace: bool) -> None:
+    def _set_up(self, conn: psycopg.Connection[tuple[object, ...]], *, replace: bool
+                ) -> int | None:
         ensure_table(conn, self._db_schema, self._table_name, self.schema, diff_type="SMALLINT",
                      key=self.schema.primary_key, replace=replace)
         ensure_rejects_table(conn, self._db_schema)
@@ -123,6 +131,10 @@ class PostgresSnapshotSink(SinkBase):
                 f"cannot create the live view {self.view.as_string()}: {exc.diag.message_primary}."
                 " Drop that relation or choose another live_view name"
             ) from exc
+        return max_time(conn, self.table)
+
+    def held_through(self) -> int | None:
+        return self._held
 
     def _upsert_statement(self) -> sql.Composed:
         names = changes_columns(self.schema)

@@ -68,3 +68,8 @@ class SinkBase(Closing):
 
     def on_checkpoint(self, transaction: int) -> None:
         return None
+
+    def held_through(self) -> int | None:
+        """The greatest transaction the destination held when the sink opened, or None when it
+        held none or the sink cannot tell: a run starting from scratch must not add to it."""
+        return None

@@ -162,6 +162,16 @@ class _Reports:
             self._readiness.fail(self._dependency, problem, observer="monitor")
 
 
+class EarlierOutputError(ConfigError):
+    """A run from scratch found sinks holding an earlier run's output."""
+
+
+def _where(cfg: SinkConfig) -> str:
+    settings = cfg.settings
+    table = getattr(settings, "table", None)
+    return f"table {getattr(settings, 'db_schema', 'public')}.{table}" if table else "sink"
+
+
 class PipelineRunner:
     """Runs one configured pipeline until told to stop.
 
@@ -221,6 +231,8 @@ class PipelineRunner:
                      self._checkpointed, latest.name if latest else "no checkpoint", len(replay))
         self.sinks: dict[str, list[tuple[SinkConfig, Sink]]] = self._retrying(
             "postgresql", lambda: self._open_sinks(resuming))
+        if not resuming:
+            self._refuse_earlier_output()
         self.input = self._retrying(KafkaInput.name, lambda: KafkaInput(
             config, state, replay, _Reports(self.progress, self.readiness, KafkaInput.name)))
         self._stages = _Stages(config.batch_transactions, serving=False)
@@ -247,6 +259,22 @@ class PipelineRunner:
                     sink.close()
             raise
         return opened
+
+    def _refuse_earlier_output(self) -> None:
+        """A run from scratch numbers its transactions from 1: a sink still holding an earlier
+        run's transactions would ignore (snapshot) or duplicate (append) everything it gets."""
+        held = [(cfg, sink.held_through()) for sinks in self.sinks.values()
+                for cfg, sink in sinks]
+        stale = [f"output {cfg.output!r} ({cfg.settings.kind} {_where(cfg)}) holds transactions"
+                 f" up to #{through}" for cfg, through in held if through]
+        if stale:
+            for _, sink in (pair for sinks in self.sinks.values() for pair in sinks):
+                sink.close()
+            raise EarlierOutputError(
+                f"{'; '.join(stale)}, written by an earlier run, but this run starts from scratch"
+                f" (no checkpoint or logged transaction in {self.config.checkpoint_location}). "
+                "Restore that run's checkpoint location, or set `mode: replace` on the sink to "
+                "rebuild it from the topics, or write to a new table")
 
     def _retrying(self, dependency: str, work: Callable[[], _T]) -> _T:
         """`work()`, retried with exponential backoff while `dependency` is unavailable (not

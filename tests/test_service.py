@@ -24,10 +24,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 import pytest
 import yaml
 from confluent_kafka import Producer
+from psycopg import sql
 from test_recovery import (
     ROOT,
     ServiceProcess,
@@ -47,7 +49,7 @@ from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentit
 from service.cli import main, run_checks
 from service.embedded.postgres import EmbeddedPostgres, free_port
 from service.health import HealthServer, Progress, Readiness
-from service.runner import PipelineRunner
+from service.runner import EarlierOutputError, PipelineRunner
 
 DEPLOY = ROOT / "deploy" / "pipeline.yaml"
 ENV = {"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092", "DATABASE_URL": "postgresql://u@db/x"}
@@ -525,3 +527,24 @@ def test_sigterm_while_processing_exits_0_with_a_checkpoint(kafka, postgres, pg_
     lines = [line for line in service.log_path.read_text().splitlines() if line.startswith("{")]
     records = [json.loads(line) for line in lines]
     assert any("SIGTERM" in r.get("message", "") for r in records)
+
+
+def test_a_start_from_scratch_refuses_sinks_holding_an_earlier_run(  # type: ignore[no-untyped-def]
+        kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path) -> None:
+    config = _config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
+                     f"g-{topic_name}", tmp_path / "ck")
+    PipelineRunner(config, spark=spark).close()  # creates the tables, writes nothing
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute(sql.SQL('INSERT INTO {} (customer_id, "time", "diff") VALUES (1, 7, 1)')
+                     .format(sql.Identifier(pg_schema, "customer_stats")))
+    # The checkpoint location is lost (a new volume, a renamed consumer group...).
+    lost = config.model_copy(update={"checkpoint_dir": str(tmp_path / "new")})
+    with pytest.raises(EarlierOutputError) as info:
+        PipelineRunner(lost, spark=spark)
+    message = str(info.value)
+    assert f"table {pg_schema}.customer_stats" in message and "#7" in message
+    assert "mode: replace" in message and "paid_orders" not in message
+    rebuilt = lost.model_copy(update={"sinks": [
+        s.model_copy(update={"settings": s.settings.model_copy(update={"mode": "replace"})})
+        for s in lost.sinks]})
+    PipelineRunner(rebuilt, spark=spark).close()
