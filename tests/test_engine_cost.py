@@ -11,14 +11,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from examples.groupby import pipeline as groupby_pipeline
 from examples.order_events import as_changes, events
 from examples.orders import pipeline as orders_pipeline
 from schemas.tables import TableSchema
-from service.engine import Engine, Pipeline
+from service.engine import Engine, ExpressionError, Pipeline
 from service.engine import engine as engine_module
 from service.engine import reducers as r
 
@@ -108,8 +107,10 @@ def test_a_failed_batch_leaves_the_state_as_it_was(spark: SparkSession) -> None:
             "time": [time] * len(rows), "diff": [x[3] for x in rows]})})["n"]
 
     batch([(1, 1, 2, 1)], 1)
-    with pytest.raises(PySparkException, match="DIVIDE_BY_ZERO"):
+    with pytest.raises(ExpressionError) as info:
         batch([(2, 1, 0, 1), (3, 1, 5, 1)], 2)
+    assert "table select(id, k, q) of source t (expression `10 DIV d`)" in str(info.value)
+    assert "DIVIDE_BY_ZERO" in str(info.value) and "try_divide" in str(info.value)
     out = batch([(3, 1, 5, 1)], 3)
     assert sorted(out.to_pylist(), key=lambda row: row["diff"]) == [
         {"k": 1, "n": 1, "q": 5, "time": 3, "diff": -1},

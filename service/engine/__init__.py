@@ -3,7 +3,12 @@ DataFrames carrying `time` and `diff`."""
 
 from service.engine import reducers
 from service.engine.engine import Engine, EngineVersion, OutputTable
-from service.engine.errors import EngineInputError, EngineStateError, PipelineDefinitionError
+from service.engine.errors import (
+    EngineInputError,
+    EngineStateError,
+    ExpressionError,
+    PipelineDefinitionError,
+)
 from service.engine.table import GroupedTable, Pipeline, Table
 
 __all__ = [
@@ -11,6 +16,7 @@ __all__ = [
     "EngineInputError",
     "EngineStateError",
     "EngineVersion",
+    "ExpressionError",
     "GroupedTable",
     "OutputTable",
     "Pipeline",

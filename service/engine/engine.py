@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import Column as PyColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -38,9 +38,15 @@ from schemas.tables import Column, ColumnType, TableSchema
 from service.engine.batch import BatchPlan
 from service.engine.columns import DIFF, PART, TIME
 from service.engine.consolidation import consolidate_arrow
-from service.engine.errors import EngineInputError, EngineStateError, PipelineDefinitionError
+from service.engine.errors import (
+    EngineInputError,
+    EngineStateError,
+    ExpressionError,
+    PipelineDefinitionError,
+)
 from service.engine.frames import col, union_all
 from service.engine.operators import OPERATORS, Operator, SourceOp
+from service.engine.operators.base import first_line
 from service.engine.sparkjobs import JobCount, counted
 from service.engine.state import Runs, ZSetState
 from service.engine.table import (
@@ -57,6 +63,17 @@ from service.engine.table import (
 
 # From this many rows on, a source's changes enter Spark through a file (see Engine._to_spark).
 FILE_INPUT_ROWS = 50_000
+# SQLSTATE class 22: the data made an expression fail (division by zero, invalid cast, overflow).
+_DATA_EXCEPTION = "22"
+
+
+def _expressions(node: Node) -> list[str]:
+    """The user's SQL text in a node."""
+    if isinstance(node, SelectNode):
+        return [expr for _, expr in node.exprs]
+    if isinstance(node, FilterNode):
+        return [node.predicate]
+    return []
 
 
 @dataclass(frozen=True)
@@ -267,7 +284,12 @@ class Engine:
         self.spark.sparkContext.setLocalProperty(
             "spark.checkpoint.checkpointAllMarkedAncestors", "true")
         started = time.perf_counter()
-        table, count = counted(self.spark.sparkContext, union.toArrow)
+        try:
+            table, count = counted(self.spark.sparkContext, union.toArrow)
+        except PySparkException as exc:
+            if not (exc.getSqlState() or "").startswith(_DATA_EXCEPTION):
+                raise
+            raise self._expression_error(exc) from exc
         executed = time.perf_counter() - started
         tags = table.column(PART)
         for name, _ in present:
@@ -278,6 +300,21 @@ class Engine:
             results[name] = changes.cast(schema).sort_by([(TIME, "ascending"),
                                                           (DIFF, "ascending")])
         return results, executed, count
+
+    def _expression_error(self, exc: PySparkException) -> ExpressionError:
+        """The failure of a batch's data in terms of the pipeline: Spark's query context gives
+        the failing fragment of SQL, which is found in the expressions of the tables."""
+        fragments = [c.fragment() for c in exc.getQueryContext() if c.fragment()]
+        tables = [op.node.label for op in self._ops if any(
+            f in text for f in fragments for text in _expressions(op.node))]
+        where = f"table {' / '.join(tables)}" if tables else "an expression of the pipeline"
+        failing = f" (expression `{fragments[0]}`)" if fragments else ""
+        return ExpressionError(
+            f"{where}{failing} failed on this batch's data: "
+            f"{first_line(exc)}. Spark evaluates with ANSI SQL semantics, so the same input "
+            "fails again on every retry: make the expression total (try_divide, try_cast, "
+            "try_add, a CASE or a filter before it) or keep such records out upstream, then "
+            "redeploy; processing resumes at this batch")
 
     def _fingerprint(self) -> list[str]:
         """What a saved state must match: every operator, in order, with its output schema."""

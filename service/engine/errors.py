@@ -15,3 +15,13 @@ class EngineInputError(ValueError):
 
 class EngineStateError(RuntimeError):
     """Saved engine state is missing or was saved by a different pipeline definition."""
+
+
+class ExpressionError(RuntimeError):
+    """A pipeline expression failed on a batch's data: Spark runs with ANSI SQL semantics, so a
+    division by zero, an invalid cast or an overflow is an error, not a null.
+
+    The batch is not applied (the engine's state is as before it). The same input fails the same
+    way on every retry and on every restart, so the service stops processing instead of
+    looping; the message names the table and the expression and says how to fix them.
+    """
