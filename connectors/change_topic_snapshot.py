@@ -16,6 +16,7 @@ from connectors.change_json import ChangeDecodeError, decode_changes
 from connectors.kafka_client import client_settings
 from connectors.postgres_snapshot import PostgresSnapshotSink
 from connectors.sink import Closing, SinkDataError
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 
 
 class ChangeTopicSnapshot(Closing):
@@ -23,11 +24,12 @@ class ChangeTopicSnapshot(Closing):
 
     def __init__(self, bootstrap_servers: str, topic: str, group_id: str,
                  sink: PostgresSnapshotSink, *, batch_size: int = 10_000,
-                 consumer_config: dict[str, str] | None = None) -> None:
+                 consumer_config: dict[str, str] | None = None,
+                 security: KafkaSecurity = PLAINTEXT) -> None:
         self.topic = topic
         self.sink = sink
         self._batch_size = batch_size
-        self._consumer = Consumer(client_settings(bootstrap_servers, **{
+        self._consumer = Consumer(client_settings(bootstrap_servers, security, **{
             "group.id": group_id,
             "isolation.level": "read_committed",
             "enable.auto.commit": False,

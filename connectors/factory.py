@@ -7,6 +7,7 @@ from connectors.kafka_sink import KafkaSink
 from connectors.postgres_append import PostgresAppendSink
 from connectors.postgres_snapshot import PostgresSnapshotSink
 from connectors.sink import Sink, SinkSchemaError
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.sinks import (
     FileSinkSettings,
     KafkaSinkSettings,
@@ -18,9 +19,10 @@ from schemas.tables import TableSchema
 
 
 def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
-              database_url: str | None = None, kafka_bootstrap_servers: str | None = None
-              ) -> Sink:
-    """The sink `settings` describe for the output table `output` with `schema`."""
+              database_url: str | None = None, kafka_bootstrap_servers: str | None = None,
+              kafka_security: KafkaSecurity = PLAINTEXT) -> Sink:
+    """The sink `settings` describe for the output table `output` with `schema`; a Kafka sink
+    connects with `kafka_security`."""
     match settings:
         case PostgresSnapshotSettings() | PostgresAppendSettings() if not database_url:
             raise SinkSchemaError(f"the {settings.kind} sink of {output!r} needs a database URL")
@@ -42,6 +44,7 @@ def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
             return KafkaSink(kafka_bootstrap_servers, settings.topic, output, schema,
                              transactional_id=settings.transactional_id,
                              format=settings.format, retry=settings.retry,
-                             producer_config=settings.producer_config)
+                             producer_config=settings.producer_config,
+                             security=kafka_security)
         case FileSinkSettings():
             return FileSink(settings.path, output, schema, format=settings.format)

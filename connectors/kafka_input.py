@@ -38,7 +38,7 @@ class KafkaInput:
             self._builder = TransactionBuilder(
                 config.kafka_bootstrap_servers, config.sources,
                 group_id=config.consumer_group, policy=config.transactions,
-                dead_letter_topic=config.dead_letter_topic)
+                dead_letter_topic=config.dead_letter_topic, security=config.kafka_security)
         except KafkaException as exc:
             raise KafkaSourceError(f"cannot connect to Kafka: {exc}") from exc
         try:
@@ -51,7 +51,7 @@ class KafkaInput:
         self._monitor = KafkaMonitor(
             config.kafka_bootstrap_servers, config.consumer_group,
             [s.topic for s in config.sources], reports,
-            interval_s=min(2.0, config.status_interval_s))
+            interval_s=min(2.0, config.status_interval_s), security=config.kafka_security)
         self._monitor.positions = state.offsets
         self._monitor.start()
 

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from connectors.kafka_client import client_settings
 from connectors.transactions import Offsets, Ranges
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,10 @@ class KafkaMonitor:
     own consumers: a slow or unreachable broker never stalls the service through it."""
 
     def __init__(self, bootstrap: str, group: str, topics: list[str], reports: MonitorReports,
-                 interval_s: float) -> None:
-        settings = client_settings(bootstrap, **{"group.id": f"{group}-monitor",
-                                                 "enable.auto.commit": False,
-                                                 "socket.timeout.ms": 5000})
+                 interval_s: float, security: KafkaSecurity = PLAINTEXT) -> None:
+        settings = client_settings(bootstrap, security, **{"group.id": f"{group}-monitor",
+                                                           "enable.auto.commit": False,
+                                                           "socket.timeout.ms": 5000})
         # Two consumers: a latency probe waiting on a fetch never delays a lag measurement.
         self._consumer = Consumer(settings)
         self._probe = Consumer(settings)

@@ -24,6 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from connectors.kafka_client import client_settings
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.sources import (
     KafkaMetadata,
     RecordField,
@@ -359,7 +360,8 @@ class SourceDecoder:
             except ValidationError as exc:
                 return "; ".join(
                     f"field {prefix + self.spec.fields.get(str(e['loc'][0]), str(e['loc'][0]))!r}"
-                    f": {e['msg']} (got {e.get('input')!r:.80})"
+                    f": {e['msg']}"
+                    + (f" (got {e.get('input')!r:.80})" if self.spec.value_excerpts else "")
                     for e in exc.errors()
                 )
         return None
@@ -764,13 +766,13 @@ class DeadLetterWriter:
     `txstream.value_bytes`: the original size)."""
 
     def __init__(self, bootstrap_servers: str, topic: str,
-                 max_bytes: int = MAX_DEAD_LETTER_BYTES) -> None:
+                 max_bytes: int = MAX_DEAD_LETTER_BYTES, *,
+                 security: KafkaSecurity = PLAINTEXT) -> None:
         self.topic = topic
         self._max_bytes = max_bytes
         self._failed: list[tuple[_Letter, KafkaError]] = []
-        self._producer = Producer(
-            client_settings(bootstrap_servers, **{"enable.idempotence": True, "linger.ms": 20})
-        )
+        self._producer = Producer(client_settings(
+            bootstrap_servers, security, **{"enable.idempotence": True, "linger.ms": 20}))
 
     def _on_delivery(self, letter: _Letter, err: KafkaError | None) -> None:
         if err is not None:

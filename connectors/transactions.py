@@ -78,6 +78,7 @@ from connectors.kafka_source import (
     SourceDecoder,
 )
 from connectors.upsert import UpsertState
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.sources import BatchPolicy, SourceSpec, SourceSpecError
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,7 @@ class TransactionBuilder:
         policy: BatchPolicy,
         dead_letter_topic: str | None = None,
         first_number: int = 1,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         if not sources:
             raise SourceSpecError("a pipeline needs at least one source")
@@ -233,9 +235,10 @@ class TransactionBuilder:
             s.name: UpsertState(s.table_schema) for s in sources if s.semantics == "upsert"
         }
         self._dead = (
-            DeadLetterWriter(bootstrap_servers, dead_letter_topic) if dead_letter_topic else None
+            DeadLetterWriter(bootstrap_servers, dead_letter_topic, security=security)
+            if dead_letter_topic else None
         )
-        self._consumer = Consumer(client_settings(bootstrap_servers, **{
+        self._consumer = Consumer(client_settings(bootstrap_servers, security, **{
             "group.id": group_id,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",

@@ -9,14 +9,17 @@ deployment:
   `TXSTREAM_TRANSACTIONS__MAX_EVENTS=2000`, `TXSTREAM_SINKS__0__MODE=create`. A value
   starting with `[` or `{` is read as JSON, `null` as null; anything else is text that
   pydantic converts to the field's type.
-* the conventional names `KAFKA_BOOTSTRAP_SERVERS`, `DATABASE_URL`, `DATABASE_PASSWORD` and
-  `SPARK_MASTER` (a `TXSTREAM_...` variable wins over them).
+* the conventional names `KAFKA_BOOTSTRAP_SERVERS`, `DATABASE_URL`, `DATABASE_PASSWORD`,
+  `SPARK_MASTER` and, for `kafka_security`, `KAFKA_SASL_USERNAME`, `KAFKA_SASL_PASSWORD`,
+  `KAFKA_SSL_KEY_PASSWORD` and `KAFKA_OAUTHBEARER_CLIENT_SECRET` (a `TXSTREAM_...` variable
+  wins over them).
 * `<VARIABLE>_FILE` instead of any of these reads the value from that file (Docker and
   Kubernetes secrets).
 
-Secrets (the database password, in `database_password` or inside `database_url`) are accepted
-only from the environment or from files, never from the configuration file, and are held as
-`SecretStr`, so neither `repr` nor an error message shows them.
+Secrets (the database password, in `database_password` or inside `database_url`, and the
+Kafka passwords and client secret of `kafka_security`) are accepted only from the environment
+or from files, never from the configuration file, and are held as `SecretStr`, so neither
+`repr` nor an error message shows them.
 """
 
 from __future__ import annotations
@@ -39,16 +42,18 @@ from pydantic import (
     model_validator,
 )
 
+from schemas.kafka import ENV_VARIABLES, SECRET_FIELDS, KafkaSecurity
 from schemas.sinks import SinkSettings
 from schemas.sources import BatchPolicy, SourceSpec
 
 ENV_PREFIX = "TXSTREAM_"
-# Conventional variable -> field; TXSTREAM_<FIELD> wins over these.
-ENV_ALIASES = {
-    "KAFKA_BOOTSTRAP_SERVERS": "kafka_bootstrap_servers",
-    "DATABASE_URL": "database_url",
-    "DATABASE_PASSWORD": "database_password",
-    "SPARK_MASTER": "spark_master",
+# Conventional variable -> field path; TXSTREAM_<FIELD> wins over these.
+ENV_ALIASES: dict[str, tuple[str, ...]] = {
+    "KAFKA_BOOTSTRAP_SERVERS": ("kafka_bootstrap_servers",),
+    "DATABASE_URL": ("database_url",),
+    "DATABASE_PASSWORD": ("database_password",),
+    "SPARK_MASTER": ("spark_master",),
+    **{var: ("kafka_security", field) for field, var in ENV_VARIABLES.items()},
 }
 _SINK_KINDS = frozenset({"postgres_snapshot", "postgres_append", "kafka", "file"})
 
@@ -89,7 +94,8 @@ class PipelineConfig(BaseModel):
     """Sources, the pipeline, sinks, connections, checkpoints and batching knobs of one
     deployed pipeline."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Validation errors must not echo their input: it holds the secrets.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     pipeline: str = Field(description="module:function returning the Pipeline")
     sources: list[SourceSpec]
@@ -100,6 +106,8 @@ class PipelineConfig(BaseModel):
     # bounds memory: a stage holds at most one batch. Results do not depend on it.
     batch_transactions: int = Field(default=100, ge=1)
     kafka_bootstrap_servers: str | None = None
+    # TLS and SASL of every Kafka client the service creates (schemas.kafka).
+    kafka_security: KafkaSecurity = KafkaSecurity()
     # Also names the pipeline's checkpoints (`checkpoint_dir/<consumer_group>`).
     consumer_group: str = Field(default="txstream", pattern=r"^[A-Za-z0-9._-]+$")
     dead_letter_topic: str | None = None
@@ -110,6 +118,11 @@ class PipelineConfig(BaseModel):
     http_port: int | None = Field(default=8080, ge=0, le=65535)
     # /readyz answers 503 while more records than this wait in the source topics.
     ready_max_lag: int = Field(default=100_000, ge=0)
+    # /healthz answers 503 once closed transactions have waited this long with no batch
+    # delivered (a stage stuck, a sink failing for good), so that Kubernetes restarts the
+    # process; idle is healthy. Keep it above the longest batch and the longest outage of Kafka
+    # or PostgreSQL worth waiting out without a restart; null: /healthz never fails.
+    stall_timeout_s: float | None = Field(default=300.0, gt=0)
     # Checkpoints: a local directory, or any Hadoop-compatible URI Spark can write (s3a://,
     # hdfs://, file://). On a Spark cluster it must be storage the executors share.
     checkpoint_dir: str = Field(default=".txstream/checkpoints", min_length=1)
@@ -217,6 +230,14 @@ def _secrets_in_file(data: Mapping[str, Any]) -> list[str]:
             problems.append("database_url: contains a password; secrets are not read from the "
                             "configuration file: give the URL without it and set "
                             "DATABASE_PASSWORD (or DATABASE_URL) in the environment")
+    security = data.get("kafka_security")
+    if isinstance(security, Mapping):
+        for field in SECRET_FIELDS:
+            if field in security:
+                var = ENV_VARIABLES[field]
+                problems.append(f"kafka_security.{field}: secrets are not read from the "
+                                f"configuration file; set {var} or {var}_FILE in the "
+                                "environment")
     return problems
 
 
@@ -227,7 +248,7 @@ def _overrides(env: Mapping[str, str], problems: list[str]
     for var in env:
         name = var.removesuffix("_FILE")
         if name in ENV_ALIASES:
-            rank, path = 0, (ENV_ALIASES[name],)
+            rank, path = 0, ENV_ALIASES[name]
         elif name.startswith(ENV_PREFIX) and \
                 name[len(ENV_PREFIX):].split("__")[0].lower() in PipelineConfig.model_fields:
             rank, path = 1, tuple(p.lower() for p in name[len(ENV_PREFIX):].split("__"))

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from schemas.kafka import OWNED_SETTING_PREFIXES
 
 
 class RetryPolicy(BaseModel):
@@ -100,6 +102,16 @@ class KafkaSinkSettings(BaseModel):
     format: Literal["changes", "updates"] = "changes"
     retry: RetryPolicy = RetryPolicy()
     producer_config: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("producer_config")
+    @classmethod
+    def _no_security(cls, value: dict[str, str]) -> dict[str, str]:
+        # One block secures every client; a sink of its own would also put secrets in the file.
+        owned = sorted(k for k in value if k.startswith(OWNED_SETTING_PREFIXES))
+        if owned:
+            raise ValueError(f"{', '.join(owned)}: TLS and SASL are set in kafka_security, "
+                             "which every Kafka client of the service shares; remove them here")
+        return value
 
 
 class FileSinkSettings(BaseModel):

@@ -160,6 +160,11 @@ class SourceSpec(BaseModel):
     delete_field: str | None = None
     upstream: UpstreamTransactions | None = None
     max_value_bytes: int = Field(default=1_000_000, gt=0)
+    # A record rejected by field validation: quote the offending value (up to 80 characters)
+    # in its reason, which is logged and put in the dead letter's `txstream.error` header. Off,
+    # the reason names the field and the problem only: logs often go where the data may not,
+    # and the dead letter holds the whole record anyway.
+    value_excerpts: bool = False
 
     @property
     def schema(self) -> TableSchema:  # type: ignore[override]

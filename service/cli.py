@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from connectors.kafka_client import client_settings
+from connectors.kafka_sink import KafkaSinkFatalError
 from schemas.config import ConfigError, PipelineConfig
 from service.checkpoint import CheckpointError
 from service.engine import EngineInputError, PipelineDefinitionError
@@ -72,7 +73,8 @@ def _run(args: argparse.Namespace) -> int:
     progress, readiness = Progress(), Readiness(config.ready_max_lag)
     health = None
     if config.http_port is not None:
-        health = HealthServer(config.http_port, progress, readiness).start()
+        health = HealthServer(config.http_port, progress, readiness,
+                              stall_timeout_s=config.stall_timeout_s).start()
     runner: PipelineRunner | None = None
     stop = threading.Event()
 
@@ -164,7 +166,7 @@ def run_checks(config: PipelineConfig) -> list[Check]:
     checks.append(_attempt("spark", spark_compiles))
 
     def kafka_topics() -> str:
-        consumer = Consumer(client_settings(config.kafka_bootstrap_servers,
+        consumer = Consumer(client_settings(config.kafka_bootstrap_servers, config.kafka_security,
                                             **{"group.id": f"{config.consumer_group}-check"}))
         try:
             topics = consumer.list_topics(timeout=10).topics
@@ -274,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (ConfigError, PipelineDefinitionError, EngineInputError, EngineStateError,
-            CheckpointError, ValueError) as exc:
+            CheckpointError, KafkaSinkFatalError, ValueError) as exc:
         print(f"txstream {args.command}: {exc}", file=sys.stderr)
         return 2
 

@@ -25,6 +25,7 @@ from connectors.kafka_client import client_settings
 from examples.order_events import OrderWorld, encode, events
 from examples.orders import OUTPUTS, kafka_sources
 from schemas.config import PipelineConfig, SinkConfig
+from schemas.kafka import PLAINTEXT
 from schemas.sources import BatchPolicy
 from service.embedded.kafka import KafkaEndpoint, kafka_from_env
 from service.embedded.postgres import EmbeddedPostgres
@@ -65,8 +66,8 @@ class _Producer(threading.Thread):
 
     def run(self) -> None:
         # Local to the thread, so the client is gone before the broker stops.
-        producer = Producer(client_settings(self.bootstrap, **{"enable.idempotence": True,
-                                                               "linger.ms": 20}))
+        producer = Producer(client_settings(self.bootstrap, PLAINTEXT, **{
+            "enable.idempotence": True, "linger.ms": 20}))
         rng = random.Random(self.seed)
         stream = events(rng, customers=200)
         malformed_at = {self.count // 3: MALFORMED[0], 2 * self.count // 3: MALFORMED[1]}

@@ -1,14 +1,20 @@
-"""What a running pipeline reports: its progress and metrics (`Progress`), its readiness
-(`Readiness`), and the HTTP endpoint serving them: `/healthz`, `/readyz` and `/metrics`
-(Prometheus text format)."""
+"""What a running pipeline reports: its progress and metrics (`Progress`), its liveness
+(`stall`), its readiness (`Readiness`), and the HTTP endpoint serving them: `/healthz`,
+`/readyz` and `/metrics` (Prometheus text format).
+
+The endpoint answers anyone who can reach the port, so its bodies name what is wrong, never
+the error text behind it (hosts, user names): that goes to the log, once per change."""
 
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+log = logging.getLogger(__name__)
 
 # Seconds: from a fast Spark job or PostgreSQL write to a slow checkpoint.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -80,6 +86,17 @@ class Progress:
     # Time each stage of the service spent working (not waiting): the slowest stage is the one
     # whose busy time grows as fast as the wall clock.
     stage_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    # Liveness (`stall`), monotonic: when a batch was last committed to every sink, and when
+    # closed transactions last began to wait while none did.
+    last_delivered_at: float = field(default_factory=time.monotonic)
+    waiting_since: float = field(default_factory=time.monotonic)
+
+    def closed(self, total: int, now: float) -> None:
+        """The input has closed `total` transactions since start, as of `now` (monotonic): if
+        none was waiting, work begins to wait now."""
+        if total > self.transactions_closed and self.transactions_closed <= self.transactions:
+            self.waiting_since = now
+        self.transactions_closed = total
 
     @property
     def elapsed(self) -> float:
@@ -121,6 +138,22 @@ class Progress:
         }
 
 
+def stall(progress: Progress, now: float, timeout_s: float) -> str | None:
+    """Why the pipeline is stuck at `now` (monotonic), or None: transactions are closed but not
+    yet committed to every sink (waiting for compute, being computed or being written), and
+    for more than `timeout_s` seconds neither was a batch delivered nor did that work begin to
+    wait. With nothing waiting the pipeline is idle, not stuck, however long ago it last
+    delivered."""
+    waiting = progress.transactions_closed - progress.transactions
+    if waiting <= 0:
+        return None
+    quiet = now - max(progress.last_delivered_at, progress.waiting_since)
+    if quiet <= timeout_s:
+        return None
+    return (f"stalled: {waiting} transaction(s) waiting, no batch delivered in the last "
+            f"{quiet:.0f}s (stall_timeout_s={timeout_s:g})")
+
+
 class Readiness:
     """Ready means: started (state restored, first poll done), every dependency reachable at
     its last use, and the lag at most `max_lag`. Set by the stages and the input monitor.
@@ -137,18 +170,35 @@ class Readiness:
 
     def fail(self, dependency: str, reason: str, observer: str = "stages") -> None:
         with self._lock:
+            known = (dependency, observer) in self._problems
             self._problems[(dependency, observer)] = reason
+        if not known:
+            # Once per outage, not per retry or probe: the detail /readyz leaves out.
+            log.warning("%s unavailable (seen by the %s): %s", dependency, observer, reason)
 
     def ok(self, dependency: str, observer: str = "stages") -> None:
         with self._lock:
-            self._problems.pop((dependency, observer), None)
+            known = self._problems.pop((dependency, observer), None) is not None
+        if known:
+            log.info("%s available again (seen by the %s)", dependency, observer)
 
     def problems(self, progress: Progress) -> list[str]:
+        """Why the service is not ready, with each dependency's last error (which may name
+        hosts and users): for logs and tests, never served."""
+        return self._problems_as(progress, detail=True)
+
+    def public_problems(self, progress: Progress) -> list[str]:
+        """Why the service is not ready, naming each dependency that is down but not its
+        error: what /readyz tells anyone who asks."""
+        return self._problems_as(progress, detail=False)
+
+    def _problems_as(self, progress: Progress, detail: bool) -> list[str]:
         if not self.started.is_set():
             return ["starting"]
         with self._lock:
             reasons = {d: r for (d, _), r in sorted(self._problems.items(), reverse=True)}
-        found = [f"{d} unavailable: {r}" for d, r in sorted(reasons.items())]
+        found = [f"{d} unavailable: {r}" if detail else f"{d}: unavailable"
+                 for d, r in sorted(reasons.items())]
         if progress.lag > self.max_lag:
             found.append(f"lag {progress.lag} > {self.max_lag}")
         return found
@@ -223,12 +273,17 @@ def render_metrics(progress: Progress, readiness: Readiness) -> str:
 
 
 class HealthServer:
-    """Serves the endpoints from a daemon thread; reads the runner's progress, never blocks it."""
+    """Serves the endpoints from a daemon thread; reads the runner's progress, never blocks it.
+
+    `/healthz` fails once the pipeline is stuck for `stall_timeout_s` (see `stall`; None: never),
+    so that Kubernetes restarts it; `/readyz` fails while `readiness` has problems."""
 
     def __init__(self, port: int, progress: Progress, readiness: Readiness,
-                 host: str = "0.0.0.0") -> None:
+                 host: str = "0.0.0.0", *, stall_timeout_s: float | None = None) -> None:
         self.progress = progress
         self.readiness = readiness
+        self.stall_timeout_s = stall_timeout_s
+        self._stalled = False
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -252,9 +307,12 @@ class HealthServer:
     def answer(self, path: str) -> tuple[int, str, str]:
         text = "text/plain; charset=utf-8"
         if path == "/healthz":
+            stalled = self._stall()
+            if stalled is not None:
+                return 503, f"unhealthy: {stalled}\n", text
             return 200, "ok\n", text
         if path == "/readyz":
-            problems = self.readiness.problems(self.progress)
+            problems = self.readiness.public_problems(self.progress)
             if problems:
                 return 503, "not ready: " + "; ".join(problems) + "\n", text
             return 200, "ready\n", text
@@ -262,6 +320,19 @@ class HealthServer:
             return 200, render_metrics(self.progress, self.readiness), \
                 "text/plain; version=0.0.4"
         return 404, "not found: try /healthz, /readyz, /metrics\n", text
+
+    def _stall(self) -> str | None:
+        if self.stall_timeout_s is None:
+            return None
+        stalled = stall(self.progress, time.monotonic(), self.stall_timeout_s)
+        if (stalled is not None) != self._stalled:
+            # Logged on the change, not on every probe: the restart that follows needs a reason.
+            self._stalled = stalled is not None
+            if stalled is not None:
+                log.error("the pipeline is stuck, /healthz answers 503: %s", stalled)
+            else:
+                log.info("the pipeline progresses again, /healthz answers 200")
+        return stalled
 
     def start(self) -> HealthServer:
         self._thread.start()

@@ -251,7 +251,8 @@ class PipelineRunner:
                     settings = settings.model_copy(update={"mode": "create"})
                 sink = open_sink(settings, cfg.output, self.engine.outputs[cfg.output].schema,
                                  database_url=self.config.database_dsn,
-                                 kafka_bootstrap_servers=self.config.kafka_bootstrap_servers)
+                                 kafka_bootstrap_servers=self.config.kafka_bootstrap_servers,
+                                 kafka_security=self.config.kafka_security)
                 opened.setdefault(cfg.output, []).append((cfg, sink))
         except BaseException:
             for sinks in opened.values():
@@ -359,7 +360,7 @@ class PipelineRunner:
                 if stats.events != self.progress.events:
                     self.progress.stage_seconds["ingest"] += time.monotonic() - started
                 self.progress.events, self.progress.bad_records = stats.events, stats.bad_records
-                self.progress.transactions_closed = stats.transactions
+                self.progress.closed(stats.transactions, time.monotonic())
                 for transaction in fresh:
                     # Never logged, a transaction not handed over is formed again at the next
                     # start, with the same number.
@@ -425,6 +426,7 @@ class PipelineRunner:
         state = self._retrying(self.input.name, lambda: self._stages.call_input(
             self.input, lambda source: source.commit(batch, commit_time, with_state=due)))
         self._committed = (last.number, computed.version)
+        self.progress.last_delivered_at = time.monotonic()
         self.progress.transactions += len(batch)
         self.progress.batches += 1
         self.progress.last_transaction = last.number

@@ -53,3 +53,48 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "txstream.claimName" -}}
 {{- default (printf "%s-checkpoints" (include "txstream.fullname" .)) .Values.checkpoint.persistence.existingClaim }}
 {{- end }}
+
+{{/* Kafka TLS material (kafka.security.tls.existingSecret) is mounted here when TLS is on. */}}
+{{- define "txstream.kafkaTlsDir" -}}/etc/kafka-tls{{- end }}
+
+{{- define "txstream.kafkaTlsMounted" -}}
+{{- if and (hasSuffix "SSL" .Values.kafka.security.protocol) .Values.kafka.security.tls.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/* The pipeline config's `kafka_security` from `kafka.security`, as YAML; empty for
+PLAINTEXT. Nothing secret: secrets reach the process through the environment and files. */}}
+{{- define "txstream.kafkaSecurity" -}}
+{{- $security := .Values.kafka.security }}
+{{- $_ := "" }}
+{{- if ne $security.protocol "PLAINTEXT" }}
+{{- $block := dict "security_protocol" $security.protocol }}
+{{- if hasPrefix "SASL_" $security.protocol }}
+{{- $_ = set $block "sasl_mechanism" $security.sasl.mechanism }}
+{{- if eq $security.sasl.mechanism "OAUTHBEARER" }}
+{{- $oauth := $security.sasl.oauthbearer }}
+{{- $_ = set $block "oauthbearer_token_endpoint_url" $oauth.tokenEndpointUrl }}
+{{- $_ = set $block "oauthbearer_client_id" $oauth.clientId }}
+{{- if $oauth.scope }}
+{{- $_ = set $block "oauthbearer_scope" $oauth.scope }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if hasSuffix "SSL" $security.protocol }}
+{{- $_ = set $block "ssl_endpoint_identification" $security.tls.endpointIdentification }}
+{{- if include "txstream.kafkaTlsMounted" . }}
+{{- $dir := include "txstream.kafkaTlsDir" . }}
+{{- $tls := $security.tls }}
+{{- if $tls.caKey }}
+{{- $_ = set $block "ssl_ca_file" (printf "%s/%s" $dir $tls.caKey) }}
+{{- end }}
+{{- if $tls.certificateKey }}
+{{- $_ = set $block "ssl_cert_file" (printf "%s/%s" $dir $tls.certificateKey) }}
+{{- end }}
+{{- if $tls.keyKey }}
+{{- $_ = set $block "ssl_key_file" (printf "%s/%s" $dir $tls.keyKey) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $block }}
+{{- end }}
+{{- end }}

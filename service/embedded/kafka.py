@@ -25,6 +25,7 @@ from typing import Protocol
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from connectors.kafka_client import client_settings
+from schemas.kafka import PLAINTEXT
 
 
 class KafkaUnavailableError(RuntimeError):
@@ -160,7 +161,7 @@ class ExternalKafka:
         self.bootstrap_servers = bootstrap_servers
 
     def create_topic(self, name: str, partitions: int = 1) -> None:
-        admin = AdminClient(client_settings(self.bootstrap_servers))
+        admin = AdminClient(client_settings(self.bootstrap_servers, PLAINTEXT))
         futures = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)
         for future in futures.values():
             try:
