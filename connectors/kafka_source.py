@@ -335,8 +335,16 @@ class SourceDecoder:
                 parse_options=self._parse_options,
             )
         except pa.ArrowInvalid as exc:
-            return f"value does not match the schema: {exc}"
+            # The parser's message may quote the value.
+            return f"value does not match the schema{self._excerpt(exc)}"
         return "value is not exactly one JSON object"
+
+    def _excerpt(self, detail: bytes | Exception) -> str:
+        """`detail` (a value, or an error quoting one) for a reason, only with the source's
+        `value_excerpts`: reasons are logged."""
+        if not self.spec.value_excerpts:
+            return ""
+        return f" ({detail[:80]!r})" if isinstance(detail, bytes) else f": {detail}"
 
     def _explain(self, value: bytes) -> str | None:
         """The problem of a rejected value found by Python's JSON parser and the row model."""
@@ -636,8 +644,8 @@ class SourceDecoder:
                 {pk[0]: key} if len(pk) == 1 else {}
             )
             if any(row.get(c) is None for c in pk):
-                errors[i] = (f"tombstone key {raw[:200]!r} does not carry the primary key "
-                             f"{pk}; use a JSON object of the key columns as the message key")
+                errors[i] = (f"tombstone key{self._excerpt(raw)} does not carry the primary "
+                             f"key {pk}; use a JSON object of the key columns as the message key")
                 continue
             txid, txcount, txend = None, None, False
             if upstream is not None:
@@ -659,7 +667,8 @@ class SourceDecoder:
                         [table, pa.Table.from_pylist([row], schema=self._out_schema)]
                     )
                 except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-                    errors[i] = f"tombstone key does not match the primary key types: {exc}"
+                    errors[i] = ("tombstone key does not match the primary key types"
+                                 f"{self._excerpt(exc)}")
         return table, errors
 
     # ---- bad records ---------------------------------------------------------------------

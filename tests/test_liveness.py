@@ -277,22 +277,26 @@ def test_bad_record_logs_quote_values_only_when_the_source_says_so(
         kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder],
         caplog: pytest.LogCaptureFixture, excerpts: bool) -> None:
     kafka.create_topic(topic_name, 1)
-    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS,
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert",
                       **({"value_excerpts": True} if excerpts else {}))
     builders.append(b := make_builder(kafka, [spec], dlq))
     secret = "4111-1111-1111-1111"
-    produce(kafka, topic_name, [(None, {"id": 1, "item": "x", "qty": secret}),
-                                (None, {"id": 2, "item": "ok", "qty": 2})])
+    produce(kafka, topic_name, [("1", {"id": 1, "item": "x", "qty": secret}),
+                                (f'{{"card": "{secret}"}}', None),  # a tombstone without id
+                                ("2", {"id": 2, "item": "ok", "qty": 2})])
     with caplog.at_level(logging.WARNING, logger="connectors.transactions"):
         txs = poll_until(b, n_events(1))
-    [warning] = [r.getMessage() for r in caplog.records if "bad record" in r.getMessage()]
-    assert "field 'qty': Input should be a valid integer" in warning
-    assert (secret in warning) is excerpts
+    warnings = [r.getMessage() for r in caplog.records if "bad record" in r.getMessage()]
+    assert len(warnings) == 2
+    assert "field 'qty': Input should be a valid integer" in warnings[0]
+    assert "does not carry the primary key" in warnings[1]
+    assert all((secret in warning) is excerpts for warning in warnings)
     # The dead letter's reason is the logged one; the record itself is there whole.
     b.commit(txs[-1])
-    [letter] = read_dead_letters(kafka, dlq, 1)
-    assert warning.endswith(letter["txstream.error"])
-    assert secret.encode() in letter["value"]
+    letters = read_dead_letters(kafka, dlq, 2)
+    assert [w.endswith(x["txstream.error"]) for w, x in zip(warnings, letters, strict=True)] \
+        == [True, True]
+    assert secret.encode() in letters[0]["value"] and secret.encode() in letters[1]["key"]
 
 
 # ---- the runner's progress, end to end ----------------------------------------------------
