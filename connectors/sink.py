@@ -35,7 +35,14 @@ class Sink(Protocol):
     and makes none of it visible; the file sink's weaker guarantee is in its docstring.
     """
 
+    rejected_rows: int  # rows the destination refused, kept aside (never silently dropped)
+
     def write(self, changes: pa.Table) -> None: ...
+
+    def held_through(self) -> int | None:
+        """The greatest transaction the destination held when the sink opened (None: none,
+        or the sink cannot tell)."""
+        ...
 
     def on_checkpoint(self, transaction: int) -> None:
         """Every transaction up to `transaction` is checkpointed: a recovery never writes a
@@ -70,6 +77,6 @@ class SinkBase(Closing):
         return None
 
     def held_through(self) -> int | None:
-        """The greatest transaction the destination held when the sink opened, or None when it
-        held none or the sink cannot tell: a run starting from scratch must not add to it."""
+        """None: the sink cannot tell. A sink that can must say, so that a run starting from
+        scratch does not add to an earlier run's output."""
         return None

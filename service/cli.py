@@ -18,7 +18,7 @@ from connectors.kafka_client import client_settings
 from connectors.kafka_sink import KafkaSinkFatalError
 from schemas.config import ConfigError, PipelineConfig
 from service.checkpoint import CheckpointError
-from service.engine import EngineInputError, PipelineDefinitionError
+from service.engine import EngineInputError, ExpressionError, PipelineDefinitionError
 from service.engine.errors import EngineStateError
 from service.health import HealthServer, Progress, Readiness
 
@@ -102,8 +102,12 @@ def _run(args: argparse.Namespace) -> int:
         if stop.is_set():
             runner.request_stop()
         interval = args.progress_interval or config.status_interval_s
-        runner.run(on_progress=_status_printer(config.log_format == "json"),
-                   progress_interval=interval)
+        try:
+            runner.run(on_progress=_status_printer(config.log_format == "json"),
+                       progress_interval=interval)
+        except ExpressionError as exc:
+            _halt(exc, progress, stop)
+            return 0
         if runner.checkpoint():
             log.info("final checkpoint through #%d", runner.progress.last_transaction)
         print(progress.line(), flush=True)
@@ -113,6 +117,15 @@ def _run(args: argparse.Namespace) -> int:
         if health is not None:
             health.stop()
     return 0
+
+
+def _halt(exc: ExpressionError, progress: Progress, stop: threading.Event) -> None:
+    """Stay up, not ready, until told to stop: the batch would fail the same way after a
+    restart, so exiting would only make Kubernetes restart the process in a loop. The fix is
+    a new pipeline version; every committed transaction stays delivered and checkpointed."""
+    log.error("processing halted: %s", exc)
+    progress.halted = str(exc)
+    stop.wait()
 
 
 def _exit_after(seconds: float) -> None:

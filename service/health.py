@@ -90,6 +90,11 @@ class Progress:
     # closed transactions last began to wait while none did.
     last_delivered_at: float = field(default_factory=time.monotonic)
     waiting_since: float = field(default_factory=time.monotonic)
+    # Rows a sink's destination refused, kept aside by the sink, per output.
+    rejected_rows: dict[str, int] = field(default_factory=dict)
+    # Why processing stopped for good (a pipeline expression failed on the data): the same
+    # input would fail again, so the process stays up and not ready instead of restarting.
+    halted: str | None = None
 
     def closed(self, total: int, now: float) -> None:
         """The input has closed `total` transactions since start, as of `now` (monotonic): if
@@ -145,7 +150,7 @@ def stall(progress: Progress, now: float, timeout_s: float) -> str | None:
     wait. With nothing waiting the pipeline is idle, not stuck, however long ago it last
     delivered."""
     waiting = progress.transactions_closed - progress.transactions
-    if waiting <= 0:
+    if waiting <= 0 or progress.halted is not None:
         return None
     quiet = now - max(progress.last_delivered_at, progress.waiting_since)
     if quiet <= timeout_s:
@@ -201,6 +206,9 @@ class Readiness:
                  for d, r in sorted(reasons.items())]
         if progress.lag > self.max_lag:
             found.append(f"lag {progress.lag} > {self.max_lag}")
+        if progress.halted is not None:
+            found.append(f"halted: {progress.halted}" if detail
+                         else "halted: an expression failed on the data, see the log")
         return found
 
     def up(self, dependency: str) -> bool:
@@ -264,6 +272,13 @@ def render_metrics(progress: Progress, readiness: Readiness) -> str:
     head("txstream_dependency_up", "1 when the dependency answered at its last use", "gauge")
     lines += [f'txstream_dependency_up{{dependency="{d}"}} {int(readiness.up(d))}'
               for d in ("kafka", "postgresql")]
+    head("txstream_rejected_rows_total", "rows a sink's destination refused, kept aside",
+         "counter")
+    lines += [f'txstream_rejected_rows_total{{output="{o}"}} {n}'
+              for o, n in sorted(progress.rejected_rows.items())]
+    head("txstream_halted", "1 when a pipeline expression failed on the data and processing "
+         "stopped", "gauge")
+    lines.append(f"txstream_halted {int(progress.halted is not None)}")
     head("txstream_ready", "1 when /readyz answers 200", "gauge")
     lines.append(f"txstream_ready {int(not readiness.problems(progress))}")
     for attr, name, help_text in _HISTOGRAMS:

@@ -61,7 +61,7 @@ from connectors.transactions import (
 from schemas.config import ConfigError, PipelineConfig, SinkConfig
 from schemas.tables import TableSchema
 from service.checkpoint import CheckpointStore, PipelineIdentity
-from service.engine import Engine, EngineVersion, Pipeline
+from service.engine import Engine, EngineVersion, ExpressionError, Pipeline
 from service.health import Progress, Readiness
 from service.pipelines import load_pipeline
 from service.spark import get_spark
@@ -380,7 +380,15 @@ class PipelineRunner:
         changes = {name: table for name, table in batch.changes.items()
                    if name in self.engine.sources}
         t0 = time.monotonic()
-        outputs = self.engine.process(changes) if changes else {}
+        try:
+            outputs = self.engine.process(changes) if changes else {}
+        except ExpressionError:
+            if len(batch) == 1:
+                raise
+            # Apply the transactions before the failing one: processing stops exactly at it.
+            for transaction in batch.transactions:
+                self._compute(TransactionBatch.of([transaction]))
+            return
         t1 = time.monotonic()
         self.progress.spark_job_seconds.observe(t1 - t0)
         self.progress.engine_seconds += t1 - t0
@@ -417,6 +425,8 @@ class PipelineRunner:
         for _ in self._sink_pool.map(lambda w: self._write_one(*w), writes):
             pass
         self.progress.output_changes += sum(t.num_rows for t in computed.outputs.values())
+        self.progress.rejected_rows = {name: sum(sink.rejected_rows for _, sink in sinks)
+                                       for name, sinks in self.sinks.items()}
         commit_time = time.time()
         self.progress.sink_seconds += time.monotonic() - started
         self._crash.reached("commit")

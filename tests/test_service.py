@@ -48,7 +48,7 @@ from schemas.sources import BatchPolicy
 from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
 from service.cli import main, run_checks
 from service.embedded.postgres import EmbeddedPostgres, free_port
-from service.health import HealthServer, Progress, Readiness
+from service.health import HealthServer, Progress, Readiness, render_metrics, stall
 from service.runner import EarlierOutputError, PipelineRunner
 
 DEPLOY = ROOT / "deploy" / "pipeline.yaml"
@@ -418,6 +418,22 @@ def test_a_dependency_is_down_while_any_observer_saw_it_fail() -> None:
     assert readiness.problems(progress) == [] and readiness.up("kafka")
 
 
+def test_halted_and_rejected_rows_are_reported() -> None:
+    readiness, progress = Readiness(max_lag=10), Progress()
+    readiness.started.set()
+    progress.rejected_rows = {"customer_stats": 2, "statuses": 0}
+    progress.transactions_closed, progress.transactions = 5, 1
+    progress.halted = "table t (expression `a DIV b`) failed on this batch's data: ..."
+    assert readiness.public_problems(progress) == [
+        "halted: an expression failed on the data, see the log"]
+    assert readiness.problems(progress) == [f"halted: {progress.halted}"]
+    # Work waits and nothing is delivered, yet a restart would only fail the same way.
+    assert stall(progress, time.monotonic() + 3600, timeout_s=60) is None
+    body = render_metrics(progress, readiness)
+    assert 'txstream_rejected_rows_total{output="customer_stats"} 2' in body
+    assert "txstream_halted 1" in body and "txstream_ready 0" in body
+
+
 @pytest.fixture
 def paused_broker() -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """A broker process of this test's own, so pausing it disturbs no other test."""
@@ -548,3 +564,41 @@ def test_a_start_from_scratch_refuses_sinks_holding_an_earlier_run(  # type: ign
         s.model_copy(update={"settings": s.settings.model_copy(update={"mode": "replace"})})
         for s in lost.sinks]})
     PipelineRunner(rebuilt, spark=spark).close()
+
+
+def test_an_expression_failing_on_the_data_halts_without_a_restart_loop(  # type: ignore[no-untyped-def]
+        kafka, postgres, pg_schema, topic_name, tmp_path) -> None:
+    kafka.create_topic(topic_name, 1)
+    port = free_port()
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": "halting_pipeline:pipeline", "consumer_group": f"g-{topic_name}",
+        "http_port": port, "checkpoint_dir": str(tmp_path / "ck"), "stall_timeout_s": 1,
+        "sources": [{"name": "events", "topic": topic_name, "schema": {
+            "columns": [{"name": "k", "type": "bigint"}, {"name": "v", "type": "bigint"}],
+            "primary_key": ["k"]}}],
+        "sinks": [{"output": "ratios", "db_schema": pg_schema}],
+        "transactions": {"max_events": 1, "max_delay_ms": 100}}))
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for k, v in [(1, 4), (2, 0), (3, 5)]:
+        producer.produce(topic_name, value=json.dumps({"k": k, "v": v}).encode())
+    assert producer.flush(10) == 0
+    service = ServiceProcess(config, {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+                                      "DATABASE_URL": postgres.url,
+                                      "PYTHONPATH": str(ROOT / "tests")}, tmp_path / "run.log")
+    body = service.wait_for_metrics(port, lambda body: metric(body, "txstream_halted") == 1,
+                                    timeout=300)
+    assert metric(body, "txstream_transactions_committed_total") == 1  # the one before it
+    time.sleep(2)  # past stall_timeout_s: halted is not stuck, a restart would not help
+    assert scrape(port, "/healthz") == (200, "ok\n")
+    status, ready = scrape(port, "/readyz")
+    assert status == 503 and "halted" in ready and "DIV" not in ready
+    assert service.proc.poll() is None, "the process stays up"
+    log = service.tail(20000)
+    assert "table select(k, q) of source events (expression `100 DIV v`)" in log
+    with psycopg.connect(postgres.url) as conn:
+        rows = conn.execute(sql.SQL('SELECT k, q FROM {}').format(
+            sql.Identifier(pg_schema, "ratios_live"))).fetchall()
+    assert rows == [(1, 25)]
+    service.proc.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=60) == 0, service.tail()

@@ -1,0 +1,15 @@
+"""A pipeline whose expression fails on some data (ANSI SQL division by zero): for the test of
+what the service does then."""
+
+from __future__ import annotations
+
+from schemas.tables import TableSchema
+from service.engine import Pipeline
+
+EVENTS = TableSchema.of({"k": "bigint", "v": "bigint"}, primary_key=["k"])
+
+
+def pipeline() -> Pipeline:
+    p = Pipeline()
+    p.output("ratios", p.source("events", EVENTS).select("k", q="100 DIV v"))
+    return p
