@@ -471,6 +471,12 @@ def test_broker_unreachable_then_back(paused_broker, postgres, spark, pg_schema,
             loop.wait("not ready: Kafka unavailable",
                       lambda: any(p.startswith("kafka unavailable") for p in loop.problems()),
                       timeout=60)
+            # And it stays so while the broker is away: an empty poll is not a sign of life.
+            samples = []
+            for _ in range(20):
+                samples.append(any(p.startswith("kafka unavailable") for p in loop.problems()))
+                time.sleep(0.2)
+            assert all(samples), samples
             producer.send(200, flush=False)  # buffered by the producer meanwhile
             broker.send_signal(signal.SIGCONT)
             producer.send(0)
