@@ -13,11 +13,13 @@ tail cannot be told apart and is left for the reader. A file is not a transactio
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from connectors.change_json import encode_rows
@@ -40,6 +42,34 @@ class FileSink(SinkBase):
         self._file = open(self.path, "ab")  # noqa: SIM115 -- held open until close()
         if format != "csv":
             self._drop_torn_tail()
+        self._held = self._last_time()
+
+    def held_through(self) -> int | None:
+        return self._held
+
+    def _last_time(self) -> int | None:
+        """The greatest `time` in the file: a JSON file's last line holds it (transactions are
+        appended in order); a CSV line cannot be found from the end (fields may hold newlines),
+        so its `time` column is read whole."""
+        size = self._file.seek(0, os.SEEK_END)
+        if size == 0:
+            return None
+        if self.format == "csv":
+            times = pacsv.read_csv(self.path, convert_options=pacsv.ConvertOptions(
+                include_columns=["time"], column_types={"time": pa.int64()}))["time"]
+            return None if times.null_count == len(times) else int(pc.max(times).as_py())
+        with open(self.path, "rb") as reader:
+            end = size - 1  # the last line's newline (a torn tail was cut)
+            start = end
+            while start > 0:
+                start = max(0, start - 65536)
+                reader.seek(start)
+                cut = reader.read(end - start).rfind(b"\n")
+                if cut >= 0:
+                    start += cut + 1
+                    break
+            reader.seek(start)
+            return int(json.loads(reader.read(end - start))["time"])
 
     def _drop_torn_tail(self) -> None:
         size = self._file.seek(0, os.SEEK_END)

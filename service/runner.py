@@ -168,8 +168,11 @@ class EarlierOutputError(ConfigError):
 
 def _where(cfg: SinkConfig) -> str:
     settings = cfg.settings
-    table = getattr(settings, "table", None)
-    return f"table {getattr(settings, 'db_schema', 'public')}.{table}" if table else "sink"
+    if (table := getattr(settings, "table", None)) is not None:
+        return f"table {getattr(settings, 'db_schema', 'public')}.{table}"
+    if (path := getattr(settings, "path", None)) is not None:
+        return f"file {path}"
+    return f"topic {getattr(settings, 'topic', '?')}"
 
 
 class PipelineRunner:
@@ -274,8 +277,9 @@ class PipelineRunner:
             raise EarlierOutputError(
                 f"{'; '.join(stale)}, written by an earlier run, but this run starts from scratch"
                 f" (no checkpoint or logged transaction in {self.config.checkpoint_location}). "
-                "Restore that run's checkpoint location, or set `mode: replace` on the sink to "
-                "rebuild it from the topics, or write to a new table")
+                "Restore that run's checkpoint location, or start the output over from the "
+                "topics (`mode: replace` on a PostgreSQL sink; move a file away), or write to a "
+                "new table or file")
 
     def _retrying(self, dependency: str, work: Callable[[], _T]) -> _T:
         """`work()`, retried with exponential backoff while `dependency` is unavailable (not

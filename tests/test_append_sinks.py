@@ -138,6 +138,7 @@ def test_jsonl_and_csv_files(tmp_path: Path) -> None:
     jsonl = FileSink(tmp_path / "out.jsonl", "t", SCHEMA)
     csv = FileSink(tmp_path / "out.csv", "t", SCHEMA, format="csv")
     for sink in (jsonl, csv):
+        assert sink.held_through() == 1  # what a run from scratch must not append to
         sink.write(TXN2)
         sink.close()
     expected = pa.concat_tables([TXN1, TXN2])
@@ -149,6 +150,17 @@ def test_jsonl_and_csv_files(tmp_path: Path) -> None:
         column_types=expected.schema, null_values=[""], strings_can_be_null=True,
         quoted_strings_can_be_null=False))
     assert same_changes(read, expected)
+
+
+@pytest.mark.parametrize("format", ["jsonl", "csv", "updates"])
+def test_a_file_says_what_it_holds(tmp_path: Path, format: str) -> None:
+    path = tmp_path / f"out.{format}"
+    with FileSink(path, "t", SCHEMA, format=format) as sink:  # type: ignore[arg-type]
+        assert sink.held_through() is None
+        sink.write(TXN1)
+        sink.write(changes([(7, "x" * 70_000 + "\n", 1.0, 2, 1)]))  # longer than a block
+    with FileSink(path, "t", SCHEMA, format=format) as sink:  # type: ignore[arg-type]
+        assert sink.held_through() == 2
 
 
 def test_update_record_files(tmp_path: Path) -> None:
