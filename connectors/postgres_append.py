@@ -6,9 +6,10 @@ multiset, its weights are any integer) and no key. Each write is one COPY in one
 Replays after a crash must not append a transaction twice. The sink assumes it is the table's
 only writer and writes transactions in time order (the engine's output), so it skips every
 change whose time is not above the greatest time already in the table: the time it last wrote,
-or, after a write whose outcome is unknown (the connection failed around COMMIT), the table's
-own greatest time. Rows PostgreSQL refuses go to the rejects table in the same transaction
-(`connectors.postgres_rejects`).
+or, at start and after a write whose outcome is unknown (the connection failed around COMMIT),
+the table's own greatest time (a scan). Written with the other PostgreSQL outputs of a pipeline
+(`connectors.postgres_outputs`), the progress row decides instead, without a scan. Rows
+PostgreSQL refuses go to the rejects table in the same transaction (`connectors.postgres_rejects`).
 """
 
 from __future__ import annotations
@@ -45,22 +46,20 @@ class PostgresAppendSink(SinkBase):
         self._table_name = check_identifier(table, "table")
         self.table = sql.Identifier(self._db_schema, self._table_name)
         self._db = Connection(url, retry or RetryPolicy(), f"txstream append {table}")
-        # Set while a write may have committed without the sink knowing (see the module doc).
-        self._unsure = False
+        # Set while the table may hold transactions the sink does not know of: at start, and
+        # after a write whose outcome was lost (see the module doc).
+        self._unsure = True
+        self._last_time: int | None = None
         try:
-            self._last_time: int | None = self._db.run(
-                lambda conn: self._set_up(conn, replace=mode == "replace"))
-            self._held = self._last_time
+            self._db.run(lambda conn: self._set_up(conn, replace=mode == "replace"))
         except BaseException:
             self._db.close()
             raise
 
-    def _set_up(self, conn: psycopg.Connection[tuple[object, ...]], *, replace: bool
-                ) -> int | None:
+    def _set_up(self, conn: psycopg.Connection[tuple[object, ...]], *, replace: bool) -> None:
         ensure_table(conn, self._db_schema, self._table_name, self.schema, diff_type="BIGINT",
                      key=(), replace=replace)
         ensure_rejects_table(conn, self._db_schema)
-        return max_time(conn, self.table)
 
     def write(self, changes: pa.Table) -> None:
         batch = conform_changes(changes, self.schema)
@@ -76,21 +75,27 @@ class PostgresAppendSink(SinkBase):
                 if last is not None:
                     rows = batch.filter(pc.greater(batch["time"], last))
             self._unsure = True
-
-            def copy(conn: psycopg.Connection[tuple[object, ...]], part: pa.Table) -> None:
-                with conn.cursor() as cur:
-                    copy_into(cur, self.table, part)
-
-            rejects = apply_isolating(conn, rows, copy)
-            record_rejects(conn, self._db_schema, self._table_name, rejects)
-            return rejects.count
+            return self.apply(conn, rows)
 
         self.rejected_rows += self._db.run(append)
         self._unsure = False
         self._last_time = int(pc.max(batch["time"]).as_py())
 
+    def apply(self, conn: psycopg.Connection[tuple[object, ...]], changes: pa.Table) -> int:
+        """Append `changes` in the caller's transaction, which decides what is new (see
+        `connectors.postgres_outputs`); the number of rows refused."""
+        batch = conform_changes(changes, self.schema)
+
+        def copy(conn: psycopg.Connection[tuple[object, ...]], part: pa.Table) -> None:
+            with conn.cursor() as cur:
+                copy_into(cur, self.table, part)
+
+        rejects = apply_isolating(conn, batch, copy)
+        record_rejects(conn, self._db_schema, self._table_name, rejects)
+        return rejects.count
+
     def held_through(self) -> int | None:
-        return self._held
+        return self._db.run(lambda conn: max_time(conn, self.table))
 
     def close(self) -> None:
         self._db.close()

@@ -14,6 +14,7 @@ is kept in the rejects table and the rest of the batch is written (`connectors.p
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from typing import Literal
@@ -37,8 +38,6 @@ from schemas.sinks import RetryPolicy, TombstonePurge
 from schemas.tables import TableSchema
 
 log = logging.getLogger(__name__)
-
-_STAGE = sql.Identifier("pg_temp", "txstream_snapshot_stage")
 
 
 def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -97,13 +96,15 @@ class PostgresSnapshotSink(SinkBase):
                                 "live view (pass live_view=... to choose a shorter one)")
         self.table = sql.Identifier(self._db_schema, self._table_name)
         self.view = sql.Identifier(self._db_schema, view)
+        # One per table: sinks sharing a connection (one transaction) stage side by side.
+        digest = hashlib.sha1(f"{self._db_schema}.{self._table_name}".encode()).hexdigest()[:16]
+        self._stage = sql.Identifier("pg_temp", f"txstream_stage_{digest}")
         self._retry = retry or RetryPolicy()
         self._url = url
         self._db = Connection(url, self._retry, f"txstream snapshot {table}")
         self._upsert = self._upsert_statement()
         try:
-            self._held = self._db.run(
-                lambda conn: self._set_up(conn, replace=mode == "replace"))
+            self._db.run(lambda conn: self._set_up(conn, replace=mode == "replace"))
         except BaseException:
             self._db.close()
             raise
@@ -116,8 +117,7 @@ class PostgresSnapshotSink(SinkBase):
                 target=self._purge_loop, name=f"purge-{table}", daemon=True)
             self._purger.start()
 
-    def _set_up(self, conn: psycopg.Connection[tuple[object, ...]], *, replace: bool
-                ) -> int | None:
+    def _set_up(self, conn: psycopg.Connection[tuple[object, ...]], *, replace: bool) -> None:
         ensure_table(conn, self._db_schema, self._table_name, self.schema, diff_type="SMALLINT",
                      key=self.schema.primary_key, replace=replace)
         ensure_rejects_table(conn, self._db_schema)
@@ -131,10 +131,9 @@ class PostgresSnapshotSink(SinkBase):
                 f"cannot create the live view {self.view.as_string()}: {exc.diag.message_primary}."
                 " Drop that relation or choose another live_view name"
             ) from exc
-        return max_time(conn, self.table)
 
     def held_through(self) -> int | None:
-        return self._held
+        return self._db.run(lambda conn: max_time(conn, self.table))
 
     def _upsert_statement(self) -> sql.Composed:
         names = changes_columns(self.schema)
@@ -148,33 +147,35 @@ class PostgresSnapshotSink(SinkBase):
             " ON CONFLICT ({key}) DO UPDATE SET {updates}"
             ' WHERE t."time" < EXCLUDED."time"'
             ' OR (t."time" = EXCLUDED."time" AND t."diff" < EXCLUDED."diff")'
-        ).format(table=self.table, columns=columns, stage=_STAGE, updates=updates,
+        ).format(table=self.table, columns=columns, stage=self._stage, updates=updates,
                  key=sql.SQL(", ").join(sql.Identifier(k) for k in self._key))
 
     def write(self, changes: pa.Table) -> None:
         """Apply `changes` (columns + `time` + `diff`, any order, duplicates allowed) atomically;
         rows PostgreSQL refuses go to the rejects table in the same transaction."""
+        self.rejected_rows += self._db.run(lambda conn: self.apply(conn, changes))
+
+    def apply(self, conn: psycopg.Connection[tuple[object, ...]], changes: pa.Table) -> int:
+        """`write`, in the caller's transaction (see `connectors.postgres_outputs`); the number
+        of rows refused."""
         batch = conform_changes(changes, self.schema)
         if batch.num_rows == 0:
-            return
+            return 0
         check_unit_diffs(batch)
         batch = last_change_per_key(batch, self._key)
 
         def upsert(conn: psycopg.Connection[tuple[object, ...]], rows: pa.Table) -> None:
             with conn.cursor() as cur:
-                copy_into(cur, _STAGE, rows)
+                copy_into(cur, self._stage, rows)
                 cur.execute(self._upsert)
-                cur.execute(sql.SQL("TRUNCATE {}").format(_STAGE))
+                cur.execute(sql.SQL("TRUNCATE {}").format(self._stage))
 
-        def apply(conn: psycopg.Connection[tuple[object, ...]]) -> int:
-            conn.execute(sql.SQL(
-                "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) ON COMMIT DELETE ROWS"
-            ).format(_STAGE, self.table))
-            rejects = apply_isolating(conn, batch, upsert)
-            record_rejects(conn, self._db_schema, self._table_name, rejects)
-            return rejects.count
-
-        self.rejected_rows += self._db.run(apply)
+        conn.execute(sql.SQL(
+            "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {}) ON COMMIT DELETE ROWS"
+        ).format(self._stage, self.table))
+        rejects = apply_isolating(conn, batch, upsert)
+        record_rejects(conn, self._db_schema, self._table_name, rejects)
+        return rejects.count
 
     def advance_watermark(self, time: int) -> None:
         """Declare that no change with `time` <= this will ever be written to this table again

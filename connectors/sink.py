@@ -40,8 +40,8 @@ class Sink(Protocol):
     def write(self, changes: pa.Table) -> None: ...
 
     def held_through(self) -> int | None:
-        """The greatest transaction the destination held when the sink opened (None: none,
-        or the sink cannot tell)."""
+        """The greatest transaction the destination holds (None: none, or the sink cannot
+        tell); it may read the whole destination: for a start from scratch, before writing."""
         ...
 
     def on_checkpoint(self, transaction: int) -> None:

@@ -113,6 +113,11 @@ class PipelineConfig(BaseModel):
     dead_letter_topic: str | None = None
     database_url: SecretStr | None = None
     database_password: SecretStr | None = None
+    # The PostgreSQL sinks commit together with the pipeline's row of txstream_progress (in the
+    # first PostgreSQL sink's db_schema): one PostgreSQL transaction per batch (default: one
+    # commit for many stream transactions under load, still at transaction boundaries), or
+    # per stream transaction (readers see every transaction, at the price of a commit each).
+    postgres_commit: Literal["batch", "transaction"] = "batch"
     spark_master: str | None = None
     # /healthz, /readyz and /metrics; null turns the HTTP endpoint off.
     http_port: int | None = Field(default=8080, ge=0, le=65535)

@@ -44,7 +44,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -52,6 +53,7 @@ from pyspark.sql import SparkSession
 from connectors.factory import open_sink
 from connectors.kafka_input import KafkaInput
 from connectors.kafka_source import KafkaSourceError
+from connectors.postgres_outputs import Mark, PostgresOutputs, PostgresTable
 from connectors.sink import Sink, SinkWriteError
 from connectors.transaction_batch import TransactionBatch
 from connectors.transactions import (
@@ -59,6 +61,7 @@ from connectors.transactions import (
     Transaction,
 )
 from schemas.config import ConfigError, PipelineConfig, SinkConfig
+from schemas.sinks import PostgresAppendSettings, PostgresSnapshotSettings
 from schemas.tables import TableSchema
 from service.checkpoint import CheckpointStore, PipelineIdentity
 from service.engine import Engine, EngineVersion, ExpressionError, Pipeline
@@ -135,9 +138,12 @@ def check_sinks(config: PipelineConfig, engine: Engine) -> None:
         raise ConfigError("configuration does not fit the pipeline:\n  " + "\n  ".join(problems))
 
 
+def _postgres(cfg: SinkConfig) -> bool:
+    return cfg.settings.kind.startswith("postgres")
+
+
 def _dependency(cfg: SinkConfig) -> str:
-    kind = cfg.settings.kind
-    return "postgresql" if kind.startswith("postgres") else f"{kind} sink"
+    return "postgresql" if _postgres(cfg) else f"{cfg.settings.kind} sink"
 
 
 class _Reports:
@@ -234,6 +240,8 @@ class PipelineRunner:
                      self._checkpointed, latest.name if latest else "no checkpoint", len(replay))
         self.sinks: dict[str, list[tuple[SinkConfig, Sink]]] = self._retrying(
             "postgresql", lambda: self._open_sinks(resuming))
+        self._postgres = self._retrying("postgresql",
+                                        lambda: self._open_postgres_outputs(resuming))
         if not resuming:
             self._refuse_earlier_output()
         self.input = self._retrying(KafkaInput.name, lambda: KafkaInput(
@@ -264,16 +272,37 @@ class PipelineRunner:
             raise
         return opened
 
+    def _open_postgres_outputs(self, resuming: bool) -> PostgresOutputs | None:
+        """The PostgreSQL sinks, committed together with the pipeline's progress row (which a
+        start from scratch that recreates every table deletes)."""
+        tables = {name: [cast(PostgresTable, sink) for cfg, sink in sinks if _postgres(cfg)]
+                  for name, sinks in self.sinks.items()}
+        settings = [cfg.settings for sinks in self.sinks.values() for cfg, _ in sinks
+                    if _postgres(cfg)]
+        if not settings:
+            return None
+        first = settings[0]
+        assert isinstance(first, PostgresSnapshotSettings | PostgresAppendSettings)
+        assert self.config.database_dsn is not None
+        return PostgresOutputs(
+            self.config.database_dsn, tables, pipeline=self.config.consumer_group,
+            definition=self.config.pipeline, db_schema=first.db_schema,
+            commit=self.config.postgres_commit, retry=first.retry,
+            start_over=not resuming and all(getattr(s, "mode", None) == "replace"
+                                            for s in settings))
+
     def _refuse_earlier_output(self) -> None:
         """A run from scratch numbers its transactions from 1: a sink still holding an earlier
         run's transactions would ignore (snapshot) or duplicate (append) everything it gets."""
-        held = [(cfg, sink.held_through()) for sinks in self.sinks.values()
-                for cfg, sink in sinks]
         stale = [f"output {cfg.output!r} ({cfg.settings.kind} {_where(cfg)}) holds transactions"
-                 f" up to #{through}" for cfg, through in held if through]
+                 f" up to #{through}" for sinks in self.sinks.values() for cfg, sink in sinks
+                 if (through := sink.held_through())]
+        committed = self._postgres.committed() if self._postgres is not None else None
+        if committed:
+            stale.insert(0, f"the progress row of pipeline {self.config.consumer_group!r} says "
+                            f"its PostgreSQL outputs hold transactions up to #{committed}")
         if stale:
-            for _, sink in (pair for sinks in self.sinks.values() for pair in sinks):
-                sink.close()
+            self._close_sinks()
             raise EarlierOutputError(
                 f"{'; '.join(stale)}, written by an earlier run, but this run starts from scratch"
                 f" (no checkpoint or logged transaction in {self.config.checkpoint_location}). "
@@ -424,9 +453,13 @@ class PipelineRunner:
 
     def _write(self, computed: _Computed) -> None:
         started = time.monotonic()
-        writes = [(cfg, sink, table) for name, table in computed.outputs.items()
-                  if table.num_rows for cfg, sink in self.sinks.get(name, [])]
-        for _ in self._sink_pool.map(lambda w: self._write_one(*w), writes):
+        writes: list[Callable[[], None]] = [
+            partial(self._write_one, cfg, sink, table)
+            for name, table in computed.outputs.items() if table.num_rows
+            for cfg, sink in self.sinks.get(name, []) if not _postgres(cfg)]
+        if self._postgres is not None:
+            writes.append(partial(self._write_postgres, self._postgres, computed))
+        for _ in self._sink_pool.map(lambda write: write(), writes):
             pass
         self.progress.output_changes += sum(t.num_rows for t in computed.outputs.values())
         self.progress.rejected_rows = {name: sum(sink.rejected_rows for _, sink in sinks)
@@ -454,6 +487,17 @@ class PipelineRunner:
     def _write_one(self, cfg: SinkConfig, sink: Sink, table: pa.Table) -> None:
         started = time.monotonic()
         self._retrying(_dependency(cfg), lambda: sink.write(table))
+        self.progress.sink_write_seconds.observe(time.monotonic() - started)
+        self._crash.reached("sink_write")
+
+    def _write_postgres(self, outputs: PostgresOutputs, computed: _Computed) -> None:
+        """Every PostgreSQL output of the batch in one PostgreSQL transaction (or one per stream
+        transaction) with the progress row, even when no table changes: the row says how far
+        the tables are."""
+        started = time.monotonic()
+        marks = [Mark(t.number, (t.upstream_id,) if t.upstream_id is not None else (),
+                      t.offsets) for t in computed.batch.transactions]
+        self._retrying("postgresql", lambda: outputs.write(computed.outputs, marks))
         self.progress.sink_write_seconds.observe(time.monotonic() - started)
         self._crash.reached("sink_write")
 
@@ -545,6 +589,11 @@ class PipelineRunner:
     def close(self) -> None:
         self._sink_pool.shutdown()
         self.input.close()
+        self._close_sinks()
+
+    def _close_sinks(self) -> None:
+        if self._postgres is not None:
+            self._postgres.close()
         for sinks in self.sinks.values():
             for _, sink in sinks:
                 sink.close()

@@ -230,11 +230,12 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
            # from checkpoints and one of them is killed while writing one.
            "TXSTREAM_CHECKPOINT_EVERY_BATCHES": "1"}
     rng = random.Random(5)
-    # Crash points first, each reached in its life: the second sink write of the first batch,
-    # the first checkpoint (data written, manifest not), after the sinks of the second batch
-    # (offsets not committed). Then kills at random moments after a restore: during a replay,
-    # a batch, a sink write or a checkpoint, wherever they fall.
-    lives: list[str | float] = ["sink_write:2", "checkpoint:1", "commit:2",
+    # Crash points first, each reached in its life: after the first batch's PostgreSQL
+    # transaction (every output table and the progress row; offsets not committed), the first
+    # checkpoint (data written, manifest not), after the sinks of the second batch (offsets
+    # not committed). Then kills at random moments after a restore: during a replay, a batch,
+    # a PostgreSQL write or a checkpoint, wherever they fall.
+    lives: list[str | float] = ["sink_write:1", "checkpoint:1", "commit:2",
                                 rng.uniform(0, 40), rng.uniform(0, 40)]
     history: dict[int, str] = {}
     log_path = tmp_path / "txstream.log"
@@ -275,6 +276,9 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
             f'"{pg_schema}".region_totals_changes').fetchall()
         last = conn.execute(
             f'SELECT max(time) FROM "{pg_schema}".customer_stats').fetchone()
+        progress = conn.execute(
+            f'SELECT "transaction" FROM "{pg_schema}".txstream_progress WHERE pipeline = %s',
+            [group]).fetchone()
     # The append stream: each (row, time) once, and integrated it is the from-scratch table.
     keyed = [(_rounded([c[:5]]).pop(), c[5]) for c in changes]
     assert len(keyed) == len(set(keyed)), "a change appended twice"
@@ -287,4 +291,7 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
     manifests = sorted((checkpoints / group).glob("ckpt-*/MANIFEST.json"))
     assert manifests and last is not None
     assert json.loads(manifests[-1].read_text())["transaction"] >= last[0]
+    # The progress row names the transaction the tables reflect: the last one committed.
+    assert progress is not None
+    assert progress[0] == json.loads(manifests[-1].read_text())["transaction"] >= last[0]
     assert len(manifests) <= 2, "old checkpoints are deleted (2 kept)"

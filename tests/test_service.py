@@ -566,10 +566,17 @@ def test_a_start_from_scratch_refuses_sinks_holding_an_earlier_run(  # type: ign
     message = str(info.value)
     assert f"table {pg_schema}.customer_stats" in message and "#7" in message
     assert "mode: replace" in message and "paid_orders" not in message
+    with psycopg.connect(postgres.url, autocommit=True) as conn:  # as a run would leave it
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, 'p', 9, '{{}}', '{{}}', now())").format(
+            sql.Identifier(pg_schema, "txstream_progress")), [config.consumer_group])
+    with pytest.raises(EarlierOutputError, match=f"progress row of pipeline "
+                       f"'{config.consumer_group}' says .* up to #9"):
+        PipelineRunner(lost, spark=spark)
     rebuilt = lost.model_copy(update={"sinks": [
         s.model_copy(update={"settings": s.settings.model_copy(update={"mode": "replace"})})
         for s in lost.sinks]})
-    PipelineRunner(rebuilt, spark=spark).close()
+    PipelineRunner(rebuilt, spark=spark).close()  # every table and the progress row start over
+    PipelineRunner(lost, spark=spark).close()
 
 
 def test_an_expression_failing_on_the_data_halts_without_a_restart_loop(  # type: ignore[no-untyped-def]
