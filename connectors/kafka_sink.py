@@ -7,6 +7,9 @@ per transaction, the Deephaven-style `UpdateRecord`, keyed by the table name, `t
 
 Every write is one Kafka transaction, so a `read_committed` consumer sees the stream
 transactions of a write all at once or not at all. A failed write is aborted and retried whole.
+Exactly once: before its first write, and after a failed attempt (whose commit may have gone
+through), the sink reads back the last transaction its topic holds (`connectors.kafka_readback`)
+and skips the changes up to it, so a replay after a crash adds nothing twice.
 
 A producer that failed fatally (librdkafka's `fatal()` errors: fenced, a transactional state
 the broker refuses, an authorization lost) can never be used again. The sink drops it and opens
@@ -26,11 +29,13 @@ import time
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.change_json import encode_rows
 from connectors.changes import conform_changes
 from connectors.kafka_client import client_settings
+from connectors.kafka_readback import last_transaction
 from connectors.sink import SinkBase, SinkError, SinkSchemaError, SinkWriteError
 from connectors.update_records import update_records
 from schemas.kafka import PLAINTEXT, KafkaSecurity
@@ -88,6 +93,12 @@ class KafkaSink(SinkBase):
         # One fence is taken for an accident (a transaction the coordinator timed out, a
         # predecessor's late start): the sink reopens. A second one is another live writer.
         self._fenced = False
+        self._bootstrap = bootstrap_servers
+        self._security = security
+        # The last transaction the topic holds, read back (after init_transactions has aborted
+        # a predecessor's open transaction) before the first write and after a failed one.
+        self._held: int | None = None
+        self._unsure = True
         try:
             self._producer: Producer | None = self._open()
         except KafkaException as exc:
@@ -128,18 +139,28 @@ class KafkaSink(SinkBase):
         """Write `changes` as one Kafka transaction, retried whole (on a new producer after a
         fatal failure). SinkWriteError when every attempt failed and one of them transiently;
         KafkaSinkFatalError when every attempt failed fatally or the sink was fenced twice."""
-        messages = self.messages(changes)
-        if not messages:
-            return
+        batch = conform_changes(changes, self.schema)
         delay = self._retry.initial_backoff_s
         all_fatal = True
         for attempt in range(1, self._retry.attempts + 1):
+            if self._unsure:
+                self._held = last_transaction(self._bootstrap, self._security, self.topic,
+                                              self._timeout_s)
+                self._unsure = False
+            new = batch if self._held is None else batch.filter(
+                pc.greater(batch["time"], self._held))
+            messages = self.messages(new)
+            if not messages:
+                return  # a replay of transactions the topic holds
             try:
                 self._live().begin_transaction()
                 self.produce(messages)
                 self._commit()
+                self._held = int(pc.max(new["time"]).as_py())
                 return
             except KafkaException as exc:
+                # Whether a failed commit went through is unknown: read back before retrying.
+                self._unsure = True
                 error: KafkaError = exc.args[0]
                 all_fatal = all_fatal and error.fatal()
                 if error.fatal():
@@ -159,6 +180,13 @@ class KafkaSink(SinkBase):
                             attempt, delay, error.str())
                 time.sleep(delay)
                 delay = min(delay * 2, self._retry.max_backoff_s)
+
+    def held_through(self) -> int | None:
+        if self._unsure:
+            self._held = last_transaction(self._bootstrap, self._security, self.topic,
+                                          self._timeout_s)
+            self._unsure = False
+        return self._held
 
     def produce(self, messages: list[Message]) -> None:
         """Produce `messages` into the open Kafka transaction."""

@@ -204,6 +204,26 @@ def test_kafka_changes_one_transaction_per_write(kafka: KafkaEndpoint, topic_nam
     assert same_changes(decoded.cast(TXN1.schema), pa.concat_tables([TXN1, TXN2, TXN3]))
 
 
+@pytest.mark.parametrize("format", ["changes", "updates"])
+def test_kafka_sink_reads_back_its_topic_and_writes_each_transaction_once(
+        kafka: KafkaEndpoint, topic_name: str, format: str) -> None:
+    kafka.create_topic(topic_name, 3)
+    options: dict[str, Any] = {"transactional_id": f"txn-{topic_name}", "format": format}
+    with KafkaSink(kafka.bootstrap_servers, topic_name, "t", SCHEMA, **options) as sink:
+        assert sink.held_through() is None
+        sink.write(TXN1)
+        sink.write(TXN2)
+    # A restarted writer replays from its checkpoint: what the topic holds is skipped.
+    with KafkaSink(kafka.bootstrap_servers, topic_name, "t", SCHEMA, **options) as again:
+        assert again.held_through() == 2
+        again.write(TXN2)
+        again.write(pa.concat_tables([TXN2, TXN3]))
+    expected = 3 if format == "updates" else 8
+    messages = read_topic(kafka.bootstrap_servers, topic_name, 3, expected + 1, timeout_s=5)
+    times = sorted(int(dict(m.headers() or [])["time"]) for m in messages)
+    assert times == ([1, 2, 3] if format == "updates" else [1, 1, 1, 2, 2, 2, 3, 3])
+
+
 def test_kafka_update_records(kafka: KafkaEndpoint, topic_name: str) -> None:
     kafka.create_topic(topic_name, 1)
     sink = KafkaSink(kafka.bootstrap_servers, topic_name, "scores", SCHEMA,
