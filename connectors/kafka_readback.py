@@ -30,8 +30,11 @@ def last_transaction(bootstrap_servers: str, security: KafkaSecurity, topic: str
         "isolation.level": "read_committed", "enable.partition.eof": True}))
     try:
         metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return None
+        if metadata is None or (metadata.error is not None and metadata.error.code()
+                                == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None  # no topic yet: it holds nothing
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
         found = [_partition_last(consumer, topic, p, timeout_s) for p in metadata.partitions]
         return max((t for t in found if t is not None), default=None)
     except KafkaException as exc:

@@ -71,7 +71,9 @@ class KafkaSink(SinkBase):
                  transactional_id: str, format: Literal["changes", "updates"] = "changes",
                  retry: RetryPolicy | None = None, timeout_s: float = 30.0,
                  producer_config: dict[str, str] | None = None,
-                 security: KafkaSecurity = PLAINTEXT) -> None:
+                 security: KafkaSecurity = PLAINTEXT, skip_replays: bool = True) -> None:
+        """`skip_replays=False`: every write is appended, for a writer that does not write
+        transactions in order or shares its topic (no exactly once then)."""
         if not _TOPIC.match(topic):
             raise SinkSchemaError(
                 f"{topic!r} is not a valid Kafka topic name: use 1 to 249 characters out of "
@@ -98,7 +100,8 @@ class KafkaSink(SinkBase):
         # The last transaction the topic holds, read back (after init_transactions has aborted
         # a predecessor's open transaction) before the first write and after a failed one.
         self._held: int | None = None
-        self._unsure = True
+        self._unsure = skip_replays
+        self._skip_replays = skip_replays
         try:
             self._producer: Producer | None = self._open()
         except KafkaException as exc:
@@ -143,24 +146,25 @@ class KafkaSink(SinkBase):
         delay = self._retry.initial_backoff_s
         all_fatal = True
         for attempt in range(1, self._retry.attempts + 1):
-            if self._unsure:
-                self._held = last_transaction(self._bootstrap, self._security, self.topic,
-                                              self._timeout_s)
-                self._unsure = False
-            new = batch if self._held is None else batch.filter(
-                pc.greater(batch["time"], self._held))
-            messages = self.messages(new)
-            if not messages:
-                return  # a replay of transactions the topic holds
             try:
-                self._live().begin_transaction()
+                # The producer first: its init_transactions completes or aborts whatever a
+                # predecessor left open, which the read-back must see settled.
+                producer = self._live()
+                self.held_through()
+                new = batch if self._held is None else batch.filter(
+                    pc.greater(batch["time"], self._held))
+                messages = self.messages(new)
+                if not messages:
+                    return  # a replay of transactions the topic holds
+                producer.begin_transaction()
                 self.produce(messages)
                 self._commit()
-                self._held = int(pc.max(new["time"]).as_py())
+                if self._skip_replays:
+                    self._held = int(pc.max(new["time"]).as_py())
                 return
             except KafkaException as exc:
                 # Whether a failed commit went through is unknown: read back before retrying.
-                self._unsure = True
+                self._unsure = self._skip_replays
                 error: KafkaError = exc.args[0]
                 all_fatal = all_fatal and error.fatal()
                 if error.fatal():
@@ -175,7 +179,7 @@ class KafkaSink(SinkBase):
                 else:
                     self._abort()
                 if attempt == self._retry.attempts:
-                    raise self._gave_up(len(messages), attempt, error, all_fatal) from exc
+                    raise self._gave_up(batch.num_rows, attempt, error, all_fatal) from exc
                 log.warning("Kafka transaction failed (attempt %d), retrying in %.2fs: %s",
                             attempt, delay, error.str())
                 time.sleep(delay)
@@ -269,7 +273,7 @@ class KafkaSink(SinkBase):
                 "Nothing of this write was committed (the service replays it at its next start)"
             )
         return SinkWriteError(
-            f"writing {count} message(s) to Kafka topic {self.topic!r} failed {attempts} times, "
+            f"writing {count} change(s) to Kafka topic {self.topic!r} failed {attempts} times, "
             f"last: {error.str()}. The transaction was aborted, so read_committed consumers see "
             "none of it; write the same changes again"
         )

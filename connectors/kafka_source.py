@@ -755,17 +755,22 @@ class _Letter:
             len(k) + len(v) for k, v in self.headers)
 
     def within(self, limit: int) -> _Letter:
-        """The letter, its value cut so that the whole fits in `limit` bytes (the headers say
-        so and give the original size); the key and headers are never cut."""
-        if self.size() <= limit or not self.value:
+        """The letter cut to fit in `limit` bytes, the value first, then the record's own
+        headers and key; the `txstream.*` headers are kept and say what was cut
+        (`txstream.truncated`) and the value's original size (`txstream.value_bytes`)."""
+        if self.size() <= limit:
             return self
-        original = dict(self.headers).get("txstream.value_bytes", str(len(self.value)).encode())
-        headers = [(k, v) for k, v in self.headers
-                   if k not in ("txstream.truncated", "txstream.value_bytes")]
-        headers += [("txstream.truncated", b"true"), ("txstream.value_bytes", original)]
-        cut = _Letter(self.key, self.value, headers)
-        return _Letter(self.key, self.value[:max(0, len(self.value) - (cut.size() - limit))],
-                       headers)
+        value = self.value or b""
+        original = dict(self.headers).get("txstream.value_bytes", str(len(value)).encode())
+        ours = [(k, v) for k, v in self.headers if k.startswith("txstream.")
+                and k not in ("txstream.truncated", "txstream.value_bytes")]
+        theirs = [(k, v) for k, v in self.headers if not k.startswith("txstream.")]
+        marks = [("txstream.truncated", b"true"), ("txstream.value_bytes", original)]
+        cut = _Letter(self.key, value, [*theirs, *ours, *marks])
+        if cut.size() - len(value) <= limit:  # the value alone makes room
+            return _Letter(self.key, value[:limit - (cut.size() - len(value))], cut.headers)
+        key = (self.key or b"")[:max(0, limit - _Letter(None, None, [*ours, *marks]).size())]
+        return _Letter(key, b"", [*ours, *marks])
 
 
 class DeadLetterWriter:

@@ -29,7 +29,12 @@ from connectors.postgres_common import (
     ensure_table,
     max_time,
 )
-from connectors.postgres_rejects import apply_isolating, ensure_rejects_table, record_rejects
+from connectors.postgres_rejects import (
+    apply_isolating,
+    ensure_rejects_table,
+    forget_rejects,
+    record_rejects,
+)
 from connectors.sink import SinkBase, SinkSchemaError
 from schemas.sinks import RetryPolicy
 from schemas.tables import TableSchema
@@ -60,6 +65,8 @@ class PostgresAppendSink(SinkBase):
         ensure_table(conn, self._db_schema, self._table_name, self.schema, diff_type="BIGINT",
                      key=(), replace=replace)
         ensure_rejects_table(conn, self._db_schema)
+        if replace:
+            forget_rejects(conn, self._db_schema, self._table_name)
 
     def write(self, changes: pa.Table) -> None:
         batch = conform_changes(changes, self.schema)
@@ -96,6 +103,9 @@ class PostgresAppendSink(SinkBase):
 
     def held_through(self) -> int | None:
         return self._db.run(lambda conn: max_time(conn, self.table))
+
+    def written_through(self, conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
+        return max_time(conn, self.table)
 
     def close(self) -> None:
         self._db.close()

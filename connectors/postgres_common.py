@@ -163,7 +163,8 @@ class Connection:
     A transaction is retried from the start after a connection failure, a serialization failure
     or a deadlock, so it is either applied completely or not at all. A failure of COMMIT itself
     leaves it unknown whether the transaction was applied; callers retry only work that is
-    idempotent (the snapshot's time guard, the append sinks' already-written check).
+    idempotent (the progress row, the snapshot's time guard, the append sink's already-written
+    check).
     """
 
     def __init__(self, url: str, retry: RetryPolicy, application_name: str) -> None:

@@ -7,7 +7,9 @@ A reader of the database never sees one output table at transaction N and anothe
 transaction ids it carries and the source offsets to resume from. The progress row also makes
 the writes exactly once: each PostgreSQL transaction first locks it and writes only changes
 after the transaction it names, so a batch replayed after a crash, or written again after a
-COMMIT whose outcome was lost, adds nothing twice, without reading any output table.
+COMMIT whose outcome was lost, adds nothing twice, without reading any output table (until
+the row exists, each append table's greatest `time` decides, as for tables an earlier release
+wrote).
 
 The row belongs to one pipeline (its consumer group): other pipelines' rows are never read or
 written.
@@ -41,6 +43,12 @@ class PostgresTable(Protocol):
 
     def apply(self, conn: PgConnection, changes: pa.Table) -> int:
         """Write `changes` in `conn`'s transaction; the number of rows refused."""
+        ...
+
+    def written_through(self, conn: PgConnection) -> int | None:
+        """The last transaction the table holds where a replay would duplicate it (an append
+        table; None for a table whose writes are idempotent): read only without a progress
+        row, e.g. tables an earlier release wrote."""
         ...
 
 
@@ -110,15 +118,17 @@ class PostgresOutputs:
             row = conn.execute(sql.SQL(
                 'SELECT "transaction" FROM {} WHERE pipeline = %s FOR UPDATE').format(
                     self.progress), [self._pipeline]).fetchone()
-            done = 0 if row is None else int(str(row[0]))
-            if mark.transaction <= done:
+            done = None if row is None else int(str(row[0]))
+            if done is not None and mark.transaction <= done:
                 return []  # committed before: a replay, or a retry after a lost COMMIT
             refused: list[tuple[PostgresTable, int]] = []
             for name, changes in outputs.items():
-                new = changes.filter(pc.greater(changes["time"], done)) if done else changes
-                if new.num_rows:
-                    refused += [(sink, sink.apply(conn, new))
-                                for sink in self._tables.get(name, ())]
+                for sink in self._tables.get(name, ()):
+                    after = done if done is not None else sink.written_through(conn)
+                    new = changes if after is None else changes.filter(
+                        pc.greater(changes["time"], after))
+                    if new.num_rows:
+                        refused.append((sink, sink.apply(conn, new)))
             conn.execute(sql.SQL(
                 'INSERT INTO {} (pipeline, definition, "transaction", upstream_ids, offsets,'
                 " committed_at) VALUES (%s, %s, %s, %s, %s, now()) ON CONFLICT (pipeline) DO"

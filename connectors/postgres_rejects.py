@@ -42,7 +42,7 @@ class Rejects:
 
 
 def ensure_rejects_table(conn: PgConnection, db_schema: str) -> None:
-    """Create the schema's rejects table if missing (idempotent, safe for concurrent sinks)."""
+    """Create the schema's rejects table if missing (idempotent)."""
     table = sql.Identifier(db_schema, REJECTS_TABLE)
     conn.execute(sql.SQL(
         'CREATE TABLE IF NOT EXISTS {} (output_table TEXT NOT NULL, "time" BIGINT NOT NULL,'
@@ -52,6 +52,12 @@ def ensure_rejects_table(conn: PgConnection, db_schema: str) -> None:
     conn.execute(sql.SQL(
         'CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} (output_table, "time", "diff", md5(row_json))'
     ).format(sql.Identifier(f"{REJECTS_TABLE}_once"), table))
+
+
+def forget_rejects(conn: PgConnection, db_schema: str, output_table: str) -> None:
+    """Delete an output table's rejects: it is recreated, and its transactions numbered anew."""
+    conn.execute(sql.SQL("DELETE FROM {} WHERE output_table = %s").format(
+        sql.Identifier(db_schema, REJECTS_TABLE)), [output_table])
 
 
 def _reason(exc: psycopg.Error) -> str:

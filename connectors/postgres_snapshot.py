@@ -32,7 +32,12 @@ from connectors.postgres_common import (
     ensure_table,
     max_time,
 )
-from connectors.postgres_rejects import apply_isolating, ensure_rejects_table, record_rejects
+from connectors.postgres_rejects import (
+    apply_isolating,
+    ensure_rejects_table,
+    forget_rejects,
+    record_rejects,
+)
 from connectors.sink import SinkBase, SinkSchemaError
 from schemas.sinks import RetryPolicy, TombstonePurge
 from schemas.tables import TableSchema
@@ -121,6 +126,8 @@ class PostgresSnapshotSink(SinkBase):
         ensure_table(conn, self._db_schema, self._table_name, self.schema, diff_type="SMALLINT",
                      key=self.schema.primary_key, replace=replace)
         ensure_rejects_table(conn, self._db_schema)
+        if replace:
+            forget_rejects(conn, self._db_schema, self._table_name)
         columns = sql.SQL(", ").join(sql.Identifier(n) for n in self.schema.names)
         try:
             with conn.transaction():
@@ -134,6 +141,9 @@ class PostgresSnapshotSink(SinkBase):
 
     def held_through(self) -> int | None:
         return self._db.run(lambda conn: max_time(conn, self.table))
+
+    def written_through(self, conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
+        return None  # the time guard makes a replay change nothing
 
     def _upsert_statement(self) -> sql.Composed:
         names = changes_columns(self.schema)

@@ -43,7 +43,7 @@ from pydantic import (
 )
 
 from schemas.kafka import ENV_VARIABLES, SECRET_FIELDS, KafkaSecurity
-from schemas.sinks import SinkSettings
+from schemas.sinks import KafkaSinkSettings, SinkSettings
 from schemas.sources import BatchPolicy, SourceSpec
 
 ENV_PREFIX = "TXSTREAM_"
@@ -161,8 +161,13 @@ class PipelineConfig(BaseModel):
                             "TXSTREAM_DATABASE_URL, or DATABASE_URL_FILE)")
         if self.retry_max_backoff_s < self.retry_initial_backoff_s:
             problems.append("retry_max_backoff_s: must be at least retry_initial_backoff_s")
+        # A Kafka sink reads back its topic's last transaction to skip replays: a topic shared
+        # with another sink would make it skip that one's transactions.
+        kafka_topics = [s.settings.topic for s in self.sinks
+                        if isinstance(s.settings, KafkaSinkSettings)]
         for label, values in (("sources", [s.name for s in self.sources]),
-                              ("sources (topics)", [s.topic for s in self.sources])):
+                              ("sources (topics)", [s.topic for s in self.sources]),
+                              ("sinks (Kafka topics, one sink each)", kafka_topics)):
             dupes = sorted({v for v in values if values.count(v) > 1})
             if dupes:
                 problems.append(f"{label}: {', '.join(dupes)} given more than once")

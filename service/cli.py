@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from connectors.kafka_client import client_settings
 from connectors.kafka_sink import KafkaSinkFatalError
@@ -21,6 +22,9 @@ from service.checkpoint import CheckpointError
 from service.engine import EngineInputError, ExpressionError, PipelineDefinitionError
 from service.engine.errors import EngineStateError
 from service.health import HealthServer, Progress, Readiness
+
+if TYPE_CHECKING:  # imported when running: it loads Spark
+    from service.runner import PipelineRunner
 
 log = logging.getLogger("service.cli")
 # Our own packages log at --log-level; everything else (py4j, Spark's Python side) at WARNING.
@@ -106,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
             runner.run(on_progress=_status_printer(config.log_format == "json"),
                        progress_interval=interval)
         except ExpressionError as exc:
-            _halt(exc, progress, stop)
+            _halt(exc, runner, stop)
             return 0
         if runner.checkpoint():
             log.info("final checkpoint through #%d", runner.progress.last_transaction)
@@ -119,12 +123,17 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _halt(exc: ExpressionError, progress: Progress, stop: threading.Event) -> None:
-    """Stay up, not ready, until told to stop: the batch would fail the same way after a
-    restart, so exiting would only make Kubernetes restart the process in a loop. The fix is
-    a new pipeline version; every committed transaction stays delivered and checkpointed."""
+def _halt(exc: ExpressionError, runner: PipelineRunner, stop: threading.Event) -> None:
+    """Checkpoint what was delivered, then stay up, not ready, until told to stop: the batch
+    would fail the same way after a restart, so exiting would only make Kubernetes restart the
+    process in a loop. The fix is a new pipeline version."""
     log.error("processing halted: %s", exc)
-    progress.halted = str(exc)
+    runner.progress.halted = str(exc)
+    try:
+        if runner.checkpoint():
+            log.info("checkpoint through #%d before halting", runner.progress.last_transaction)
+    except Exception:  # the halt stands; a restart replays from the previous checkpoint
+        log.exception("checkpoint before halting failed")
     stop.wait()
 
 

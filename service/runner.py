@@ -24,11 +24,12 @@ The guarantees are those of a sequential loop:
 After a crash the runner loads the newest complete checkpoint and the transactions logged after
 it; the builder re-forms those from the same records with the same numbers and boundaries, the
 engine recomputes them, and the sinks receive them again:
-* live snapshots end exactly as if no crash had happened: their time guard ignores a change
-  not newer than what a key holds;
-* append streams are at-least-once: Kafka and file sinks may receive a replayed transaction a
-  second time (same number, same changes: consumers can deduplicate by `time`); the PostgreSQL
-  append sink skips times it already holds.
+* the PostgreSQL outputs are written in one PostgreSQL transaction per batch with the
+  pipeline's progress row, which says the last transaction they hold: a replay adds nothing
+  twice (`connectors.postgres_outputs`); snapshots also keep a per-key time guard;
+* a Kafka sink reads back the last transaction its topic holds and skips the replay up to it;
+* a file sink may receive a replayed transaction a second time (same number, same changes:
+  readers can deduplicate by `time`).
 The Kafka consumer group's committed offsets are for monitoring only: a restart resumes from
 the checkpoint's offsets, which belong with the engine's state.
 """
@@ -63,7 +64,7 @@ from connectors.transactions import (
 from schemas.config import ConfigError, PipelineConfig, SinkConfig
 from schemas.sinks import PostgresAppendSettings, PostgresSnapshotSettings
 from schemas.tables import TableSchema
-from service.checkpoint import CheckpointStore, PipelineIdentity
+from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
 from service.engine import Engine, EngineVersion, ExpressionError, Pipeline
 from service.health import Progress, Readiness
 from service.pipelines import load_pipeline
@@ -244,6 +245,18 @@ class PipelineRunner:
                                         lambda: self._open_postgres_outputs(resuming))
         if not resuming:
             self._refuse_earlier_output()
+        elif self._postgres is not None:
+            committed = self._postgres.committed()
+            if committed is not None and committed > self._logged_through:
+                self._close_sinks()
+                raise CheckpointError(
+                    f"the progress row of pipeline {config.consumer_group!r} says its "
+                    f"PostgreSQL outputs hold transactions up to #{committed}, but "
+                    f"{config.checkpoint_location} knows them only up to "
+                    f"#{self._logged_through}: the checkpoint location is older than the "
+                    "outputs (restored from a backup?). Use the newest checkpoint location, or "
+                    "start over (an empty checkpoint location and `mode: replace` on every "
+                    "PostgreSQL sink)")
         self.input = self._retrying(KafkaInput.name, lambda: KafkaInput(
             config, state, replay, _Reports(self.progress, self.readiness, KafkaInput.name)))
         self._stages = _Stages(config.batch_transactions, serving=False)
@@ -306,9 +319,9 @@ class PipelineRunner:
             raise EarlierOutputError(
                 f"{'; '.join(stale)}, written by an earlier run, but this run starts from scratch"
                 f" (no checkpoint or logged transaction in {self.config.checkpoint_location}). "
-                "Restore that run's checkpoint location, or start the output over from the "
-                "topics (`mode: replace` on a PostgreSQL sink; move a file away), or write to a "
-                "new table or file")
+                "Restore that run's checkpoint location, or start the outputs over from the "
+                "topics (`mode: replace` on every PostgreSQL sink, which also deletes the "
+                "progress row; move files away), or write to new tables, files and topics")
 
     def _retrying(self, dependency: str, work: Callable[[], _T]) -> _T:
         """`work()`, retried with exponential backoff while `dependency` is unavailable (not

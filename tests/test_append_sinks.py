@@ -279,7 +279,8 @@ def test_snapshot_from_a_change_topic(postgres: PostgresEndpoint, pg_schema: str
                 rows.append((*state[key], t, 1))
         transactions.append(changes(rows))
     writers = [KafkaSink(kafka.bootstrap_servers, topic_name, "t", SCHEMA,
-                         transactional_id=f"{topic_name}-{w}") for w in range(2)]
+                         transactional_id=f"{topic_name}-{w}", skip_replays=False)
+               for w in range(2)]
     for txn in transactions[0::2]:
         writers[0].write(txn)
     for txn in [*reversed(transactions[1::2]), transactions[3]]:

@@ -25,7 +25,7 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     rows,
 )
 
-from connectors.kafka_source import KafkaSourceError
+from connectors.kafka_source import KafkaSourceError, _Letter
 from connectors.transactions import TransactionBuilder
 from schemas.sources import SourceSpec, UpstreamTransactions
 from schemas.tables import TableSchema
@@ -434,3 +434,16 @@ def test_values_no_sink_can_store_are_dead_lettered_when_decoded(
     assert "'name'" in errors[1] and "NUL" in errors[1]
     assert "'day'" in errors[2] and "year 1 to 9999" in errors[2]
     assert "'at'" in errors[3] and "year 1 to 9999" in errors[3]
+
+
+def test_a_dead_letter_is_cut_to_fit_value_first_then_the_records_own_headers_and_key() -> None:
+    letter = _Letter(b"k" * 2000, b"v" * 5000, [("h", b"x" * 3000), ("txstream.error", b"e")])
+    assert letter.within(20_000) is letter
+    cut = letter.within(6000)
+    assert cut.size() == 6000 and cut.key == letter.key and ("h", b"x" * 3000) in cut.headers
+    assert 0 < len(cut.value or b"") < 1000 and letter.value.startswith(cut.value or b"")
+    assert dict(cut.headers)["txstream.value_bytes"] == b"5000"
+    # Key and headers alone too large: the record's headers go, the key is cut; ours stay.
+    tiny = letter.within(300)
+    assert tiny.size() <= 300 and tiny.value == b"" and dict(tiny.headers) == {
+        "txstream.error": b"e", "txstream.truncated": b"true", "txstream.value_bytes": b"5000"}

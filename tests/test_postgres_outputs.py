@@ -165,3 +165,17 @@ def test_one_postgresql_transaction_per_stream_transaction_on_request(
     assert len({x for _, x in writers}) == 3
     [(offsets,)] = query(postgres.url, "SELECT offsets FROM {}", pg_schema, "txstream_progress")
     assert json.dumps(offsets, sort_keys=True) == '{"orders": {"0": 30, "1": 15}}'
+
+
+def test_without_a_progress_row_an_append_table_says_what_it_holds(
+        postgres: PostgresEndpoint, pg_schema: str) -> None:
+    # Tables an earlier release wrote, without a progress row: a replay must not append again.
+    with PostgresAppendSink(postgres.url, "log", LOG, db_schema=pg_schema) as early:
+        early.write(batch(1, 2)["log"])
+    group, *sinks = outputs(postgres.url, pg_schema)
+    group.write(batch(1, 3), [mark(1), mark(2), mark(3)])
+    group.close()
+    for sink in sinks:
+        sink.close()
+    assert query(postgres.url, 'SELECT id FROM {} ORDER BY id', pg_schema, "log") == [
+        (1,), (2,), (3,)]

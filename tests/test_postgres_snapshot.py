@@ -394,6 +394,10 @@ def test_rows_postgres_refuses_are_kept_aside_and_the_rest_is_written(
     reasons = {json.loads(r[4])["region" if r[0] == "d" else "id"]: r[3] for r in rejects}
     assert "check constraint" in reasons[3] and "0x00" in reasons[2]
     assert "out of range" in reasons["us"]
+    # A table recreated from scratch numbers its transactions anew: its old rejects go.
+    PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema, mode="replace").close()
+    assert [r[0] for r in fetch(postgres.url, sql.SQL("SELECT output_table FROM {}").format(
+        sql.Identifier(pg_schema, "txstream_rejects")))] == ["d"]
 
 
 def test_servers_before_15_refuse_null_keys_row_by_row(

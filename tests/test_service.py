@@ -90,6 +90,8 @@ def test_every_problem_is_listed_with_its_path() -> None:
 
 def test_checks_across_fields_are_listed_together() -> None:
     data = {**_deploy_config(), "pipeline": "no_colon", "retry_max_backoff_s": 0.1}
+    kafka = {"kind": "kafka", "topic": "out", "transactional_id": "t1"}
+    data["sinks"] += [{"output": "statuses", **kafka}, {"output": "paid_orders", **kafka}]
     with pytest.raises(ConfigError) as err:
         PipelineConfig.from_mapping(data, env={})
     assert [line.strip() for line in str(err.value).splitlines()[1:]] == [
@@ -98,6 +100,7 @@ def test_checks_across_fields_are_listed_together() -> None:
         "database_url: PostgreSQL sinks need DATABASE_URL (or TXSTREAM_DATABASE_URL, or "
         "DATABASE_URL_FILE)",
         "retry_max_backoff_s: must be at least retry_initial_backoff_s",
+        "sinks (Kafka topics, one sink each): out given more than once",
     ]
 
 

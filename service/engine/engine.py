@@ -312,9 +312,11 @@ class Engine:
         return ExpressionError(
             f"{where}{failing} failed on this batch's data: "
             f"{first_line(exc)}. Spark evaluates with ANSI SQL semantics, so the same input "
-            "fails again on every retry: make the expression total (try_divide, try_cast, "
-            "try_add, a CASE or a filter before it) or keep such records out upstream, then "
-            "redeploy; processing resumes at this batch")
+            "fails again on every retry: make the expression total with the same result type "
+            "(CASE WHEN <divisor> = 0 THEN NULL ELSE ... END, try_cast, try_add) or keep such "
+            "records out upstream, then redeploy; processing resumes at this batch (a new "
+            "table or a changed type changes the pipeline, whose saved state then no longer "
+            "fits: that needs a start from scratch)")
 
     def _fingerprint(self) -> list[str]:
         """What a saved state must match: every operator, in order, with its output schema."""
