@@ -175,6 +175,8 @@ def _show_and_check(url: str, world: OrderWorld, say: Say) -> None:
             "SELECT customer_id, name, n_orders, total FROM customer_stats_live"
         ).fetchall()
         regions = conn.execute("SELECT * FROM region_totals_live ORDER BY region").fetchall()
+        progress = conn.execute(
+            'SELECT pipeline, "transaction", offsets FROM txstream_progress').fetchall()
     say("\ncustomer_stats (live snapshot; top 10 by total):")
     say(f"  {'customer_id':>11} {'name':<14} {'n_orders':>8} {'total':>12} {'time':>6} diff")
     for cid, name, n, total, t, d in rows:
@@ -183,6 +185,12 @@ def _show_and_check(url: str, world: OrderWorld, say: Say) -> None:
     for region, n, revenue, lo, hi in regions:
         say(f"  {region:<6} orders {n:>5}  revenue {revenue:>12.2f}  min {lo:>8.2f} "
             f"max {hi:>8.2f}")
+    say("\ntxstream_progress (committed with the tables, in the same PostgreSQL transaction):")
+    for pipeline, transaction, offsets in progress:
+        resume = ", ".join(f"{topic.rsplit('-', 1)[0]}/{p}@{o}" for topic, parts in
+                           sorted(offsets.items()) for p, o in sorted(parts.items()))
+        say(f"  pipeline {pipeline}: through transaction #{transaction}; sources resume at "
+            f"{resume}")
     expected = _expected_customer_stats(world)
     got = {cid: (name, n, total) for cid, name, n, total in live}
     wrong = [cid for cid in expected.keys() | got.keys()
@@ -194,4 +202,4 @@ def _show_and_check(url: str, world: OrderWorld, say: Say) -> None:
     say(f"\nchecked: customer_stats equals a from-scratch computation for all {len(expected)} "
         "customers")
     say(f"\nconnect: psql '{url}'   (tables customer_stats, region_totals, paid_orders, "
-        "statuses; views *_live)\nstop PostgreSQL: make demo-stop")
+        "statuses, txstream_progress; views *_live)\nstop PostgreSQL: make demo-stop")
