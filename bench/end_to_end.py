@@ -50,9 +50,9 @@ from examples.order_events import REGIONS
 from examples.orders import OUTPUTS, kafka_sources
 from schemas.config import PipelineConfig, SinkConfig
 from schemas.sources import BatchPolicy
+from service.compose import open_runner
 from service.embedded.kafka import KafkaEndpoint, kafka_from_env
 from service.embedded.postgres import postgres_from_env
-from service.runner import PipelineRunner
 from service.spark import get_spark
 
 CUSTOMER_COUNT = 200
@@ -143,7 +143,7 @@ def _run(kafka: KafkaEndpoint, url: str, policy: BatchPolicy, batch_transactions
         database_url=url, checkpoint_dir=tempfile.mkdtemp(prefix="txstream-bench-"),
     )
     print(f"{measure.__qualname__.split('.')[0]}: starting", file=sys.stderr, flush=True)
-    runner = PipelineRunner(config, spark=get_spark())
+    runner = open_runner(config, spark=get_spark())
     stream = Stream(bootstrap, topics)
     watcher = Watcher(url, schema)
     loop = threading.Thread(target=runner.run, daemon=True)
@@ -246,7 +246,7 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
         database_url=url, checkpoint_dir=tempfile.mkdtemp(prefix="txstream-bench-"),
     )
     print("groupby_saturation: txstream", file=sys.stderr, flush=True)
-    runner = PipelineRunner(config, spark=get_spark())
+    runner = open_runner(config, spark=get_spark())
     loop = threading.Thread(target=runner.run, daemon=True)
     started = time.monotonic()
     loop.start()

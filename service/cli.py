@@ -70,7 +70,8 @@ def _status_printer(json_format: bool) -> Callable[[Progress], None]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from service.runner import PipelineRunner, ShutdownRequested
+    from service.compose import open_runner
+    from service.runner import ShutdownRequested
 
     config = PipelineConfig.load(args.config)
     _set_up_logging(args.log_level, config.log_format == "json")
@@ -100,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         try:
-            runner = PipelineRunner(config, progress=progress, readiness=readiness)
+            runner = open_runner(config, progress=progress, readiness=readiness)
         except ShutdownRequested:
             return 0
         if stop.is_set():
@@ -163,9 +164,9 @@ def run_checks(config: PipelineConfig) -> list[Check]:
     from confluent_kafka import Consumer
 
     from service.checkpoint import CheckpointStore, PipelineIdentity
+    from service.compose import check_sinks, check_sources
     from service.engine import Engine
     from service.pipelines import load_pipeline
-    from service.runner import check_sinks, check_sources
     from service.spark import get_spark
 
     checks: list[Check] = []

@@ -27,9 +27,9 @@ from examples.orders import OUTPUTS, kafka_sources
 from schemas.config import PipelineConfig, SinkConfig
 from schemas.kafka import PLAINTEXT
 from schemas.sources import BatchPolicy
+from service.compose import open_runner
 from service.embedded.kafka import KafkaEndpoint, kafka_from_env
 from service.embedded.postgres import EmbeddedPostgres
-from service.runner import PipelineRunner
 
 DEMO_DIR = Path(".txstream/demo")
 # Records that are not valid events: the demo shows they are counted and skipped.
@@ -138,7 +138,7 @@ def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = p
             checkpoint_dir=str(work_dir / "checkpoints"),
         )
         say("starting Spark (local mode) and compiling the pipeline")
-        runner = PipelineRunner(config)
+        runner = open_runner(config)
         producer = _Producer(kafka.bootstrap_servers, topics, events_count, seed=7)
         say(f"producing {events_count} order events; the service turns them into transactions")
         run_started = time.monotonic()

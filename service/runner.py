@@ -14,6 +14,9 @@ Batches adapt to the load: compute takes every transaction ready when it is free
 `batch_transactions`. At low load that is one transaction, processed as soon as it closes;
 under a backlog the batches grow, so the engine's cost per batch is shared by more events.
 
+The runner knows neither Kafka nor Spark: its input is `connectors.kafka_input`, its engine and
+checkpoint store are handed to it (`service.compose.open_runner` builds them).
+
 The guarantees are those of a sequential loop:
 * a batch's transactions are in the transaction log before the engine runs them, so before
   any sink sees them;
@@ -46,10 +49,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
 
 from connectors.factory import open_sink
 from connectors.kafka_input import KafkaInput
@@ -63,12 +65,13 @@ from connectors.transactions import (
 )
 from schemas.config import ConfigError, PipelineConfig, SinkConfig
 from schemas.sinks import PostgresAppendSettings, PostgresSnapshotSettings
-from schemas.tables import TableSchema
-from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
-from service.engine import Engine, EngineVersion, ExpressionError, Pipeline
+from service.checkpoint import CheckpointError
+from service.engine.errors import ExpressionError
 from service.health import Progress, Readiness
-from service.pipelines import load_pipeline
-from service.spark import get_spark
+
+if TYPE_CHECKING:
+    from service.checkpoint import CheckpointStore
+    from service.engine import Engine, EngineVersion
 
 __all__ = ["PipelineRunner", "Progress", "ShutdownRequested"]
 
@@ -100,43 +103,6 @@ class _CrashPoints:
             if self._countdown == 0:
                 log.warning("%s=%s: killing the process", CRASH_ENV, os.environ.get(CRASH_ENV))
                 os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _shape(schema: TableSchema) -> tuple[object, ...]:
-    """Names, types and key; not nullability, which a schema written in YAML leaves at its
-    default even for key columns (that `TableSchema.of` makes non-null)."""
-    return tuple((c.name, c.type) for c in schema.columns), tuple(schema.primary_key)
-
-
-def check_sources(config: PipelineConfig, pipeline: Pipeline) -> None:
-    """The configured sources are exactly the pipeline's, with its schemas."""
-    problems = []
-    configured = {s.name: s for s in config.sources}
-    for name, node in pipeline.sources.items():
-        spec = configured.get(name)
-        if spec is None:
-            problems.append(f"sources: the pipeline reads {name!r}, which no source configures")
-        elif node.schema is not None and _shape(spec.schema) != _shape(node.schema):
-            problems.append(
-                f"sources.{name}.schema: differs from the pipeline's source schema "
-                f"({', '.join(f'{c.name} {c.type.value}' for c in node.schema.columns)}; "
-                f"primary key {', '.join(node.schema.primary_key) or 'none'})"
-            )
-    for name in configured.keys() - pipeline.sources.keys():
-        problems.append(f"sources.{name}: the pipeline has no source of that name")
-    if problems:
-        raise ConfigError("configuration does not fit the pipeline:\n  " + "\n  ".join(problems))
-
-
-def check_sinks(config: PipelineConfig, engine: Engine) -> None:
-    """Every sink names an output of the pipeline."""
-    problems = [
-        f"sinks.{i}.output: {cfg.output!r} is not an output of the pipeline "
-        f"({', '.join(sorted(engine.outputs))})"
-        for i, cfg in enumerate(config.sinks) if cfg.output not in engine.outputs
-    ]
-    if problems:
-        raise ConfigError("configuration does not fit the pipeline:\n  " + "\n  ".join(problems))
 
 
 def _postgres(cfg: SinkConfig) -> bool:
@@ -191,27 +157,19 @@ class PipelineRunner:
     already computed are delivered; `checkpoint` then `close`.
     """
 
-    def __init__(self, config: PipelineConfig, *, spark: SparkSession | None = None,
-                 pipeline: Pipeline | None = None, progress: Progress | None = None,
-                 readiness: Readiness | None = None) -> None:
-        """`progress` and `readiness`: given when an HTTP endpoint serves them from before the
-        runner exists (restoring and connecting take a while)."""
+    def __init__(self, config: PipelineConfig, *, engine: Engine, checkpoints: CheckpointStore,
+                 progress: Progress | None = None, readiness: Readiness | None = None) -> None:
+        """`engine` and `checkpoints`: the pipeline's compute and state storage, composed by
+        `service.compose.open_runner`. `progress` and `readiness`: given when an HTTP endpoint
+        serves them from before the runner exists (restoring and connecting take a while)."""
         self.config = config
-        pipeline = pipeline or load_pipeline(config.pipeline)
-        check_sources(config, pipeline)
-        spark = spark or get_spark(config.spark_master)
-        self.engine = Engine(pipeline, spark)
-        check_sinks(config, self.engine)
+        self.engine = engine
+        self.checkpoints = checkpoints
         self.progress = progress or Progress()
         self.readiness = readiness or Readiness(config.ready_max_lag)
         self._stop = threading.Event()
         self._crash = _CrashPoints(os.environ.get(CRASH_ENV))
         assert config.kafka_bootstrap_servers is not None
-        self.checkpoints = CheckpointStore(
-            config.checkpoint_location, spark, keep=config.checkpoints_kept,
-            identity=PipelineIdentity(pipeline=config.pipeline,
-                                      sources={s.name: s.topic for s in config.sources},
-                                      outputs=sorted(self.engine.outputs)))
         latest = self.checkpoints.latest()
         # Sinks may hold transactions of an earlier run exactly when there is a checkpoint or a
         # logged transaction; only a start from scratch may recreate `mode: replace` tables.

@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from examples.orders import kafka_sources
 from schemas.config import PipelineConfig, SinkConfig
 from schemas.sources import BatchPolicy
+from service.compose import open_runner
 from service.runner import PipelineRunner
 
 Row = dict[str, Any]
@@ -47,7 +48,7 @@ def runner(kafka, postgres, spark, pg_schema, topic_name, tmp_path):  # type: ig
         database_url=postgres.url,
         checkpoint_dir=str(tmp_path),
     )
-    r = PipelineRunner(config, spark=spark)
+    r = open_runner(config, spark=spark)
     r.topics = topics  # type: ignore[attr-defined]
     yield r
     r.close()

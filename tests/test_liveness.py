@@ -45,11 +45,11 @@ from schemas.config import PipelineConfig, SinkConfig
 from schemas.sinks import RetryPolicy
 from schemas.sources import BatchPolicy, SourceSpec
 from schemas.tables import TableSchema
+from service.compose import open_runner
 from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 from service.embedded.postgres import PostgresEndpoint
 from service.engine import Pipeline
 from service.health import HealthServer, Progress, Readiness, stall
-from service.runner import PipelineRunner
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text"}, primary_key=["id"])
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN = 22, 24  # Kafka protocol API keys
@@ -330,7 +330,7 @@ def test_healthz_fails_while_a_sink_hangs_with_work_waiting_and_recovers(
         kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"g-{topic_name}",
         database_url=postgres.url, checkpoint_dir=str(tmp_path / "ck"), http_port=None,
         stall_timeout_s=2.0)
-    runner = PipelineRunner(config, spark=spark, pipeline=items_pipeline())
+    runner = open_runner(config, spark=spark, pipeline=items_pipeline())
     server = health(runner.progress, runner.readiness, stall_timeout_s=config.stall_timeout_s)
     failures: list[BaseException] = []
 

@@ -47,6 +47,7 @@ from schemas.config import ConfigError, PipelineConfig, SinkConfig
 from schemas.sources import BatchPolicy
 from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
 from service.cli import main, run_checks
+from service.compose import open_runner
 from service.embedded.postgres import EmbeddedPostgres, free_port
 from service.health import HealthServer, Progress, Readiness, render_metrics, stall
 from service.runner import EarlierOutputError, PipelineRunner
@@ -332,7 +333,7 @@ def test_readyz_metrics_and_graceful_stop(kafka, postgres, spark, pg_schema, top
                      f"g-{topic_name}", tmp_path / "ck")
     producer = _Producer(kafka.bootstrap_servers, topics)
     producer.send(400)
-    runner = PipelineRunner(config, spark=spark)
+    runner = open_runner(config, spark=spark)
     health = HealthServer(0, runner.progress, runner.readiness, host="127.0.0.1").start()
     try:
         assert scrape(health.port, "/healthz") == (200, "ok\n")
@@ -377,7 +378,7 @@ def test_readyz_metrics_and_graceful_stop(kafka, postgres, spark, pg_schema, top
 
     # A restart resumes from that checkpoint: nothing to replay, the same numbering goes on.
     producer.send(50)
-    again = PipelineRunner(config, spark=spark)
+    again = open_runner(config, spark=spark)
     try:
         assert again.progress.last_checkpoint_transaction == last
         again.run(until=lambda r: r.lag() == 0)
@@ -466,7 +467,7 @@ def test_broker_unreachable_then_back(paused_broker, postgres, spark, pg_schema,
                      tmp_path / "ck")
     producer = _Producer(bootstrap, topics)
     producer.send(200)
-    runner = PipelineRunner(config, spark=spark)
+    runner = open_runner(config, spark=spark)
     try:
         with _Background(runner) as loop:
             loop.wait("the first events committed", loop.drained(200))
@@ -500,7 +501,7 @@ def test_postgres_restart_during_a_run(kafka, spark, topics, topic_name, tmp_pat
                          tmp_path / "ck")
         producer = _Producer(kafka.bootstrap_servers, topics)
         producer.send(200)
-        runner = PipelineRunner(config, spark=spark)
+        runner = open_runner(config, spark=spark)
         try:
             with _Background(runner) as loop:
                 loop.wait("the first events committed", loop.drained(200))
@@ -558,14 +559,14 @@ def test_a_start_from_scratch_refuses_sinks_holding_an_earlier_run(  # type: ign
         kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path) -> None:
     config = _config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
                      f"g-{topic_name}", tmp_path / "ck")
-    PipelineRunner(config, spark=spark).close()  # creates the tables, writes nothing
+    open_runner(config, spark=spark).close()  # creates the tables, writes nothing
     with psycopg.connect(postgres.url, autocommit=True) as conn:
         conn.execute(sql.SQL('INSERT INTO {} (customer_id, "time", "diff") VALUES (1, 7, 1)')
                      .format(sql.Identifier(pg_schema, "customer_stats")))
     # The checkpoint location is lost (a new volume, a renamed consumer group...).
     lost = config.model_copy(update={"checkpoint_dir": str(tmp_path / "new")})
     with pytest.raises(EarlierOutputError) as info:
-        PipelineRunner(lost, spark=spark)
+        open_runner(lost, spark=spark)
     message = str(info.value)
     assert f"table {pg_schema}.customer_stats" in message and "#7" in message
     assert "mode: replace" in message and "paid_orders" not in message
@@ -574,12 +575,12 @@ def test_a_start_from_scratch_refuses_sinks_holding_an_earlier_run(  # type: ign
             sql.Identifier(pg_schema, "txstream_progress")), [config.consumer_group])
     with pytest.raises(EarlierOutputError, match=f"progress row of pipeline "
                        f"'{config.consumer_group}' says .* up to #9"):
-        PipelineRunner(lost, spark=spark)
+        open_runner(lost, spark=spark)
     rebuilt = lost.model_copy(update={"sinks": [
         s.model_copy(update={"settings": s.settings.model_copy(update={"mode": "replace"})})
         for s in lost.sinks]})
-    PipelineRunner(rebuilt, spark=spark).close()  # every table and the progress row start over
-    PipelineRunner(lost, spark=spark).close()
+    open_runner(rebuilt, spark=spark).close()  # every table and the progress row start over
+    open_runner(lost, spark=spark).close()
 
 
 def test_an_expression_failing_on_the_data_halts_without_a_restart_loop(  # type: ignore[no-untyped-def]
