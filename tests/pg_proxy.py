@@ -42,14 +42,16 @@ class CommitCutter:
     def _pump(self, source: socket.socket, target: socket.socket, from_client: bool) -> None:
         try:
             while data := source.recv(65536):
-                target.sendall(data)
                 if from_client and _COMMIT in data and self._armed.is_set():
                     self._armed.clear()
                     self.cuts += 1
-                    # The server has the COMMIT; the client loses its connection before any
-                    # answer. The server side stays open until the server is done with it.
+                    # The client loses its connection first, so no answer can reach it, then
+                    # the server gets the COMMIT. The server side stays open until the server
+                    # is done with it.
                     source.shutdown(socket.SHUT_RDWR)
+                    target.sendall(data)
                     return
+                target.sendall(data)
         except OSError:
             pass
         finally:
