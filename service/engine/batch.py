@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
+from service.engine.frames import cached_leaf
 from service.engine.state import StagedRuns, ZSetState
 
 
@@ -26,11 +27,9 @@ class BatchPlan:
     @staticmethod
     def shared(frame: DataFrame) -> DataFrame:
         """A frame several plans read: computed once, by the batch's job, and seen by those
-        plans as a leaf, so they neither re-analyze nor recompute its lineage. Read back through
-        a narrow coalesce: a checkpointed frame does not always report that it has one
-        partition, and one input of unknown partitioning makes Spark shuffle both sides of a
-        join."""
-        return frame.localCheckpoint(eager=False).coalesce(1)
+        plans as a leaf (see `cached_leaf`). It reports the single partition of its plan, so
+        joins with it need no exchange."""
+        return cached_leaf(frame)
 
     @property
     def frames(self) -> list[DataFrame]:
