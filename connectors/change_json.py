@@ -1,7 +1,9 @@
 """The JSON form of change rows, shared by the Kafka and file sinks and the change-topic reader.
 
 A change is one JSON object: the row's columns, then `time` and `diff`. Timestamps are ISO 8601
-in UTC with microseconds (`2024-05-01T12:00:00.000000Z`), dates `YYYY-MM-DD`. JSON has no NaN or
+in UTC with microseconds (`2024-05-01T12:00:00.000000Z`), dates `YYYY-MM-DD`. Decimals are
+strings with all their scale's digits (`"1751.30"`), as Debezium's `string` mode writes them:
+many JSON readers would parse a number as a double and lose digits. JSON has no NaN or
 infinity, so those doubles are the strings `"NaN"`, `"Infinity"` and `"-Infinity"`, as in the
 protobuf JSON mapping; any other string in a double column is an error when decoding.
 """
@@ -47,7 +49,7 @@ def json_columns(table: pa.Table) -> dict[str, list[Any]]:
         if pa.types.is_timestamp(kind):
             column = pc.strftime(column.cast(pa.timestamp("us", tz="UTC")),
                                  format="%Y-%m-%dT%H:%M:%SZ")
-        elif pa.types.is_date(kind):
+        elif pa.types.is_date(kind) or pa.types.is_decimal(kind):
             column = column.cast(pa.string())
         values = column.to_pylist()
         if pa.types.is_floating(kind) and not pc.all(pc.is_finite(column)).as_py():
@@ -97,7 +99,8 @@ def decode_changes(payloads: Iterable[bytes], schema: TableSchema) -> pa.Table:
         try:
             if pa.types.is_floating(field.type):
                 values = [_NON_FINITE[v] if isinstance(v, str) else v for v in values]
-            elif pa.types.is_timestamp(field.type) or pa.types.is_date(field.type):
+            elif (pa.types.is_timestamp(field.type) or pa.types.is_date(field.type)
+                  or pa.types.is_decimal(field.type)):
                 arrays.append(pa.array(values, pa.string()).cast(field.type))
                 continue
             arrays.append(pa.array(values, field.type))

@@ -23,6 +23,7 @@ import pyarrow.json as pajson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from connectors.debezium_decimals import unscaled_decimals
 from connectors.kafka_client import client_settings
 from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.sources import (
@@ -101,9 +102,22 @@ def _np(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return mask.to_numpy(zero_copy_only=False)
 
 
-def _json_type(ctype: ColumnType) -> pa.DataType:
-    # Arrow's JSON reader takes date32 values as day numbers: dates are read as text instead.
-    return pa.string() if ctype is ColumnType.DATE else ctype.arrow
+def _json_type(ctype: ColumnType, precise_decimals: bool) -> pa.DataType:
+    # Arrow's JSON reader takes date32 values as day numbers: dates are read as text instead,
+    # and so are base64-encoded decimals.
+    if ctype is ColumnType.DATE or (ctype.is_decimal and precise_decimals):
+        return pa.string()
+    return ctype.arrow
+
+
+def _precise(text: pa.Array, ctype: ColumnType, which: np.ndarray, errors: _Errors,
+             where: str) -> pa.Array:
+    """Debezium's base64 decimals; a value that is not one of the column's fails its record."""
+    values, bad = unscaled_decimals(text, ctype.arrow)
+    errors.add(bad & which, f"field {where!r} is not a base64-encoded {ctype} (Debezium's "
+                            "decimal.handling.mode=precise); if the connector writes decimals "
+                            "as strings or numbers, set the source's decimal_handling_mode")
+    return values
 
 
 def _dates(text: pa.Array, which: np.ndarray, errors: _Errors, where: str) -> pa.Array:
@@ -244,7 +258,8 @@ class SourceDecoder:
         for prefix in prefixes:
             for col in self._value_cols:
                 _tree_insert(tree, prefix + spec.path_of(col),
-                             _json_type(self._schema.column(col).type))
+                             _json_type(self._schema.column(col).type,
+                                        spec.precise_decimals))
         extra: list[tuple[tuple[str, ...], pa.DataType]] = []
         if self._debezium:
             extra.append((("op",), pa.string()))
@@ -463,8 +478,12 @@ class SourceDecoder:
                     cols[col] = parsed.envelope((*prefix, *spec.path_of(col)))
                 else:
                     cols[col] = parsed.get(spec.path_of(col))
-                if col not in meta and self._schema.column(col).type is ColumnType.DATE:
+                ctype = self._schema.column(col).type
+                if col not in meta and ctype is ColumnType.DATE:
                     cols[col] = _dates(cols[col], which, errors, spec.fields.get(col, col))
+                elif col not in meta and ctype.is_decimal and spec.precise_decimals:
+                    cols[col] = _precise(cols[col], ctype, which, errors,
+                                         spec.fields.get(col, col))
                 if col not in meta:
                     _storable(cols[col], which, errors, spec.fields.get(col, col))
             for col in required:

@@ -59,12 +59,14 @@ def copy_into(cur: psycopg.Cursor[tuple[object, ...]], table: sql.Composable,
 
 def _canonical_types(conn: psycopg.Connection[tuple[object, ...]],
                      types: list[str]) -> list[str]:
-    """PostgreSQL's own spelling of type names (e.g. TIMESTAMPTZ -> timestamp with time zone)."""
+    """PostgreSQL's own spelling of type names (e.g. TIMESTAMPTZ -> timestamp with time zone),
+    with their modifiers: NUMERIC(12,2) -> numeric(12,2), as a table's columns are described."""
     rows = conn.execute(
         "SELECT format_type(t::regtype, NULL) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i)"
-        " ORDER BY i", [types],
+        " ORDER BY i", [[t.split("(")[0] for t in types]],
     ).fetchall()
-    return [str(r[0]) for r in rows]
+    return [str(r[0]) + (t[t.index("("):].replace(" ", "") if "(" in t else "")
+            for r, t in zip(rows, types, strict=True)]
 
 
 def max_time(conn: psycopg.Connection[tuple[object, ...]], table: sql.Composable) -> int | None:

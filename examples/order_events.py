@@ -1,8 +1,9 @@
 """Sample events for the example pipeline: upserts and deletes of customers and orders.
 
 Messages are keyed by a JSON object of the primary key columns (a tombstone, value null, has only
-its key to say which row it deletes); values are JSON rows. Used by `txstream demo` and by the
-docker-compose event generator.
+its key to say which row it deletes); values are JSON rows, amounts exact decimal strings
+(`"123.40"`, as Debezium's `decimal.handling.mode=string` writes them). Used by `txstream demo`
+and by the docker-compose event generator.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -40,6 +42,11 @@ class OrderWorld:
             table[key] = row
 
 
+def _cents(rng: random.Random) -> Decimal:
+    """An amount of money: decimal(12,2), exact (1.00 to 500.00)."""
+    return Decimal(rng.randint(100, 50_000)).scaleb(-2)
+
+
 def events(rng: random.Random, customers: int) -> Iterator[Event]:
     """An endless stream: every customer first, then orders created, updated (status or
     amount) and deleted; now and then a customer changes region."""
@@ -57,8 +64,7 @@ def events(rng: random.Random, customers: int) -> Iterator[Event]:
             row = {
                 "order_id": next_order_id,
                 "customer_id": rng.randint(1, customers),
-                # Whole cents keep sums readable when compared by eye in PostgreSQL.
-                "amount": rng.randint(100, 50_000) / 100,
+                "amount": _cents(rng),
                 "status": STATUSES[0],
             }
             orders[next_order_id] = row
@@ -72,7 +78,7 @@ def events(rng: random.Random, customers: int) -> Iterator[Event]:
             if rng.random() < 0.7:
                 row["status"] = rng.choice(STATUSES)
             else:
-                row["amount"] = rng.randint(100, 50_000) / 100
+                row["amount"] = _cents(rng)
             orders[order_id] = row
             yield "orders", order_id, row
         elif roll < 0.93:
@@ -98,7 +104,7 @@ def encode(event: Event) -> tuple[bytes, bytes | None]:
     """The Kafka key and value of an event."""
     source, key, row = event
     return (json.dumps({KEY_COLUMNS[source]: key}).encode(),
-            None if row is None else json.dumps(row).encode())
+            None if row is None else json.dumps(row, default=str).encode())
 
 
 def as_changes(batch: list[Event], rows: dict[str, dict[int, dict[str, Any]]], time: int

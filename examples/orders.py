@@ -22,7 +22,8 @@ CUSTOMERS = TableSchema.of(
     {"customer_id": "bigint", "name": "text", "region": "text"}, primary_key=["customer_id"]
 )
 ORDERS = TableSchema.of(
-    {"order_id": "bigint", "customer_id": "bigint", "amount": "double", "status": "text"},
+    {"order_id": "bigint", "customer_id": "bigint", "amount": "decimal(12,2)",
+     "status": "text"},
     primary_key=["order_id"],
 )
 
@@ -58,7 +59,7 @@ def pipeline() -> Pipeline:
                        how="left")
         .groupby("customer_id", "name")
         .reduce(n_orders=r.count("order_id"), total=r.sum("amount"))
-        .select("customer_id", "name", "n_orders", total="COALESCE(total, 0.0)")
+        .select("customer_id", "name", "n_orders", total="COALESCE(total, 0)")
     )
     statuses = orders.select("status").distinct()
 

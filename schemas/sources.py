@@ -4,6 +4,7 @@ how it decodes it and how it groups records into numbered transactions."""
 from __future__ import annotations
 
 import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -61,13 +62,20 @@ _JSON_TYPES: dict[ColumnType, Any] = {
 }
 
 
+def _json_decimal(ctype: ColumnType) -> Any:
+    """A decimal column takes a JSON number or a numeric string, with at most its digits."""
+    assert ctype.precision is not None and ctype.scale is not None
+    return Annotated[Decimal, Field(max_digits=ctype.precision, decimal_places=ctype.scale,
+                                    allow_inf_nan=False)]
+
+
 def row_model(schema: TableSchema, columns: list[str], name: str = "Row") -> type[BaseModel]:
     """A pydantic model of one JSON row of `columns` of `schema` (non-nullable columns are
     required). The batch decoder validates with Arrow; this model explains a rejected record."""
     fields: dict[str, Any] = {}
     for i, col in enumerate(columns):
         column = schema.column(col)
-        json_type = _JSON_TYPES[column.type]
+        json_type = _JSON_TYPES.get(column.type) or _json_decimal(column.type)
         # Positional names with the column as alias: a column may be called like a BaseModel
         # attribute ("json", "copy").
         fields[f"c{i}"] = (
@@ -134,9 +142,12 @@ class SourceSpec(BaseModel):
     """One Kafka topic read as one input table.
 
     JSON values per column type: bigint/int integers (in range), double numbers, text strings,
-    boolean true/false, timestamp ISO-8601 text (UTC when no offset), date YYYY-MM-DD text.
-    Debezium's numeric temporal encodings (days / micros since the epoch) are not decoded:
-    give the connector ISO string converters, or declare such columns bigint.
+    boolean true/false, timestamp ISO-8601 text (UTC when no offset), date YYYY-MM-DD text,
+    decimal(p,s) numbers or numeric strings with at most `p` digits, `s` after the point (read
+    from their JSON text, never through a float). Debezium sources encode decimals as their
+    connector's `decimal.handling.mode` says: `decimal_handling_mode`. Debezium's numeric
+    temporal encodings (days / micros since the epoch) are not decoded: give the connector ISO
+    string converters, or declare such columns bigint.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -159,6 +170,10 @@ class SourceSpec(BaseModel):
     # upsert over JSON: a boolean field that marks a delete of the record's key.
     delete_field: str | None = None
     upstream: UpstreamTransactions | None = None
+    # Debezium only, as the connector's `decimal.handling.mode`: `precise` (Debezium's default)
+    # is base64 of the unscaled value's big-endian two's-complement bytes; `string` and
+    # `double` are JSON text, read exactly like a JSON source's decimals.
+    decimal_handling_mode: Literal["precise", "string", "double"] | None = None
     max_value_bytes: int = Field(default=1_000_000, gt=0)
     # A record rejected by field validation: quote the offending value (up to 80 characters)
     # in its reason, which is logged and put in the dead letter's `txstream.error` header. Off,
@@ -238,6 +253,10 @@ class SourceSpec(BaseModel):
                 f"source {self.name!r}: Debezium envelopes carry deletes and updates; use "
                 "semantics 'insert_delete' (before -> -1, after -> +1) or 'upsert'"
             )
+        if self.decimal_handling_mode is not None and self.format != "debezium":
+            raise SourceSpecError(
+                f"source {self.name!r}: decimal_handling_mode describes a Debezium connector; "
+                "a JSON source reads decimals from JSON numbers and numeric strings")
         if self.diff_values is not None and any(v == 0 for v in self.diff_values.values()):
             raise SourceSpecError(f"source {self.name!r}: diff_values may not map to 0")
         if self.delete_field is not None:
@@ -247,6 +266,11 @@ class SourceSpec(BaseModel):
                     f"source {self.name!r}: delete_field applies to JSON upsert sources only"
                 )
         return self
+
+    @property
+    def precise_decimals(self) -> bool:
+        """Whether decimal values come base64-encoded (Debezium's `precise` mode)."""
+        return self.format == "debezium" and self.decimal_handling_mode in (None, "precise")
 
     def value_columns(self) -> list[str]:
         """Columns read from the message value, in schema order."""

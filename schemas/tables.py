@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
+from pydantic_core import core_schema
 
 # Names the engine adds to every change; user columns may not take them.
 RESERVED_COLUMNS = frozenset({"time", "diff"})
@@ -18,80 +18,142 @@ class TableSchemaError(ValueError):
     """A table schema is malformed (unknown type, bad or duplicate column name, bad key)."""
 
 
-class ColumnType(StrEnum):
-    BIGINT = "bigint"
-    INT = "int"
-    DOUBLE = "double"
-    TEXT = "text"
-    BOOLEAN = "boolean"
-    TIMESTAMP = "timestamp"
-    DATE = "date"
+_DECIMAL = re.compile(r"^(?:decimal|numeric)\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)$")
+# Arrow's decimal128 and Spark's DecimalType both hold at most 38 digits.
+MAX_DECIMAL_PRECISION = 38
+
+
+class ColumnType:
+    """A column's type: one of the named types (`ColumnType.BIGINT`, ...), or `decimal(p,s)`,
+    an exact number of `p` digits, `s` of them after the point.
+
+    Named types are singletons (compare with `is` or `==`); decimals compare by precision and
+    scale. The text form (`value`, `str`) is what a schema declares: "bigint",
+    "decimal(12,2)"."""
+
+    BIGINT: ClassVar[ColumnType]
+    INT: ClassVar[ColumnType]
+    DOUBLE: ClassVar[ColumnType]
+    TEXT: ClassVar[ColumnType]
+    BOOLEAN: ClassVar[ColumnType]
+    TIMESTAMP: ClassVar[ColumnType]
+    DATE: ClassVar[ColumnType]
+
+    __slots__ = ("_arrow", "_postgres", "_spark", "precision", "scale", "value")
+
+    def __init__(self, value: str, arrow: pa.DataType, spark: str, postgres: str,
+                 precision: int | None = None, scale: int | None = None) -> None:
+        self.value = value
+        self._arrow = arrow
+        self._spark = spark
+        self._postgres = postgres
+        self.precision = precision
+        self.scale = scale
+
+    @classmethod
+    def decimal(cls, precision: int, scale: int = 0) -> ColumnType:
+        if not 1 <= precision <= MAX_DECIMAL_PRECISION:
+            raise TableSchemaError(
+                f"decimal({precision},{scale}): precision must be 1 to {MAX_DECIMAL_PRECISION}")
+        if not 0 <= scale <= precision:
+            raise TableSchemaError(
+                f"decimal({precision},{scale}): scale must be 0 to the precision")
+        ddl = f"DECIMAL({precision},{scale})"
+        return cls(f"decimal({precision},{scale})", pa.decimal128(precision, scale), ddl,
+                   f"NUMERIC({precision},{scale})", precision, scale)
+
+    @property
+    def is_decimal(self) -> bool:
+        return self.precision is not None
 
     @property
     def arrow(self) -> pa.DataType:
-        return _ARROW[self]
+        return self._arrow
 
     @property
     def spark_ddl(self) -> str:
-        return _SPARK_DDL[self]
+        return self._spark
 
     @property
     def postgres(self) -> str:
-        return _POSTGRES[self]
+        return self._postgres
 
     @property
     def is_numeric(self) -> bool:
-        return self in (ColumnType.BIGINT, ColumnType.INT, ColumnType.DOUBLE)
+        return self.is_decimal or self in (ColumnType.BIGINT, ColumnType.INT, ColumnType.DOUBLE)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ColumnType) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"ColumnType({self.value!r})"
+
+    @classmethod
+    def named(cls) -> list[ColumnType]:
+        return list(_NAMED.values())
 
     @classmethod
     def parse(cls, name: str) -> ColumnType:
         key = name.strip().lower()
         found = _ALIASES.get(key)
-        if found is None:
-            known = ", ".join(sorted(_ALIASES))
-            raise TableSchemaError(f"unknown column type {name!r}; known types: {known}")
-        return found
+        if found is not None:
+            return found
+        decimal = _DECIMAL.match(key)
+        if decimal is not None:
+            return cls.decimal(int(decimal.group(1)), int(decimal.group(2) or 0))
+        known = ", ".join(sorted(_ALIASES))
+        raise TableSchemaError(
+            f"unknown column type {name!r}; known types: {known}, decimal(p,s)")
 
     @classmethod
     def from_spark(cls, simple_string: str) -> ColumnType:
         """The column type of a Spark `DataType.simpleString()`."""
         found = _FROM_SPARK.get(simple_string)
+        if found is None and simple_string.startswith("decimal("):
+            return cls.parse(simple_string)
         if found is None:
             raise TableSchemaError(
                 f"Spark type {simple_string!r} has no txstream column type; cast it to one of "
-                f"{', '.join(t.value for t in cls)}"
+                f"{', '.join(t.value for t in cls.named())} or decimal(p,s)"
             )
         return found
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler
+                                     ) -> core_schema.CoreSchema:
+        def validate(value: Any) -> ColumnType:
+            return value if isinstance(value, ColumnType) else cls.parse(str(value))
 
-_ARROW: dict[ColumnType, pa.DataType] = {
-    ColumnType.BIGINT: pa.int64(),
-    ColumnType.INT: pa.int32(),
-    ColumnType.DOUBLE: pa.float64(),
-    ColumnType.TEXT: pa.string(),
-    ColumnType.BOOLEAN: pa.bool_(),
-    ColumnType.TIMESTAMP: pa.timestamp("us", tz="UTC"),
-    ColumnType.DATE: pa.date32(),
+        return core_schema.no_info_plain_validator_function(
+            validate, serialization=core_schema.to_string_ser_schema())
+
+
+_NAMED = {
+    t.value: t for t in (
+        ColumnType("bigint", pa.int64(), "BIGINT", "BIGINT"),
+        ColumnType("int", pa.int32(), "INT", "INTEGER"),
+        ColumnType("double", pa.float64(), "DOUBLE", "DOUBLE PRECISION"),
+        ColumnType("text", pa.string(), "STRING", "TEXT"),
+        ColumnType("boolean", pa.bool_(), "BOOLEAN", "BOOLEAN"),
+        ColumnType("timestamp", pa.timestamp("us", tz="UTC"), "TIMESTAMP", "TIMESTAMPTZ"),
+        ColumnType("date", pa.date32(), "DATE", "DATE"),
+    )
 }
-_SPARK_DDL = {
-    ColumnType.BIGINT: "BIGINT",
-    ColumnType.INT: "INT",
-    ColumnType.DOUBLE: "DOUBLE",
-    ColumnType.TEXT: "STRING",
-    ColumnType.BOOLEAN: "BOOLEAN",
-    ColumnType.TIMESTAMP: "TIMESTAMP",
-    ColumnType.DATE: "DATE",
-}
-_POSTGRES = {
-    ColumnType.BIGINT: "BIGINT",
-    ColumnType.INT: "INTEGER",
-    ColumnType.DOUBLE: "DOUBLE PRECISION",
-    ColumnType.TEXT: "TEXT",
-    ColumnType.BOOLEAN: "BOOLEAN",
-    ColumnType.TIMESTAMP: "TIMESTAMPTZ",
-    ColumnType.DATE: "DATE",
-}
-_ALIASES = {t.value: t for t in ColumnType} | {
+ColumnType.BIGINT = _NAMED["bigint"]
+ColumnType.INT = _NAMED["int"]
+ColumnType.DOUBLE = _NAMED["double"]
+ColumnType.TEXT = _NAMED["text"]
+ColumnType.BOOLEAN = _NAMED["boolean"]
+ColumnType.TIMESTAMP = _NAMED["timestamp"]
+ColumnType.DATE = _NAMED["date"]
+
+_ALIASES = _NAMED | {
     "long": ColumnType.BIGINT,
     "int64": ColumnType.BIGINT,
     "integer": ColumnType.INT,
@@ -124,13 +186,6 @@ class Column(BaseModel):
     name: str
     type: ColumnType
     nullable: bool = True
-
-    @model_validator(mode="before")
-    @classmethod
-    def _parse_type(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("type"), str):
-            data = {**data, "type": ColumnType.parse(data["type"])}
-        return data
 
 
 class TableSchema(BaseModel):

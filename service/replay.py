@@ -1,14 +1,17 @@
 """`txstream replay`: run a recorded change log through a pipeline, without Kafka.
 
 Input lines: `{"source": "orders", "time": 3, "diff": 1, "row": {...}}`, times non-decreasing
-(an update is a -1 and a +1 at one time). Output lines: `{"table": ..., "time": ..., "diff": ...,
-"row": {...}}` for every output table, consolidated, in time order.
+(an update is a -1 and a +1 at one time); a decimal column's value is a numeric string or a
+number (as a string when it has more than 15 significant digits). Output lines: `{"table": ...,
+"time": ..., "diff": ..., "row": {...}}` for every output table, consolidated, in time order;
+decimals as strings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,9 +37,26 @@ class _Batch:
     times: int = 0
 
 
+def _exact(value: Any) -> Any:
+    """A decimal column's JSON value as a Decimal: a string as written, a number by its shortest
+    round-trip text (the JSON text for up to 15 significant digits; write longer ones as
+    strings). Anything else is left for Arrow to refuse."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, str):
+        try:
+            return Decimal(value)
+        except InvalidOperation:
+            return value
+    return value
+
+
 def _to_arrow(source: str, schema: TableSchema, rows: list[dict[str, Any]], lines: list[int]
               ) -> pa.Table:
     arrow_schema = schema.arrow_schema(with_changes=True)
+    decimals = [c.name for c in schema.columns if c.type.is_decimal]
+    if decimals:
+        rows = [{**row, **{c: _exact(row.get(c)) for c in decimals}} for row in rows]
     try:
         return pa.Table.from_pylist(rows, schema=arrow_schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):

@@ -20,7 +20,7 @@ import duckdb
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from schemas.tables import TableSchema
+from schemas.tables import ColumnType, TableSchema
 from service.engine import Engine, Pipeline, Table
 from service.engine import reducers as r
 from service.engine.reducers import Reducer
@@ -490,10 +490,6 @@ def multiset_diff(got: Sequence[Row], want: Sequence[Row], limit: int = 8) -> st
 
 # --- running the engine -----------------------------------------------------------------------
 
-_ARROW_TYPES = {"bigint": pa.int64(), "int": pa.int32(), "double": pa.float64(),
-                "text": pa.string(), "boolean": pa.bool_(), "date": pa.date32()}
-
-
 def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[SourceSpec],
                  outputs: Mapping[str, Columns], transactions: Sequence[Transaction],
                  expected: Sequence[Mapping[str, Sequence[Row]]], batch_size: int,
@@ -541,7 +537,7 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
 
 def _checked_batch(table: pa.Table, columns: Columns, times: range, where: str
                    ) -> list[tuple[Row, int, int]]:
-    want_schema = [(n, _ARROW_TYPES[t]) for n, t in columns] + [("time", pa.int64()),
+    want_schema = [(n, ColumnType.parse(t).arrow) for n, t in columns] + [("time", pa.int64()),
                                                                 ("diff", pa.int64())]
     got_schema = [(f.name, f.type) for f in table.schema]
     assert got_schema == want_schema, f"{where}: schema {got_schema}, expected {want_schema}"

@@ -11,6 +11,7 @@ import datetime as dt
 import random
 from collections import Counter
 from collections.abc import Callable
+from decimal import Decimal
 
 import pytest
 from engine_oracle import (
@@ -36,6 +37,7 @@ from service.engine import reducers as r
 
 DAYS = [dt.date(2026, 1, 1), dt.date(2026, 1, 2), dt.date(2026, 1, 3), None]
 VALUES = [-1.5, 0.5, 1.0, 2.5, None]  # halves: sums are exact, so only avg needs a tolerance
+AMOUNTS = [Decimal("-1.50"), Decimal("0.05"), Decimal("1.00"), Decimal("2.55"), None]
 KEYS = [0, 1, 2, 3, None]
 TEXTS = ["x", "y", "z", None]
 
@@ -56,7 +58,7 @@ EXAMPLE_SOURCES = (
                 "region": ["north", "south", None]}),
     SourceSpec("orders", ORDERS,
                {"order_id": range(8), "customer_id": [0, 1, 2, 3, 5, None],
-                "amount": VALUES, "status": ["paid", "open", "void", None]}),
+                "amount": AMOUNTS, "status": ["paid", "open", "void", None]}),
 )
 # The example's outputs as SQL, written from its docstring, not from its code.
 EXAMPLE_VIEWS = (
@@ -71,11 +73,11 @@ EXAMPLE_VIEWS = (
 )
 EXAMPLE_OUTPUTS: dict[str, Columns] = {
     "paid_orders": (("order_id", "bigint"), ("customer_id", "bigint"), ("region", "text"),
-                    ("amount", "double")),
-    "region_totals": (("region", "text"), ("orders", "bigint"), ("revenue", "double"),
-                      ("min_amount", "double"), ("max_amount", "double")),
+                    ("amount", "decimal(12,2)")),
+    "region_totals": (("region", "text"), ("orders", "bigint"), ("revenue", "decimal(22,2)"),
+                      ("min_amount", "decimal(12,2)"), ("max_amount", "decimal(12,2)")),
     "customer_stats": (("customer_id", "bigint"), ("name", "text"), ("n_orders", "bigint"),
-                       ("total", "double")),
+                       ("total", "decimal(22,2)")),
     "statuses": (("status", "text"),),
 }
 

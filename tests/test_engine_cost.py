@@ -5,7 +5,7 @@ state as it was."""
 from __future__ import annotations
 
 import random
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +17,7 @@ from examples.groupby import pipeline as groupby_pipeline
 from examples.order_events import as_changes, events
 from examples.orders import pipeline as orders_pipeline
 from schemas.tables import TableSchema
-from service.engine import Engine, ExpressionError, Pipeline
+from service.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError
 from service.engine import engine as engine_module
 from service.engine import reducers as r
 
@@ -91,6 +91,50 @@ def test_double_sums_count_infinities_and_nan(spark: SparkSession) -> None:
     assert after([(2, float("-inf"), -1), (3, float("nan"), -1), (4, 1e300, 1)], 5) \
         == 1e300 + 2.5
     assert after([(4, 1e300, -1)], 6) == 2.5
+
+
+def test_decimal_reducers_are_exact(spark: SparkSession) -> None:
+    p = Pipeline()
+    t = p.source("t", TableSchema.of({"id": "bigint", "k": "bigint", "v": "decimal(20,4)"},
+                                     primary_key=["id"]))
+    p.output("s", t.groupby("k").reduce(n=r.count(), s=r.sum("v"), a=r.avg("v"),
+                                        lo=r.min("v"), hi=r.max("v")))
+    engine = Engine(p, spark)
+    out_types = {f.name: str(f.type) for f in engine.outputs["s"].schema.arrow_schema()}
+    assert (out_types["s"], out_types["a"], out_types["lo"]) == \
+        ("decimal128(30, 4)", "decimal128(24, 8)", "decimal128(20, 4)")
+    values = [Decimal("1751.3700"), Decimal("0.0001"), Decimal("-9999999999999999.9999"),
+              Decimal("9999999999999999.9999"), Decimal("0.3333")]
+    live: dict[int, Decimal] = {}
+    rng = random.Random(5)
+    for time in range(1, 16):
+        changes = []
+        for i in rng.sample(range(8), 3):
+            if i in live:
+                changes.append((i, live.pop(i), -1))
+            else:
+                live[i] = rng.choice(values)
+                changes.append((i, live[i], 1))
+        out = engine.process({"t": pa.table({
+            "id": [c[0] for c in changes], "k": [1] * len(changes),
+            "v": pa.array([c[1] for c in changes], pa.decimal128(20, 4)),
+            "time": [time] * len(changes), "diff": [c[2] for c in changes]})})["s"]
+        row = out.filter(pc.equal(out["diff"], 1)).to_pylist()
+        if not live:
+            assert row == []
+            continue
+        total = sum(live.values(), Decimal(0))
+        mean = (total / len(live)).quantize(Decimal("1e-8"), rounding=ROUND_HALF_UP)
+        assert (row[0]["n"], row[0]["s"], row[0]["a"], row[0]["lo"], row[0]["hi"]) == \
+            (len(live), total, mean, min(live.values()), max(live.values()))
+
+
+def test_sums_of_decimals_wider_than_exact_are_refused(spark: SparkSession) -> None:
+    p = Pipeline()
+    t = p.source("t", TableSchema.of({"k": "bigint", "v": "decimal(30,2)"}))
+    p.output("s", t.groupby("k").reduce(s=r.sum("v")))
+    with pytest.raises(PipelineDefinitionError, match=r"decimal\(28,2\)"):
+        Engine(p, spark)
 
 
 def test_a_failed_batch_leaves_the_state_as_it_was(spark: SparkSession) -> None:

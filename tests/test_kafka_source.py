@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -434,6 +435,66 @@ def test_values_no_sink_can_store_are_dead_lettered_when_decoded(
     assert "'name'" in errors[1] and "NUL" in errors[1]
     assert "'day'" in errors[2] and "year 1 to 9999" in errors[2]
     assert "'at'" in errors[3] and "year 1 to 9999" in errors[3]
+
+
+def test_decimals_are_read_from_their_json_text(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="money", topic=topic_name,
+                      schema=TableSchema.of({"id": "bigint", "amount": "decimal(19,2)"}))
+    builders.append(b := make_builder(kafka, [spec], dlq))
+    produce(kafka, topic_name, [
+        (None, '{"id": 1, "amount": 12345678901234567.89}'),  # more digits than a double has
+        (None, '{"id": 2, "amount": "-0.10"}'),
+        (None, '{"id": 3, "amount": 5}'),
+        (None, '{"id": 4, "amount": 0.125}'),  # three places: not a decimal(19,2)
+        (None, '{"id": 5, "amount": "ten"}'),
+    ])
+    (t,) = poll_until(b, lambda ts: len(ts) == 1)
+    assert t.changes["money"].column("amount").to_pylist() == [
+        Decimal("12345678901234567.89"), Decimal("-0.10"), Decimal("5.00")]
+    assert b.stats.bad_records == 2
+    b.commit(t)
+    errors = {int(x["txstream.offset"]): x["txstream.error"]
+              for x in read_dead_letters(kafka, dlq, 2)}
+    assert "'amount'" in errors[3] and "2 decimal places" in errors[3]
+    assert "'amount'" in errors[4] and "decimal" in errors[4]
+
+
+@pytest.mark.parametrize("mode", ["precise", "string"])
+def test_debezium_decimal_encodings(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder],
+    mode: str,
+) -> None:
+    kafka.create_topic(topic_name, 1)
+    schema = TableSchema.of({"id": "bigint", "amount": "decimal(12,2)"}, primary_key=["id"])
+    # Debezium's default is `precise`: the setting left out means it.
+    spec = SourceSpec(name="orders", topic=topic_name, schema=schema, format="debezium",
+                      semantics="upsert",
+                      **({"decimal_handling_mode": mode} if mode != "precise" else {}))
+    builders.append(b := make_builder(kafka, [spec], dlq))
+    # 429.04 and -0.01: unscaled 42904 = 0x00A798 and -1 = 0xFF, as Kafka Connect writes them.
+    good = ["AKeY", "/w=="] if mode == "precise" else ["429.04", "-0.01"]
+    produce(kafka, topic_name, [
+        ('{"id": 1}', _debezium("c", None, {"id": 1, "amount": good[0]}, wrapped=True)),
+        ('{"id": 2}', _debezium("c", None, {"id": 2, "amount": good[1]}, wrapped=False)),
+        ('{"id": 3}', _debezium("c", None, {"id": 3, "amount": "AKeY!"}, wrapped=False)),
+    ])
+    (t,) = poll_until(b, lambda ts: len(ts) == 1)
+    assert t.changes["orders"].column("amount").to_pylist() == [Decimal("429.04"),
+                                                                Decimal("-0.01")]
+    b.commit(t)
+    (letter,) = read_dead_letters(kafka, dlq, 1)
+    assert "amount'" in letter["txstream.error"]
+    if mode == "precise":
+        assert "decimal_handling_mode" in letter["txstream.error"]
+
+
+def test_decimal_handling_mode_is_for_debezium_sources() -> None:
+    with pytest.raises(ValueError, match="Debezium connector"):
+        SourceSpec(name="s", topic="t", schema=TableSchema.of({"v": "decimal(5,2)"}),
+                   decimal_handling_mode="string")
 
 
 def test_a_dead_letter_is_cut_to_fit_value_first_then_the_records_own_headers_and_key() -> None:

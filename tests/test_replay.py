@@ -17,7 +17,7 @@ LOG = [
     {"source": "orders", "time": 1, "diff": 1,
      "row": {"order_id": 10, "customer_id": 1, "amount": 5.0, "status": "paid"}},
     {"source": "orders", "time": 2, "diff": 1,
-     "row": {"order_id": 11, "customer_id": 1, "amount": 7.0, "status": "paid"}},
+     "row": {"order_id": 11, "customer_id": 1, "amount": "7.10", "status": "paid"}},
     # An update: -1 old, +1 new, one time.
     {"source": "orders", "time": 3, "diff": -1,
      "row": {"order_id": 10, "customer_id": 1, "amount": 5.0, "status": "paid"}},
@@ -46,13 +46,19 @@ def test_replay_outputs_and_batch_invariance(tmp_path: Path, spark) -> None:  # 
     assert sorted(one, key=key) == sorted(everything, key=key)
     region = [(c["time"], c["diff"], c["row"]) for c in one if c["table"] == "region_totals"]
     eu = {"region": "eu"}
+    # Amounts are decimal(12,2): exact, written as strings with their two places.
     assert region == [
-        (1, 1, {**eu, "orders": 1, "revenue": 5.0, "min_amount": 5.0, "max_amount": 5.0}),
+        (1, 1, {**eu, "orders": 1, "revenue": "5.00", "min_amount": "5.00",
+                "max_amount": "5.00"}),
         # Within a transaction the deletion comes first, then the insertion.
-        (2, -1, {**eu, "orders": 1, "revenue": 5.0, "min_amount": 5.0, "max_amount": 5.0}),
-        (2, 1, {**eu, "orders": 2, "revenue": 12.0, "min_amount": 5.0, "max_amount": 7.0}),
-        (3, -1, {**eu, "orders": 2, "revenue": 12.0, "min_amount": 5.0, "max_amount": 7.0}),
-        (3, 1, {**eu, "orders": 1, "revenue": 7.0, "min_amount": 7.0, "max_amount": 7.0}),
+        (2, -1, {**eu, "orders": 1, "revenue": "5.00", "min_amount": "5.00",
+                 "max_amount": "5.00"}),
+        (2, 1, {**eu, "orders": 2, "revenue": "12.10", "min_amount": "5.00",
+                "max_amount": "7.10"}),
+        (3, -1, {**eu, "orders": 2, "revenue": "12.10", "min_amount": "5.00",
+                 "max_amount": "7.10"}),
+        (3, 1, {**eu, "orders": 1, "revenue": "7.10", "min_amount": "7.10",
+                "max_amount": "7.10"}),
     ]
     statuses = {(c["time"], c["diff"], c["row"]["status"]) for c in one
                 if c["table"] == "statuses"}
@@ -71,6 +77,8 @@ def test_replay_outputs_and_batch_invariance(tmp_path: Path, spark) -> None:  # 
     ('{"source": "orders", "time": 1, "diff": 1, "row": {"order_id": "x"}}',
      r"line 2: row does not fit source 'orders'"),
     ('{"source": "orders", "time": 0, "diff": 1, "row": {"order_id": 1}}', r"line 2: time"),
+    ('{"source": "orders", "time": 1, "diff": 1, "row": {"order_id": 1, "amount": 0.125}}',
+     r"line 2: row does not fit source 'orders'"),
 ])
 def test_bad_lines_name_the_line_and_reason(tmp_path: Path, line: str, reason: str) -> None:
     first = json.dumps(LOG[0])

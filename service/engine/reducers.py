@@ -8,6 +8,13 @@ multiplied by the row's diff), so a deletion subtracts exactly what its insertio
 `min`, `max` and `count_distinct` are not linear: they read statistics of the group's multiset
 of values, which the reduce operator keeps as state of its own.
 
+A `sum` of `decimal(p,s)` is exact, of type `decimal(p+10,s)` as in Spark (`p` may be at most
+28, so that a value times a diff never needs rounding). `avg` is `decimal(p+4,s+4)` (`p` at most
+24): the exact sum divided by the count by Spark's decimal division, which keeps at least `s+4`
+digits after the point and rounds half up, then rounded half up to `s+4` digits (twice rounded,
+so the last digit may differ by one from rounding the exact quotient once; it is a function of
+the exact sum and count, so it never changes unless they do).
+
 A `sum` of doubles is exact: each finite value below 1e19 in magnitude is rounded to 9 decimal
 places and accumulated in DECIMAL(38,9), so the result (the double nearest that exact sum) does
 not depend on the order in which values came and went. Larger finite values are summed in
@@ -24,7 +31,7 @@ from typing import ClassVar
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, DoubleType, LongType
+from pyspark.sql.types import DataType, DecimalType, DoubleType, LongType
 
 from schemas.tables import ColumnType
 from service.engine.columns import DIFF, ROW_COUNT
@@ -35,6 +42,10 @@ from service.engine.frames import col
 EXACT_VALUE = "decimal(28,9)"
 EXACT_DIFF = "decimal(9,0)"
 EXACT_BOUND = 1e19
+# The widest decimal whose sum is exact the same way: DECIMAL(28,s) times the diff.
+_SUM_DIGITS = 28
+# The widest decimal whose average keeps s+4 digits through Spark's division (see Avg.value).
+_AVG_DIGITS = 24
 
 
 class ReducerKind(StrEnum):
@@ -74,6 +85,10 @@ def _non_null(column: str) -> Accumulators:
 
 def _sum_parts(column: str, ctype: ColumnType) -> Accumulators:
     c = col(column)
+    if ctype.is_decimal:
+        return {f"sum:{column}": _weighted(
+            c.isNotNull(), c.cast(f"decimal(28,{ctype.scale})") * col(DIFF).cast(EXACT_DIFF),
+            F.lit(0).cast(f"decimal(38,{ctype.scale})"))}
     if ctype is not ColumnType.DOUBLE:
         return {f"sum:{column}": _weighted(c.isNotNull(), c.cast("long") * col(DIFF),
                                            F.lit(0).cast("long"))}
@@ -130,6 +145,12 @@ class Reducer(ABC):
         if self.needs_numeric and ctype is not None and not ctype.is_numeric:
             raise ReducerError(f"{self} needs a numeric column, but {self.column!r} is "
                                f"{ctype.value}")
+        digits = _AVG_DIGITS if self.kind is ReducerKind.AVG else _SUM_DIGITS
+        if self.needs_numeric and ctype is not None and (ctype.precision or 0) > digits:
+            raise ReducerError(
+                f"{self}: {self.column!r} is {ctype.value}, and {self.kind.value} is exact only "
+                f"up to decimal({digits},s); cast it with select, e.g. "
+                f"CAST({self.column} AS decimal({digits},{ctype.scale}))")
 
     def result_type(self, ctype: ColumnType | None, spark_type: DataType | None) -> DataType:
         return spark_type  # type: ignore[return-value]
@@ -160,6 +181,9 @@ class Sum(Reducer):
     needs_numeric = True
 
     def result_type(self, ctype: ColumnType | None, spark_type: DataType | None) -> DataType:
+        if ctype is not None and ctype.is_decimal:
+            assert ctype.precision is not None and ctype.scale is not None
+            return DecimalType(ctype.precision + 10, ctype.scale)
         return DoubleType() if ctype is ColumnType.DOUBLE else LongType()
 
     def accumulators(self, ctype: ColumnType | None) -> Accumulators:
@@ -175,12 +199,20 @@ class Avg(Sum):
     kind = ReducerKind.AVG
 
     def result_type(self, ctype: ColumnType | None, spark_type: DataType | None) -> DataType:
+        if ctype is not None and ctype.is_decimal:
+            assert ctype.precision is not None and ctype.scale is not None
+            return DecimalType(ctype.precision + 4, ctype.scale + 4)
         return DoubleType()
 
     def value(self, ctype: ColumnType | None, acc: Lookup, values: ValueStats | None) -> Column:
         assert self.column is not None and ctype is not None
         n = acc(f"nn:{self.column}")
-        return F.when(n > 0, _sum_value(self.column, ctype, acc).cast("double") / n)
+        total = _sum_value(self.column, ctype, acc)
+        if ctype.is_decimal:
+            # As decimal(p+10,s) over a long, Spark's quotient keeps 28-p+s >= s+4 digits.
+            total = total.cast(f"decimal({ctype.precision + 10},{ctype.scale})")
+            return F.when(n > 0, total / n)
+        return F.when(n > 0, total.cast("double") / n)
 
 
 class _ValueReducer(Reducer):
