@@ -35,6 +35,12 @@ from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 # ---- append_only and mini-batches ---------------------------------------------------------
 
 
+def _errors_by_offset(kafka: KafkaEndpoint, dlq: str, count: int) -> dict[int, str]:
+    """The reasons of the first `count` dead letters, by the offset of their record."""
+    return {int(x["txstream.offset"]): x["txstream.error"]
+            for x in read_dead_letters(kafka, dlq, count)}
+
+
 def test_append_only_json_in_numbered_batches(kafka: KafkaEndpoint, topic_name: str,
                                                builders: list[TransactionBuilder]) -> None:
     kafka.create_topic(topic_name, 2)
@@ -304,8 +310,7 @@ def test_column_types_dates_timestamps_booleans(
     assert row["ok"] is True and row["price"] == 2.0
     assert b.stats.bad_records == 3
     b.commit(t)
-    errors = {int(x["txstream.offset"]): x["txstream.error"]
-              for x in read_dead_letters(kafka, dlq, 3)}
+    errors = _errors_by_offset(kafka, dlq, 3)
     assert "not a date" in errors[1] and "day" in errors[2] and "ok" in errors[3]
 
 
@@ -430,8 +435,7 @@ def test_values_no_sink_can_store_are_dead_lettered_when_decoded(
     assert t.changes["typed"].column("id").to_pylist() == [1]
     assert b.stats.bad_records == 3
     b.commit(t)
-    errors = {int(x["txstream.offset"]): x["txstream.error"]
-              for x in read_dead_letters(kafka, dlq, 3)}
+    errors = _errors_by_offset(kafka, dlq, 3)
     assert "'name'" in errors[1] and "NUL" in errors[1]
     assert "'day'" in errors[2] and "year 1 to 9999" in errors[2]
     assert "'at'" in errors[3] and "year 1 to 9999" in errors[3]
@@ -456,8 +460,7 @@ def test_decimals_are_read_from_their_json_text(
         Decimal("12345678901234567.89"), Decimal("-0.10"), Decimal("5.00")]
     assert b.stats.bad_records == 2
     b.commit(t)
-    errors = {int(x["txstream.offset"]): x["txstream.error"]
-              for x in read_dead_letters(kafka, dlq, 2)}
+    errors = _errors_by_offset(kafka, dlq, 2)
     assert "'amount'" in errors[3] and "2 decimal places" in errors[3]
     assert "'amount'" in errors[4] and "decimal" in errors[4]
 
