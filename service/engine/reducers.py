@@ -87,7 +87,8 @@ def _sum_parts(column: str, ctype: ColumnType) -> Accumulators:
     c = col(column)
     if ctype.is_decimal:
         return {f"sum:{column}": _weighted(
-            c.isNotNull(), c.cast(f"decimal(28,{ctype.scale})") * col(DIFF).cast(EXACT_DIFF),
+            c.isNotNull(),
+            c.cast(f"decimal({_SUM_DIGITS},{ctype.scale})") * col(DIFF).cast(EXACT_DIFF),
             F.lit(0).cast(f"decimal(38,{ctype.scale})"))}
     if ctype is not ColumnType.DOUBLE:
         return {f"sum:{column}": _weighted(c.isNotNull(), c.cast("long") * col(DIFF),
@@ -209,9 +210,8 @@ class Avg(Sum):
         n = acc(f"nn:{self.column}")
         total = _sum_value(self.column, ctype, acc)
         if ctype.is_decimal:
-            # As decimal(p+10,s) over a long, Spark's quotient keeps 28-p+s >= s+4 digits.
-            total = total.cast(f"decimal({ctype.precision + 10},{ctype.scale})")
-            return F.when(n > 0, total / n)
+            # As the sum's type over a long, Spark's quotient keeps 28-p+s >= s+4 digits.
+            return F.when(n > 0, total.cast(super().result_type(ctype, None)) / n)
         return F.when(n > 0, total.cast("double") / n)
 
 
