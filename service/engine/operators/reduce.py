@@ -1,26 +1,26 @@
 """Group-by/reduce: one row per group, the key columns then one column per reducer.
 
 Delta rule: for each group and transaction the batch touches, retract the group's row as it
-was before the transaction and insert its row after it (a -1/+1 pair that consolidation
-cancels when the row did not change).
+was before the transaction and insert its row after it, unless the two are equal.
 
 State (each a Z-set, see `service.engine.state`):
 - `acc_state`: per group, the row count and the reducers' linear accumulators (sums, non-null
   counts), so a group's new accumulators are its old ones plus the batch's running sums;
 - `value_states`: per column that `min`, `max` or `count_distinct` read, each group's multiset
-  of non-null values;
-- `out_state`: the rows last emitted, which are what gets retracted.
+  of non-null values.
+A group's row is a function of these, so the row to retract before the batch's first
+transaction is computed from the state as it was before the batch (time `BEFORE_BATCH`), the
+same way every later row is: no trace of the emitted rows is kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import LongType, StructField, StructType
 
 from schemas.tables import ColumnType
 from service.engine.batch import BatchPlan
@@ -34,7 +34,6 @@ from service.engine.frames import (
     null_safe_on,
     prefixed,
     semi_join,
-    union_all,
 )
 from service.engine.operators.base import Delta, Operator
 from service.engine.reducers import Reducer, ReducerError, ValueStats
@@ -72,9 +71,7 @@ class ReduceOp(Operator):
         self.acc_state = ZSetState(keys, self.acc_cols, empty_when=f"`{ROW_COUNT}` = 0")
         self.value_index = {c: i for i, c in enumerate(value_columns)}
         self.value_states = {c: ZSetState([*keys, "__v"], [DIFF]) for c in value_columns}
-        out_schema = StructType(fields)
-        self.out_state = ZSetState(out_schema.names, [DIFF])
-        return out_schema
+        return StructType(fields)
 
     def _column_type(self, name: str, red: Reducer, src: StructType) -> ColumnType | None:
         if red.column is not None:
@@ -110,23 +107,32 @@ class ReduceOp(Operator):
                 *[F.sum(col(a)).over(running).alias(a) for a in self.acc_cols]]
 
     @cached_property
-    def _emit_exprs(self) -> dict[str, Any]:
+    def _emit_exprs(self) -> list[Column]:
+        """Per row of a group's timeline (the row before the batch first, then its row after
+        each transaction), the changes since the previous row: a retraction of that row and an
+        insertion of this one, both left out when the two rows are equal."""
         keys = self.keys
         value_names = [n for n in self.columns if n not in keys]
-        w = self._key_window()
-        prev = F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in value_names])).over(w)
-        return {
-            "ordered": ["*", prev.alias("__prev"), F.row_number().over(w).alias("__rank")],
-            "added": col(ROW_COUNT) > 0,
-            "adds": [*[col(n) for n in self.columns], col(TIME),
-                     F.lit(1).cast("long").alias(DIFF)],
-            "retracted": col("__prev").isNotNull() & (F.col(f"__prev.{ROW_COUNT}") > 0),
-            "retracts": [*[col(k) for k in keys],
-                         *[F.col(f"__prev.`{n}`").alias(n) for n in value_names],
-                         col(TIME), F.lit(-1).cast("long").alias(DIFF)],
-            "first": col("__rank") == 1,
-            "firsts": [col(c).alias(f"__f_{c}") for c in [*keys, TIME]],
-        }
+        prev = F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in value_names])) \
+            .over(self._key_window())
+        was = prev.isNotNull() & (prev[ROW_COUNT] > 0)
+        now = col(ROW_COUNT) > 0
+        # Null-safe: a null value equal to a null value is an unchanged row.
+        same = was & now & F.struct(*[col(n) for n in value_names]).eqNullSafe(
+            F.struct(*[prev[n].alias(n) for n in value_names]))
+        fields = [*keys, *value_names, TIME, DIFF]
+
+        def change(values: list[Column], diff: int) -> Column:
+            return F.struct(*[col(k) for k in keys], *values, col(TIME),
+                            F.lit(diff).cast("long")).cast(self._change_type(fields))
+
+        retract = F.when(was & ~same, change([prev[n] for n in value_names], -1))
+        insert = F.when(now & ~same, change([col(n) for n in value_names], 1))
+        return [col(TIME), F.array(retract, insert).alias("__changes")]
+
+    def _change_type(self, fields: list[str]) -> StructType:
+        types = {f.name: f.dataType for f in self.schema.fields}
+        return StructType([StructField(n, types.get(n, LongType()), True) for n in fields])
 
     @cached_property
     def _new_row(self) -> list[Column]:
@@ -146,21 +152,19 @@ class ReduceOp(Operator):
         base = self.acc_state.lookup(touched, keys)
         if base is not None:
             timeline = timeline.unionByName(base.withColumn(TIME, F.lit(BEFORE_BATCH)))
-        groups = timeline.select(*self._running).where(col(TIME) != BEFORE_BATCH)
+        groups = timeline.select(*self._running)
 
         for column in self.value_states:
             groups = self._with_values(groups, d, touched, column, batch)
 
-        new_rows = batch.shared(groups.select(*self._new_row))
-        out = batch.shared(self._emit(new_rows, touched))
         batch.append(self.acc_state, acc_delta)
-        batch.append(self.out_state, out)
-        return out
+        return self._emit(groups.select(*self._new_row))
 
     def _with_values(self, groups: DataFrame, d: DataFrame, touched: DataFrame, column: str,
                      batch: BatchPlan) -> DataFrame:
         """Add `__min{i}`, `__max{i}`, `__cd{i}`: min, max and distinct count of `column`'s
-        non-null values of each group at each transaction of the batch."""
+        non-null values of each group at each time of `groups` (before the batch, then after
+        each of its transactions)."""
         keys = self.keys
         idx = self.value_index[column]
         state = self.value_states[column]
@@ -248,25 +252,9 @@ class ReduceOp(Operator):
             exprs.append(value.cast(self.schema[name].dataType).alias(name))
         return exprs
 
-    def _emit(self, new_rows: DataFrame, touched: DataFrame) -> DataFrame:
-        """+1 for each group's row after each transaction, -1 for its row before it.
-
-        The row before a group's first transaction in the batch is the one last emitted (from
-        `out_state`); before a later one, the previous transaction's new row.
-        """
-        e = self._emit_exprs
-        ordered = new_rows.select(*e["ordered"])
-        adds = ordered.where(e["added"]).select(*e["adds"])
-        retracts = ordered.where(e["retracted"]).select(*e["retracts"])
-        parts = [adds, retracts]
-        keys = self.keys
-        names = self.columns
-        last = self.out_state.lookup(touched, keys)
-        if last is not None:
-            firsts = build_side(ordered.where(e["first"]).select(*e["firsts"]))
-            parts.append(join(
-                last, firsts, null_safe_on(last, firsts, keys, [f"__f_{k}" for k in keys]),
-                "inner",
-            ).select(*[col(n) for n in names], col(f"__f_{TIME}").alias(TIME),
-                     (-col(DIFF)).alias(DIFF)))
-        return consolidate(union_all(parts), names)
+    def _emit(self, rows: DataFrame) -> DataFrame:
+        """The changes between consecutive rows of each group's timeline, at the later row's
+        time: a group's row is emitted once per transaction at most, and the row before the
+        batch only serves to retract what was last emitted."""
+        changes = rows.select(*self._emit_exprs).where(col(TIME) != BEFORE_BATCH)
+        return changes.select(F.inline(F.filter("__changes", lambda c: c.isNotNull())))
