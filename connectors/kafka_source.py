@@ -591,8 +591,9 @@ class SourceDecoder:
             )
 
         txid = read(upstream.id, pa.string())
-        errors.add(_np(pc.is_null(txid)),
-                   f"no upstream transaction id ({self._where(upstream.id)})")
+        if upstream.metadata_topic is None:  # else a change outside transactions (a snapshot)
+            errors.add(_np(pc.is_null(txid)),
+                       f"no upstream transaction id ({self._where(upstream.id)})")
         txcount = pa.nulls(n, pa.int64())
         if upstream.count is not None:
             txcount = read(upstream.count, pa.int64())

@@ -15,6 +15,14 @@ Transaction boundaries (one rule per source, one numbering for the pipeline):
      record neither holds its transaction back nor drops its valid records. Exact whatever
      order the partitions are fetched in: the rule to prefer.
   2. end marker (`end`): as soon as the record carrying the marker was read.
+  2'. Debezium transaction metadata (`metadata_topic`): the builder also reads that topic; a
+     transaction's `END` event gives its record count per table (`data_collections`), and the
+     counts of the pipeline's tables become its expected count (rule 1). Until that event is
+     read the transaction stays open, whatever its records' order. Changes are applied in
+     partition order, which for one key is Debezium's `total_order`: the rows of one key are
+     in one partition, and a transaction's changes all get one number. `END` events are in
+     commit order, and so are the transactions emitted (`END` records join their offset
+     ranges, so a restart re-reads those of transactions not yet committed).
   3. id change (neither; needs `isolation.level=read_committed`): when every partition it was
      read from has since delivered a record of another id, or reached its end.
   An upstream transaction still incomplete `upstream_timeout_ms` after its first record is
@@ -220,8 +228,8 @@ class TransactionBuilder:
                 raise SourceSpecError(f"duplicate {label}: {', '.join(dupes)}; give each "
                                       "source its own name and topic")
         if policy.isolation_level != "read_committed":
-            by_change = [s.name for s in sources
-                         if s.upstream and s.upstream.count is None and s.upstream.end is None]
+            by_change = [s.name for s in sources if s.upstream and s.upstream.count is None
+                         and not s.upstream.needs_end]
             if by_change:
                 raise SourceSpecError(
                     f"sources {by_change} close upstream transactions on id changes, which is "
@@ -230,6 +238,21 @@ class TransactionBuilder:
         self._policy = policy
         self._sources = {s.name: s for s in sources}
         self._by_topic = {s.topic: s for s in sources}
+        # Debezium transaction metadata topic -> data collection -> source.
+        self._collections: dict[str, dict[str, str]] = {}
+        for spec in sources:
+            up = spec.upstream
+            if up is None or up.metadata_topic is None or up.data_collection is None:
+                continue
+            if up.metadata_topic in self._by_topic:
+                raise SourceSpecError(f"topic {up.metadata_topic!r} is both a source and the "
+                                      f"transaction metadata topic of source {spec.name!r}")
+            named = self._collections.setdefault(up.metadata_topic, {})
+            if up.data_collection in named:
+                raise SourceSpecError(
+                    f"sources {named[up.data_collection]!r} and {spec.name!r} both read data "
+                    f"collection {up.data_collection!r}; give each its own table")
+            named[up.data_collection] = spec.name
         self._decoders = {s.name: SourceDecoder(s) for s in sources}
         self._upsert = {
             s.name: UpsertState(s.table_schema) for s in sources if s.semantics == "upsert"
@@ -272,7 +295,7 @@ class TransactionBuilder:
         """Assign every partition of every source topic: at `offsets` when restoring, else at
         the group's committed offsets, else at the beginning."""
         tps: list[TopicPartition] = []
-        for topic in self._by_topic:
+        for topic in [*self._by_topic, *self._collections]:
             tps += [TopicPartition(topic, p) for p in self._partitions(topic)]
         if offsets is None:
             try:
@@ -326,8 +349,13 @@ class TransactionBuilder:
         if self._batch_fill and now - self._batch_started >= self._policy.max_delay_ms / 1000:
             self._seal_batch()
         records = self._records(messages)
+        events = [m for m in records if m.topic() in self._collections]
+        if events:
+            records = [m for m in records if m.topic() not in self._collections]
         if records:
             self._ingest(records, now)
+        if events:
+            self._announce(events, now)
         return self._close_ready(now)
 
     def _records(self, messages: list[Message]) -> list[Message]:
@@ -367,24 +395,6 @@ class TransactionBuilder:
         counts = np.full(n, -1, dtype=np.int64)
         ends = np.zeros(n, dtype=bool)
 
-        batched = np.concatenate([
-            np.zeros(0, dtype=np.int64),
-            *(ix for t, ix in by_topic.items() if self._by_topic[t].upstream is None),
-        ])
-        batched = np.sort(batched[self._replay_batches(batched, topics, partitions, offsets,
-                                                       replayed)])
-        # Records of sources without upstream ids fill mini-batches in consumption order.
-        if len(batched):
-            if self._batch_fill == 0:
-                self._batch_started = now
-            slots = self._batch_fill + np.arange(len(batched))
-            batches[batched] = self._batch_no + slots // self._policy.max_events
-            total = self._batch_fill + len(batched)
-            self._batch_no += total // self._policy.max_events
-            self._batch_fill = total % self._policy.max_events
-            if total >= self._policy.max_events and self._batch_fill:
-                self._batch_started = now
-
         decoded = {}
         for topic, idx in by_topic.items():
             if not len(idx):
@@ -403,6 +413,27 @@ class TransactionBuilder:
                         txids[i], counts[i], ends[i] = (b.upstream_id, b.upstream_count or -1,
                                                         b.upstream_end)
             decoded[spec.name] = (batch, local)
+        # Also records of Debezium sources outside any transaction (snapshot reads).
+        batched = np.concatenate([
+            np.zeros(0, dtype=np.int64),
+            *(ix for t, ix in by_topic.items() if self._by_topic[t].upstream is None),
+            *(ix[_without_id(txids[ix])] for t, ix in by_topic.items()
+              if (up := self._by_topic[t].upstream) is not None and up.metadata_topic),
+        ])
+        batched = np.sort(batched[self._replay_batches(batched, topics, partitions, offsets,
+                                                       replayed)])
+        # Records of sources without upstream ids fill mini-batches in consumption order.
+        if len(batched):
+            if self._batch_fill == 0:
+                self._batch_started = now
+            slots = self._batch_fill + np.arange(len(batched))
+            batches[batched] = self._batch_no + slots // self._policy.max_events
+            total = self._batch_fill + len(batched)
+            self._batch_no += total // self._policy.max_events
+            self._batch_fill = total % self._policy.max_events
+            if total >= self._policy.max_events and self._batch_fill:
+                self._batch_started = now
+
         bad = self._drop_seen(txids, records, seq0,
                               {b.seq for batch, _ in decoded.values() for b in batch.bad})
         keys = _keys(batches, replayed, txids)
@@ -421,8 +452,41 @@ class TransactionBuilder:
         awaits_end = np.zeros(n, dtype=bool)
         for topic, idx in by_topic.items():
             upstream = self._by_topic[topic].upstream
-            awaits_end[idx] = upstream is not None and upstream.end is not None
+            awaits_end[idx] = upstream is not None and upstream.needs_end
         self._track(keys, counts, ends, awaits_end, topics, partitions, offsets, seq0, now)
+
+    def _announce(self, events: list[Message], now: float) -> None:
+        """Debezium transaction metadata: an `END` event sets its transaction's expected count
+        to the records it announces for the pipeline's tables. `BEGIN` events, and `END` events
+        of transactions already emitted or touching none of these tables, change nothing."""
+        bad: list[BadRecord] = []
+        for message in events:
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            seq = self._seq
+            self._seq += 1
+            try:
+                uid, counts = _end_event(message.value())
+            except ValueError as exc:
+                bad.append(BadRecord(
+                    source=f"transaction metadata {topic}", topic=topic, partition=partition,
+                    offset=offset, seq=seq, key=message.key(), value=message.value(),
+                    headers=list(message.headers() or []), error=str(exc)))
+                continue
+            if uid is None or uid in self._skip_ids or uid in self._emitted:
+                continue
+            expected = sum(counts.get(c, 0) for c in self._collections[topic])
+            if expected <= 0:
+                continue
+            key = f"u:{uid}"
+            txn = self._open.get(key)
+            if txn is None:
+                txn = self._open[key] = _Open(key=key, started=now, upstream_id=uid)
+            txn.expected = expected
+            tp = (topic, partition)
+            txn.first[tp] = min(txn.first.get(tp, offset), offset)
+            txn.last[tp] = max(txn.last.get(tp, offset), offset)
+            txn.last_seq = max(txn.last_seq, seq)
+        self._dead_letter(bad)
 
     def _replay_batches(
         self, idx: np.ndarray, topics: np.ndarray, partitions: np.ndarray, offsets: np.ndarray,
@@ -788,6 +852,35 @@ class TransactionBuilder:
         self._consumer.close()
 
 
+def _end_event(value: bytes | None) -> tuple[str | None, dict[str, int]]:
+    """A Debezium transaction metadata event (JSON, with or without the converter's `payload`
+    wrapper): for an `END` event its transaction id and record count per data collection;
+    for a `BEGIN` event, no id. Raises ValueError, naming what is wrong, on anything else."""
+    try:
+        event = json.loads(value) if value is not None else None
+    except ValueError as exc:
+        raise ValueError(f"transaction metadata event is not JSON: {exc}") from exc
+    if isinstance(event, dict) and isinstance(event.get("payload"), dict):
+        event = event["payload"]
+    if not isinstance(event, dict) or event.get("status") not in ("BEGIN", "END"):
+        raise ValueError("transaction metadata event without status BEGIN or END; is this "
+                         "Debezium's <topic.prefix>.transaction topic?")
+    if event["status"] == "BEGIN":
+        return None, {}
+    uid, collections = event.get("id"), event.get("data_collections")
+    if uid is None or not isinstance(collections, list):
+        raise ValueError("END event without 'id' or 'data_collections'")
+    counts: dict[str, int] = {}
+    for entry in collections:
+        if not (isinstance(entry, dict) and isinstance(entry.get("data_collection"), str)
+                and isinstance(entry.get("event_count"), int)):
+            raise ValueError(f"END event of transaction {uid!r}: data_collections entry "
+                             f"{entry!r} lacks 'data_collection' or an integer 'event_count'")
+        counts[entry["data_collection"]] = counts.get(entry["data_collection"], 0) \
+            + entry["event_count"]
+    return str(uid), counts
+
+
 def _first_offsets(transactions: Iterable[_Open]) -> dict[_TP, int]:
     """Per partition, the first offset of any of `transactions`."""
     first: dict[_TP, int] = {}
@@ -795,6 +888,10 @@ def _first_offsets(transactions: Iterable[_Open]) -> dict[_TP, int]:
         for tp, offset in txn.first.items():
             first[tp] = min(first.get(tp, offset), offset)
     return first
+
+
+def _without_id(txids: np.ndarray) -> np.ndarray:
+    return pc.is_null(pa.array(txids, pa.string())).to_numpy(zero_copy_only=False)
 
 
 def _member(ids: pa.Array, values: Iterable[str]) -> np.ndarray:

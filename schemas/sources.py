@@ -118,8 +118,14 @@ class UpstreamTransactions(BaseModel):
       the pipeline's sources; it closes once that many were read (valid or not).
     - `end`: a marker (boolean field, or header "true"/"1") on the transaction's last record;
       it closes once the marker was read.
-    - neither: it closes when every partition it was seen on has moved on to another id or
-      reached its end (needs `isolation.level=read_committed`).
+    - `metadata_topic` (Debezium's transaction metadata, `<topic.prefix>.transaction`): the
+      transaction's `END` event there announces its record count per table
+      (`data_collections`); it closes once the announced records of every table of the
+      pipeline were read. `data_collection` is this source's table as Debezium names it there
+      (`schema.table` for PostgreSQL, `database.table` for MySQL); the id defaults to the
+      change events' `transaction.id`.
+    - none of these: it closes when every partition it was seen on has moved on to another id
+      or reached its end (needs `isolation.level=read_committed`).
     See `connectors.transactions` for the limits of each rule.
     """
 
@@ -130,12 +136,34 @@ class UpstreamTransactions(BaseModel):
     id_type: Literal["text", "bigint"] = "text"
     count: RecordField | None = None
     end: RecordField | None = None
+    metadata_topic: str | None = None
+    data_collection: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _debezium_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("metadata_topic") and "id" not in data:
+            return {**data, "id": RecordField(field="transaction.id")}
+        return data
 
     @model_validator(mode="after")
     def _one_rule(self) -> UpstreamTransactions:
-        if self.count is not None and self.end is not None:
-            raise SourceSpecError("give 'count' or 'end' for upstream transactions, not both")
+        rules = [name for name in ("count", "end", "metadata_topic")
+                 if getattr(self, name) is not None]
+        if len(rules) > 1:
+            raise SourceSpecError(f"give one of 'count', 'end' or 'metadata_topic' for upstream "
+                                  f"transactions, not {' and '.join(rules)}")
+        if (self.metadata_topic is None) != (self.data_collection is None):
+            raise SourceSpecError(
+                "'metadata_topic' and 'data_collection' go together: the topic of Debezium's "
+                "transaction events and this source's table as they name it (e.g. "
+                "'public.orders')")
         return self
+
+    @property
+    def needs_end(self) -> bool:
+        """A transaction stays open until its end marker or its END event was read."""
+        return self.end is not None or self.metadata_topic is not None
 
 
 class SourceSpec(BaseModel):

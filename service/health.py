@@ -62,6 +62,7 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     events: int = 0
     bad_records: int = 0
+    incomplete_upstream: int = 0
     transactions_closed: int = 0
     transactions: int = 0  # committed to every sink
     batches: int = 0
@@ -219,6 +220,8 @@ class Readiness:
 _COUNTERS = (
     ("events", "txstream_events_total", "records consumed from the source topics"),
     ("bad_records", "txstream_dead_letters_total", "records dead-lettered as malformed"),
+    ("incomplete_upstream", "txstream_incomplete_upstream_transactions_total",
+     "upstream transactions still incomplete at the timeout, dead-lettered"),
     ("transactions_closed", "txstream_transactions_closed_total", "transactions closed"),
     ("transactions", "txstream_transactions_committed_total",
      "transactions committed to every sink"),

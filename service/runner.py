@@ -364,6 +364,7 @@ class PipelineRunner:
                 if stats.events != self.progress.events:
                     self.progress.stage_seconds["ingest"] += time.monotonic() - started
                 self.progress.events, self.progress.bad_records = stats.events, stats.bad_records
+                self.progress.incomplete_upstream = stats.incomplete_upstream
                 self.progress.closed(stats.transactions, time.monotonic())
                 for transaction in fresh:
                     # Never logged, a transaction not handed over is formed again at the next

@@ -1,0 +1,189 @@
+"""Debezium transaction metadata as transaction boundaries, against the broker fixture: change
+events of three tables over several partitions, and the `END` events of Debezium's
+`<prefix>.transaction` topic that say how many changes each table holds."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka_helpers import (  # noqa: F401 (fixtures by name)
+    FAST,
+    ORDERS,
+    builders_fixture,
+    dlq_fixture,
+    integrate,
+    make_builder,
+    poll_until,
+    produce,
+    read_dead_letters,
+    rows,
+)
+
+from connectors.transactions import TransactionBuilder
+from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
+from service.embedded.kafka import KafkaEndpoint
+
+TABLES = {"customers": "public.customers", "orders": "public.orders", "items": "public.items"}
+
+
+def row(i: int) -> dict[str, Any]:
+    return {"id": i, "item": f"i{i}", "qty": i}
+
+
+def change(i: int, txid: str | None, order: int = 1, op: str = "c") -> tuple[str, dict]:
+    """A Debezium change event of row `i` (created, or read by a snapshot: no transaction)."""
+    tx = None if txid is None else {"id": txid, "total_order": order,
+                                    "data_collection_order": order}
+    return (f'{{"id": {i}}}', {"before": None, "after": row(i), "op": op,
+                               "source": {"connector": "postgresql"}, "transaction": tx})
+
+
+def begin(txid: str) -> tuple[str, dict]:
+    return (f'{{"id": "{txid}"}}', {"status": "BEGIN", "id": txid, "event_count": None,
+                                    "data_collections": None})
+
+
+def end(txid: str, counts: dict[str, int], wrapped: bool = False) -> tuple[str, dict]:
+    event = {"status": "END", "id": txid, "event_count": sum(counts.values()),
+             "data_collections": [{"data_collection": c, "event_count": n}
+                                  for c, n in counts.items()]}
+    return (f'{{"id": "{txid}"}}', {"schema": {}, "payload": event} if wrapped else event)
+
+
+def sources(prefix: str) -> list[SourceSpec]:
+    return [SourceSpec(name=name, topic=f"{prefix}.{name}", schema=ORDERS, format="debezium",
+                       semantics="insert_delete",
+                       upstream=UpstreamTransactions(metadata_topic=f"{prefix}.transaction",
+                                                     data_collection=collection))
+            for name, collection in TABLES.items()]
+
+
+def create_topics(kafka: KafkaEndpoint, prefix: str) -> None:
+    kafka.create_topic(f"{prefix}.customers", 2)
+    kafka.create_topic(f"{prefix}.orders", 2)
+    kafka.create_topic(f"{prefix}.items", 1)
+    kafka.create_topic(f"{prefix}.transaction", 1)
+
+
+def test_a_transaction_spanning_three_tables_closes_once_its_end_event_is_matched(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    """Changes of two transactions interleaved over five partitions of three topics, read in
+    any order: each closes exactly when every change its END event announces for the
+    pipeline's tables was read, and they are emitted in commit order (the END events')."""
+    create_topics(kafka, topic_name)
+    builders.append(b := make_builder(kafka, sources(topic_name)))
+    meta = f"{topic_name}.transaction"
+    # A snapshot read carries no transaction: a mini-batch.
+    produce(kafka, f"{topic_name}.customers", [change(1, None, op="r")])
+    (snapshot,) = poll_until(b, lambda ts: len(ts) == 1)
+    assert (snapshot.number, snapshot.upstream_id) == (1, None)
+
+    produce(kafka, meta, [begin("tx1"), begin("tx2")])
+    produce(kafka, f"{topic_name}.customers", [change(10, "tx1", 1)], partition=0)
+    produce(kafka, f"{topic_name}.orders", [change(20, "tx2", 1)], partition=0)
+    produce(kafka, f"{topic_name}.orders", [change(21, "tx1", 3)], partition=1)
+    produce(kafka, f"{topic_name}.items", [change(31, "tx1", 4), change(30, "tx2", 2)])
+    # tx1 commits first; it changed an audit table the pipeline does not read.
+    produce(kafka, meta, [
+        end("tx1", {"public.customers": 2, "public.orders": 1, "public.items": 1,
+                    "public.audit": 5}),
+        end("tx2", {"public.orders": 1, "public.items": 1}, wrapped=True),
+    ])
+    # tx2 is complete but commits after tx1, whose change in the second customers partition
+    # is read last (as when that partition is fetched late).
+    for _ in range(5):
+        assert b.poll(0.2) == []
+    produce(kafka, f"{topic_name}.customers", [change(11, "tx1", 2)], partition=1)
+    txs = poll_until(b, lambda ts: len(ts) == 2)
+    assert [(t.number, t.upstream_id) for t in txs] == [(2, "tx1"), (3, "tx2")]
+    assert [r["id"] for r in rows(txs[0], "customers")] == [10, 11]
+    assert [r["id"] for r in rows(txs[0], "orders")] == [21]
+    assert [r["id"] for r in rows(txs[0], "items")] == [31]
+    assert [r["id"] for r in rows(txs[1], "orders")] == [20]
+    assert [r["id"] for r in rows(txs[1], "items")] == [30]
+    assert txs[1].changes["customers"].num_rows == 0
+    # The END events are part of their transactions' offset ranges (re-read on a restart).
+    assert txs[0].ranges[meta] == {0: (2, 3)} and txs[1].ranges[meta] == {0: (3, 4)}
+    assert txs[1].offsets[meta] == {0: 4}
+
+
+def test_a_missing_change_dead_letters_its_transaction_after_the_timeout(
+    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
+) -> None:
+    """The END event announces two orders changes, one never arrives: at the timeout the
+    transaction's records go to the dead-letter topic, and the transaction after it, held back
+    until then (it committed later), is emitted. A metadata record that is not a Debezium
+    transaction event is dead-lettered too, and changes nothing."""
+    create_topics(kafka, topic_name)
+    policy = FAST.model_copy(update={"upstream_timeout_ms": 800})
+    builders.append(b := make_builder(kafka, sources(topic_name), dlq, policy))
+    meta = f"{topic_name}.transaction"
+    produce(kafka, f"{topic_name}.orders", [change(1, "lost", 1), change(2, "ok", 1)])
+    produce(kafka, meta, [("x", {"not": "a transaction event"}),
+                          end("lost", {"public.orders": 2}), end("ok", {"public.orders": 1})])
+    (t,) = poll_until(b, lambda ts: len(ts) == 1, deadline_s=15)
+    assert (t.number, t.upstream_id) == (1, "ok") and integrate([t], "orders") == {
+        (("id", 2), ("item", "i2"), ("qty", 2)): 1}
+    assert b.stats.incomplete_upstream == 1 and b.stats.bad_records == 1
+    b.commit(t)
+    letters = read_dead_letters(kafka, dlq, 2)
+    lost, metadata = sorted(letters, key=lambda letter: "lost" not in letter["txstream.error"])
+    assert "1 record(s) read of 2 announced" in lost["txstream.error"]
+    assert lost["txstream.topic"] == f"{topic_name}.orders"
+    assert "without status BEGIN or END" in metadata["txstream.error"]
+    assert metadata["txstream.topic"] == meta
+
+
+def test_a_restart_rebuilds_an_uncommitted_transaction_from_its_changes_and_end_event(
+    kafka: KafkaEndpoint, topic_name: str, tmp_path: Path
+) -> None:
+    """tx1 and tx2 are emitted, only tx1 is committed, then the builder stops (a crash). The
+    next one, restored from tx1's state with tx2's log entry, rebuilds tx2 with its number
+    from the same records (its END event included), and numbers tx3 after it."""
+    create_topics(kafka, topic_name)
+    meta = f"{topic_name}.transaction"
+    group = uuid.uuid4().hex
+    produce(kafka, f"{topic_name}.orders", [change(1, "tx1"), change(2, "tx2")])
+    produce(kafka, f"{topic_name}.customers", [change(3, "tx2", 2)])
+    produce(kafka, meta, [end("tx1", {"public.orders": 1}),
+                          end("tx2", {"public.orders": 1, "public.customers": 1})])
+    first = TransactionBuilder(kafka.bootstrap_servers, sources(topic_name), group_id=group,
+                               policy=FAST)
+    try:
+        before = poll_until(first, lambda ts: len(ts) == 2)
+        assert [(t.number, t.upstream_id) for t in before] == [(1, "tx1"), (2, "tx2")]
+        first.commit(before[0])
+        state = first.state()
+        assert state.offsets[meta] == {0: 1}  # tx2's END is read again
+    finally:
+        first.close()
+
+    second = TransactionBuilder(kafka.bootstrap_servers, sources(topic_name), group_id=group,
+                                policy=FAST)
+    try:
+        second.restore(state, replay=[before[1].log_entry()])
+        (again,) = poll_until(second, lambda ts: len(ts) == 1)
+        assert (again.number, again.upstream_id) == (2, "tx2")
+        for name in TABLES:
+            assert rows(again, name) == rows(before[1], name)
+        produce(kafka, f"{topic_name}.items", [change(4, "tx3")])
+        produce(kafka, meta, [end("tx3", {"public.items": 1})])
+        (third,) = poll_until(second, lambda ts: len(ts) == 1)
+        assert (third.number, third.upstream_id) == (3, "tx3")
+        assert [r["id"] for r in rows(third, "items")] == [4]
+    finally:
+        second.close()
+
+
+def test_metadata_settings_are_checked() -> None:
+    spec = UpstreamTransactions(metadata_topic="db.transaction", data_collection="public.t")
+    assert spec.id == RecordField(field="transaction.id") and spec.needs_end
+    with pytest.raises(ValueError, match="go together"):
+        UpstreamTransactions(metadata_topic="db.transaction")
+    with pytest.raises(ValueError, match="not count and metadata_topic"):
+        UpstreamTransactions(id=RecordField(field="tx"), count=RecordField(field="n"),
+                             metadata_topic="db.transaction", data_collection="public.t")
