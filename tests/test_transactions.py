@@ -290,6 +290,36 @@ def test_state_round_trip_keeps_numbers_upsert_rows_and_emitted_transactions(
         second.close()
 
 
+def test_a_replayed_upstream_transaction_waits_for_its_records(
+    kafka: KafkaEndpoint, topic_name: str
+) -> None:
+    """Emitted but not committed before a crash, an upstream transaction is replayed with its
+    number: it stays open until its records are read again, never emitted empty (the poll
+    right after the restore reads nothing yet)."""
+    kafka.create_topic(topic_name, 1)
+    spec = counted_source(topic_name)
+    group = uuid.uuid4().hex
+    first = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=FAST)
+    try:
+        txn = UpstreamProducer(kafka, topic_name, "R", 2)
+        txn.send(1, 0)
+        txn.send(2, 0)
+        txn.commit()
+        (emitted,) = poll_until(first, lambda ts: len(ts) == 1)
+        state = first.state()
+    finally:
+        first.close()
+    second = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=FAST)
+    try:
+        second.restore(state, replay=[emitted.log_entry()])
+        assert second.poll(0) == []
+        (again,) = poll_until(second, lambda ts: len(ts) == 1)
+        assert (again.number, again.upstream_id) == (1, "R")
+        assert integrate([again], "orders") == expect([1, 2])
+    finally:
+        second.close()
+
+
 def test_a_later_upstream_transaction_waits_for_an_earlier_open_one(
     kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
 ) -> None:
