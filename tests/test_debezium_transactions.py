@@ -4,11 +4,17 @@ events of three tables over several partitions, and the `END` events of Debezium
 
 from __future__ import annotations
 
+import json
+import random
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+import yaml
+from confluent_kafka import Producer
 from kafka_helpers import (  # noqa: F401 (fixtures by name)
     FAST,
     ORDERS,
@@ -21,10 +27,14 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     read_dead_letters,
     rows,
 )
+from test_recovery import ROOT, ServiceProcess
 
 from connectors.transactions import TransactionBuilder
+from examples import orders as example
+from examples.order_events import Event, OrderWorld, encode, events
 from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
 from service.embedded.kafka import KafkaEndpoint
+from service.embedded.postgres import free_port
 
 TABLES = {"customers": "public.customers", "orders": "public.orders", "items": "public.items"}
 
@@ -187,3 +197,137 @@ def test_metadata_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="not count and metadata_topic"):
         UpstreamTransactions(id=RecordField(field="tx"), count=RecordField(field="n"),
                              metadata_topic="db.transaction", data_collection="public.t")
+
+
+# ---- end to end: Debezium transactions through the service, killed and restarted ----------
+
+
+def _debezium_stream(count: int, seed: int) -> tuple[list[list[Event]], OrderWorld]:
+    """`count` events of the example, in source transactions of 1 to 6 changes."""
+    rng = random.Random(seed)
+    stream = events(rng, customers=40)
+    transactions: list[list[Event]] = []
+    left = count
+    while left:
+        size = min(left, rng.randint(1, 6))
+        transactions.append([next(stream) for _ in range(size)])
+        left -= size
+    world = OrderWorld()
+    for txn in transactions:
+        for event in txn:
+            world.apply(event)
+    return transactions, world
+
+
+def _net_changes(transactions: list[list[Event]]) -> dict[int, set[tuple[Any, ...]]]:
+    """Per source transaction (numbered from 1 in commit order), the changes of the mirrored
+    tables it makes, as (table, row..., diff): what its one stream transaction must hold."""
+    current: dict[str, dict[int, dict[str, Any]]] = {"customers": {}, "orders": {}}
+    out: dict[int, set[tuple[Any, ...]]] = {}
+    for number, txn in enumerate(transactions, start=1):
+        before = {(s, k): current[s].get(k) for s, k, _ in txn}
+        for source, key, row in txn:
+            if row is None:
+                current[source].pop(key, None)
+            else:
+                current[source][key] = row
+        changes = set()
+        for (source, key), old in before.items():
+            new = current[source].get(key)
+            if old != new:
+                changes |= {(source, *r.values(), d) for r, d in ((old, -1), (new, 1)) if r}
+        if changes:
+            out[number] = changes
+    return out
+
+
+def _produce_debezium(bootstrap: str, prefix: str, transactions: list[list[Event]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    current: dict[tuple[str, int], dict[str, Any]] = {}
+    for number, txn in enumerate(transactions, start=1):
+        txid = f"{number}:{1000 + number}"
+        counts: dict[str, int] = {}
+        for order, (source, key, row) in enumerate(txn, start=1):
+            before = current.get((source, key))
+            op = "d" if row is None else ("c" if before is None else "u")
+            if row is None:
+                current.pop((source, key), None)
+            else:
+                current[(source, key)] = row
+            value = {"before": before, "after": row, "op": op, "source": {"table": source},
+                     "transaction": {"id": txid, "total_order": order,
+                                     "data_collection_order": order}}
+            producer.produce(f"{prefix}.{source}", key=encode((source, key, row))[0],
+                             value=json.dumps(value, default=str).encode())
+            counts[f"public.{source}"] = counts.get(f"public.{source}", 0) + 1
+        end_key, end_value = end(txid, counts)
+        producer.produce(f"{prefix}.transaction", key=end_key.encode(),
+                         value=json.dumps(end_value).encode())
+    assert producer.flush(60) == 0
+
+
+def test_source_transactions_through_the_service_exactly_once_across_kill_9(
+        kafka, postgres, pg_schema, topic_name, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Debezium transactions of two tables (orders over three partitions) through `txstream
+    run`, killed with SIGKILL after a batch's sinks wrote (offsets not committed) and mid
+    write of a batch, then restarted: every source transaction is exactly one stream
+    transaction, numbered in commit order, its changes in PostgreSQL once."""
+    prefix = topic_name
+    kafka.create_topic(f"{prefix}.customers", 1)
+    kafka.create_topic(f"{prefix}.orders", 3)
+    kafka.create_topic(f"{prefix}.transaction", 1)
+    transactions, world = _debezium_stream(1500, seed=3)
+    _produce_debezium(kafka.bootstrap_servers, prefix, transactions)
+    schemas = {"customers": example.CUSTOMERS, "orders": example.ORDERS}
+    group = f"g-{topic_name}"
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": "mirror_pipeline:pipeline", "consumer_group": group,
+        "http_port": free_port(), "checkpoint_dir": str(tmp_path / "ck"),
+        "batch_transactions": 60, "checkpoint_every_batches": 2,
+        "sources": [{
+            "name": name, "topic": f"{prefix}.{name}", "format": "debezium",
+            "semantics": "upsert", "decimal_handling_mode": "string",
+            "schema": schema.model_dump(mode="json"),
+            "upstream": {"metadata_topic": f"{prefix}.transaction",
+                         "data_collection": f"public.{name}"}}
+            for name, schema in schemas.items()],
+        "sinks": [{"output": name, "kind": "postgres_append", "db_schema": pg_schema,
+                   "table": f"{name}_changes"} for name in schemas],
+    }))
+    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "DATABASE_URL": postgres.url,
+           "PYTHONPATH": str(ROOT / "tests")}
+    log_path = tmp_path / "run.log"
+    for crash in ("commit:2", "sink_write:2"):
+        service = ServiceProcess(config, {**env, "TXSTREAM_CRASH_AT": crash}, log_path)
+        assert service.wait(timeout=600) == -signal.SIGKILL, service.tail()
+
+    want = _net_changes(transactions)
+    columns = {name: ", ".join(schema.names) for name, schema in schemas.items()}
+
+    def appended() -> list[tuple[Any, ...]]:
+        with psycopg.connect(postgres.url) as conn:
+            return [(name, *r) for name in schemas for r in conn.execute(
+                f'SELECT {columns[name]}, time, diff FROM "{pg_schema}"."{name}_changes"')]
+
+    service = ServiceProcess(config, env, log_path)
+    service._until("the last source transaction in PostgreSQL",
+                   lambda: max((r[-2] for r in appended()), default=0) >= max(want),
+                   timeout=600)
+    service.proc.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=90) == 0, service.tail()
+
+    rows = appended()
+    assert len(rows) == len(set(rows)), "a change appended twice"
+    got: dict[int, set[tuple[Any, ...]]] = {}
+    for *row, time_, diff in rows:
+        got.setdefault(time_, set()).add((*row, diff))
+    assert got.keys() == want.keys(), "stream transactions are not the source transactions"
+    for number, changes in want.items():
+        assert got[number] == changes, f"transaction {number}: {got[number] ^ changes}"
+    final = {(s, *r.values()) for s, table in (("customers", world.customers),
+                                               ("orders", world.orders)) for r in table.values()}
+    integrated: dict[tuple[Any, ...], int] = {}
+    for *row, _, diff in rows:
+        integrated[tuple(row)] = integrated.get(tuple(row), 0) + diff
+    assert {r for r, w in integrated.items() if w} == final
