@@ -313,8 +313,10 @@ class BatchPolicy(BaseModel):
 
     Records of sources without upstream transaction ids form mini-batches: a batch closes after
     `max_events` records or `max_delay_ms` after its first record, whichever comes first.
-    An upstream transaction not complete `upstream_timeout_ms` after its first record is never
-    emitted: its records go to the dead-letter topic (an aborted or lost upstream transaction).
+    An upstream transaction not complete `upstream_timeout_ms` after its first record (or its
+    Debezium END event) is never emitted: its records go to the dead-letter topic (an aborted or
+    lost upstream transaction). Emitting the part that arrived instead would break the
+    transaction's atomicity, and a replay after a crash could not form the same part again.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
