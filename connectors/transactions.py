@@ -686,6 +686,16 @@ class TransactionBuilder:
                     if nxt.key not in pushed and free(nxt):
                         heapq.heappush(heap, (nxt.last_seq, nxt.key))
                         pushed.add(nxt.key)
+        if len(order) < len(candidates) == len(complete):
+            # Every one is complete, yet some wait for each other: their partitions disagree on
+            # the commit order (never so for one Debezium connector). Held back, they would
+            # never close; emitted in the order they completed, they go on.
+            stuck = sorted((t for t in candidates if t.key not in pushed),
+                           key=lambda t: t.last_seq)
+            log.warning("upstream transactions %s: their partitions disagree on the commit "
+                        "order; emitted in the order they completed",
+                        ", ".join(repr(t.upstream_id) for t in stuck))
+            order += stuck
         return order
 
     def _safe_offsets(self, pinned: dict[_TP, int]) -> Offsets:

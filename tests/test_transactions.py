@@ -342,6 +342,23 @@ def test_a_later_upstream_transaction_waits_for_an_earlier_open_one(
                             {"id": 1, "item": "i1", "qty": 2, "time": 2, "diff": 1}]
 
 
+def test_partitions_disagreeing_on_the_commit_order_do_not_hold_transactions_forever(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    """Partition 0 says A then B, partition 1 says B then A: both complete, each waits for the
+    other. They are emitted all the same, in the order they completed."""
+    kafka.create_topic(topic_name, 2)
+    builders.append(b := make_builder(kafka, [counted_source(topic_name)]))
+    headers = {name: [("txid", name.encode()), ("txn", b"2")] for name in ("A", "B")}
+    produce(kafka, topic_name, [("1", order(1), headers["A"]), ("2", order(2), headers["B"])],
+            partition=0)
+    produce(kafka, topic_name, [("3", order(3), headers["B"]), ("4", order(4), headers["A"])],
+            partition=1)
+    txs = poll_until(b, lambda ts: len(ts) == 2)
+    assert sorted(t.upstream_id for t in txs) == ["A", "B"]
+    assert integrate(txs, "orders") == expect([1, 2, 3, 4])
+
+
 # ---- the vectorized upsert against a row-at-a-time model ----------------------------------
 
 _events = st.lists(
