@@ -14,26 +14,55 @@ state as it was, and an older version stays readable (for a checkpoint) while la
 run. Runs are lazy local checkpoints: computed once, by the job that first reads them, then
 read from Spark's memory with their lineage cut, so plans do not grow with the number of
 batches. Runs live in one partition, like every frame of a batch: see `service.engine.engine`.
+
+A plan reads a state as one leaf, whatever its number of runs: a `LogicalRDD` over the union of
+the runs' RDDs (`service.engine.leaves`), so a batch's plans have the same shape from one batch
+to the next and can be rebound to the next version's runs instead of built again
+(`service.engine.templates`). For that, every run holds its rows in the state's one row type
+(`row_type`): decimals sum to precision 38 at once instead of widening with each merge.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
+from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import DecimalType, StructField, StructType
 
 from service.engine.frames import col, semi_join, union_all
+from service.engine.leaves import analyzed, rdd_leaf, rdd_of, union_rdd
 
 
 @dataclass(frozen=True)
 class Run:
-    frame: DataFrame
+    frame: DataFrame  # a local checkpoint: its plan is a LogicalRDD
     weight: int  # rows of input the run summarizes (an estimate of its size, never counted)
+
+    @cached_property
+    def rdd(self) -> JavaObject:
+        return rdd_of(self.frame)
 
 
 Runs = tuple[Run, ...]
+
+
+@dataclass(frozen=True)
+class Merge:
+    """What adding a batch of `weight` rows does to a version: its runs split into those kept
+    and those merged with the batch's changes into one new run of `new_weight`."""
+
+    kept: Runs
+    merged: Runs
+    new_weight: int
+
+    @property
+    def whole(self) -> bool:
+        """The new run is the whole collection."""
+        return not self.kept
 
 
 @dataclass(frozen=True)
@@ -47,6 +76,13 @@ class StagedRuns:
     @property
     def new(self) -> DataFrame:
         return self.runs[-1].frame
+
+
+def _row_type(schema: StructType) -> StructType:
+    """Decimals at precision 38, the bound their sums widen to, so a merge keeps the type."""
+    return StructType([StructField(f.name, DecimalType(38, f.dataType.scale)
+                                   if isinstance(f.dataType, DecimalType) else f.dataType, True)
+                       for f in schema.fields])
 
 
 class ZSetState:
@@ -63,6 +99,10 @@ class ZSetState:
         self.weights = list(weights)
         self._empty_when = empty_when
         self.runs: Runs = ()
+        # Fixed by the first rows the state gets: every run holds this type.
+        self.row_type: StructType | None = None
+        self._prototype: JavaObject | None = None  # attributes of `row_type`
+        self._leaf: tuple[Runs, DataFrame] | None = None
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
         summed = frame.groupBy(*[col(k) for k in self.keys]).agg(
@@ -74,32 +114,65 @@ class ZSetState:
             summed = summed.where(f"NOT ({self._empty_when})")
         return summed
 
-    def staged(self, delta: DataFrame, weight: int) -> StagedRuns:
-        """The version after adding a batch's changes (columns `keys + weights`, not
-        necessarily consolidated); `weight` is the batch's size (its input rows), which decides
-        what merges with what. Nothing runs and the state is unchanged until `install`."""
-        frames = [delta.select(*[col(c) for c in self.keys + self.weights])]
+    def _typed(self, frame: DataFrame) -> DataFrame:
+        """`frame`'s `keys + weights` in the state's row type (fixed here the first time)."""
+        if self.row_type is None:
+            self.row_type = _row_type(frame.select(*[col(c) for c in self.keys + self.weights])
+                                      .schema)
+            self._prototype = analyzed(frame.sparkSession.createDataFrame(
+                [], self.row_type)).output()
+        return frame.select(*[col(f.name).cast(f.dataType).alias(f.name)
+                              for f in self.row_type.fields])
+
+    def leaf(self, spark: SparkSession, runs: Runs) -> DataFrame:
+        """The rows of `runs` (none: no rows) as one leaf in one partition, unconsolidated."""
+        assert self._prototype is not None, "a state is read only after its first rows"
+        return rdd_leaf(spark, self._prototype, union_rdd(spark, [r.rdd for r in runs])) \
+            .coalesce(1)
+
+    def merge(self, weight: int) -> Merge:
+        """The runs a batch of `weight` input rows merges with (size tiers: a run merges into
+        the one before it while that one weighs no more than what is being merged)."""
         runs = list(self.runs)
         weight = max(1, weight)
+        merged: list[Run] = []
         while runs and runs[-1].weight <= weight:
             run = runs.pop()
-            frames.append(run.frame)
+            merged.insert(0, run)
             weight += run.weight
-        merged = self._consolidate(union_all(frames), whole=not runs)
-        return StagedRuns(self, (*runs, Run(merged.localCheckpoint(eager=False), weight)))
+        return Merge(tuple(runs), tuple(merged), weight)
+
+    def staged_frame(self, delta: DataFrame, merge: Merge) -> DataFrame:
+        """The new run of `merge`: the batch's changes (columns `keys + weights`, not
+        necessarily consolidated, any others ignored) plus the merged runs, consolidated."""
+        changes = self._typed(delta)
+        merged = self.leaf(delta.sparkSession, merge.merged)
+        return self._typed(self._consolidate(union_all([changes, merged]), whole=merge.whole))
+
+    def staged(self, delta: DataFrame, weight: int) -> StagedRuns:
+        """The version after adding a batch's changes; `weight` is the batch's size (its input
+        rows), which decides what merges with what. Nothing runs and the state is unchanged
+        until `install`."""
+        merge = self.merge(weight)
+        run = self.staged_frame(delta, merge).localCheckpoint(eager=False)
+        return StagedRuns(self, (*merge.kept, Run(run, merge.new_weight)))
 
     def install(self, runs: Runs) -> None:
         self.runs = runs
 
-    def frame(self, runs: Runs | None = None) -> DataFrame | None:
-        """All runs of a version (the current one by default), unconsolidated: equal keys may
-        appear in several runs (sum their weights)."""
-        runs = self.runs if runs is None else runs
-        return union_all([r.frame for r in runs]) if runs else None
+    def frame(self) -> DataFrame | None:
+        """The current version's rows as one leaf, unconsolidated: equal keys may appear in
+        several runs (sum their weights)."""
+        if not self.runs:
+            return None
+        if self._leaf is None or self._leaf[0] is not self.runs:
+            self._leaf = (self.runs, self.leaf(self.runs[0].frame.sparkSession, self.runs))
+        return self._leaf[1]
 
-    def consolidated(self, runs: Runs | None = None) -> DataFrame | None:
-        whole = self.frame(runs)
-        return None if whole is None else self._consolidate(whole, whole=True)
+    def consolidated(self, runs: Runs) -> DataFrame | None:
+        if not runs:
+            return None
+        return self._consolidate(self.leaf(runs[0].frame.sparkSession, runs), whole=True)
 
     def lookup(self, probe: DataFrame, on: Sequence[str]) -> DataFrame | None:
         """The consolidated rows whose `on` columns equal (nulls equal) a row of `probe`."""
@@ -120,7 +193,7 @@ class ZSetState:
         copied into Spark's memory, so the files may be deleted afterwards."""
         self.runs = ()
         if path is not None:
-            frame = spark.read.parquet(path).select(*[col(c) for c in self.keys + self.weights])
+            frame = self._typed(spark.read.parquet(path))
             loaded = frame.coalesce(1).localCheckpoint(eager=True)
             # Weighed by its size, so small batches after a restore do not rewrite it.
             self.runs = (Run(loaded, loaded.count()),)
