@@ -89,7 +89,7 @@ EVERY_SIZE = (1, 7, ONE_BATCH)
 # each batch of a DAG costs seconds of Spark jobs, so only one DAG runs at every batch size.
 DEFAULT_RUNS = {
     "test_random_dag": ((2, EVERY_SIZE), (4, (7,)), (5, (ONE_BATCH,))),
-    "test_example_pipeline": ((1, (7, ONE_BATCH)),),
+    "test_example_pipeline": ((1, EVERY_SIZE),),
 }
 LONG_SEEDS = range(1, 21)  # `--long`: each at every batch size (hours on a shared machine)
 

@@ -5,7 +5,9 @@ A batch runs in two phases. First every operator builds its delta plan and stage
 next version (`BatchPlan`), running nothing. Then the engine computes it all with one Spark
 action: the outputs, tagged and unioned, are collected as Arrow, and the same job computes the
 staged state runs (lazy local checkpoints it reads but filters out). Only then are the new state
-versions installed, so a failed batch leaves the engine as it was.
+versions installed, so a failed batch leaves the engine as it was. The first phase runs the
+operators only for the first batch of each shape; later batches of that shape rebind its
+recorded plans to their own inputs and state (`service.engine.templates`).
 
 Every frame of a batch lives in a single Spark partition: deltas enter through a narrow
 `coalesce(1)` and state runs are built from them, so no join, aggregate or window needs an
@@ -45,10 +47,11 @@ from service.engine.errors import (
     PipelineDefinitionError,
 )
 from service.engine.frames import col, union_all
+from service.engine.leaves import analyzed, local_rows, rdd_leaf
 from service.engine.operators import OPERATORS, Operator, SourceOp
 from service.engine.operators.base import first_line
 from service.engine.sparkjobs import JobCount, counted
-from service.engine.state import Runs, ZSetState
+from service.engine.state import Runs, StagedRuns, ZSetState
 from service.engine.table import (
     DistinctNode,
     FilterNode,
@@ -60,9 +63,12 @@ from service.engine.table import (
     SelectNode,
     SourceNode,
 )
+from service.engine.templates import Template, instantiate, record
 
 # From this many rows on, a source's changes enter Spark through a file (see Engine._to_spark).
 FILE_INPUT_ROWS = 50_000
+# Plan templates kept (one per batch shape seen; the oldest goes first).
+_TEMPLATES = 64
 # SQLSTATE class 22: the data made an expression fail (division by zero, invalid cast, overflow).
 _DATA_EXCEPTION = "22"
 
@@ -79,12 +85,14 @@ def _expressions(node: Node) -> list[str]:
 @dataclass(frozen=True)
 class BatchStats:
     """What the last batch cost: driver time building and planning its Spark plans, time
-    executing them, and the Spark jobs and stages that ran."""
+    executing them, and the Spark jobs and stages that ran; `rebound` when its plans came from
+    the template of an earlier batch of the same shape (see `service.engine.templates`)."""
 
     planning_s: float
     execution_s: float
     jobs: int
     stages: int
+    rebound: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,7 @@ class Engine:
         self._part_of = {name: i for i, name in enumerate(self.outputs)}
         self._tagging = self._tag_columns()
         self._local = spark.sparkContext.master.startswith("local")
+        self._templates: dict[tuple[object, ...], Template] = {}
 
     def _tag_columns(self) -> dict[str | None, list[PyColumn]]:
         """The columns that lay each output's changes out in the batch's one result (and, for
@@ -198,12 +207,8 @@ class Engine:
             return node.keys
         return None
 
-    def _to_spark(self, op: SourceOp, changes: pa.Table, spill_dir: str | None) -> DataFrame:
-        """The source's changes of a batch as a frame. Small ones become a local relation (no
-        Spark job); from FILE_INPUT_ROWS rows on, and when executors share the driver's disk
-        (local mode), a Parquet file in `spill_dir` that the batch's job reads: a local
-        relation converts every row on the driver and ships them all inside the task, which
-        made a 500k-row batch a quarter slower."""
+    def _prepared(self, op: SourceOp, changes: pa.Table) -> pa.Table:
+        """The source's changes of a batch, checked against its schema and consolidated."""
         name = op.node.label
         want = [*op.columns, TIME, DIFF]
         missing = [c for c in want if c not in changes.column_names]
@@ -215,14 +220,31 @@ class Engine:
             typed = changes.select(want).cast(arrow_schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise EngineInputError(f"{name}: changes do not fit the schema: {exc}") from exc
+        return consolidate_arrow(typed, op.columns)
+
+    def _local_relation(self, op: SourceOp, changes: pa.Table) -> DataFrame:
+        assert isinstance(op.node, SourceNode) and op.node.schema is not None
         spark_schema = StructType.fromDDL(op.node.schema.spark_ddl(with_changes=True))
-        consolidated = consolidate_arrow(typed, op.columns)
-        if spill_dir is not None and consolidated.num_rows >= FILE_INPUT_ROWS:
+        return self.spark.createDataFrame(self._prepared(op, changes), schema=spark_schema)
+
+    def _to_spark(self, op: SourceOp, changes: pa.Table, spill_dir: str | None) -> DataFrame:
+        """The source's changes of a batch as a frame. Small ones become an RDD leaf of the
+        driver's rows (no Spark job; a leaf a template can rebind); from FILE_INPUT_ROWS rows
+        on, and when executors share the driver's disk (local mode), a Parquet file in
+        `spill_dir` that the batch's job reads: driver rows are converted one by one and
+        shipped inside the task, which made a 500k-row batch a quarter slower."""
+        if spill_dir is not None and changes.num_rows >= FILE_INPUT_ROWS:
+            assert isinstance(op.node, SourceNode) and op.node.schema is not None
             path = os.path.join(spill_dir, f"{op.node.id}.parquet")
-            pq.write_table(consolidated, path, compression="none")
+            pq.write_table(self._prepared(op, changes), path, compression="none")
+            spark_schema = StructType.fromDDL(op.node.schema.spark_ddl(with_changes=True))
             return self.spark.read.schema(spark_schema).parquet(path).coalesce(1)
-        frame = self.spark.createDataFrame(consolidated, schema=spark_schema)
-        return frame.coalesce(1)
+        local = self._local_relation(op, changes)
+        return rdd_leaf(self.spark, analyzed(local).output(), local_rows(local)).coalesce(1)
+
+    def _shape(self, changes: Mapping[str, pa.Table]) -> tuple[object, ...]:
+        """What decides every plan of a batch (see `service.engine.templates`)."""
+        return tuple(sorted(changes)), tuple(bool(s.runs) for s in self._states().values())
 
     def process(self, changes: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
         """Run one batch: `changes` maps source names to their columns plus `time` and `diff`
@@ -236,63 +258,103 @@ class Engine:
                 f"{', '.join(sorted(self.sources))}"
             )
         started = time.perf_counter()
-        batch = BatchPlan(sum(t.num_rows for t in changes.values()))
-        deltas: dict[int, DataFrame | None] = {}
-        # Read by the batch's one job only: what it computes from them is materialized there.
+        present = {name: t for name, t in changes.items() if t.num_rows}
+        weight = sum(t.num_rows for t in present.values())
+        spill = self._local and any(t.num_rows >= FILE_INPUT_ROWS for t in present.values())
+        shape = None if spill else self._shape(present)
+        template = self._templates.get(shape) if shape is not None else None
+        recorded: Template | None = None
         with contextlib.ExitStack() as stack:
-            large = any(t.num_rows >= FILE_INPUT_ROWS for t in changes.values())
-            spill_dir = stack.enter_context(tempfile.TemporaryDirectory(
-                prefix="txstream-batch-")) if self._local and large else None
-            for op in self._ops:
-                if isinstance(op, SourceOp):
-                    table = changes.get(op.node.name)  # type: ignore[attr-defined]
-                    delta = self._to_spark(op, table, spill_dir) \
-                        if table is not None and table.num_rows else None
-                else:
-                    delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
-                if delta is not None and self._consumers[op.node.id] > 1:
-                    delta = batch.shared(delta)
-                deltas[op.node.id] = delta
-            outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
-            result, execution_s, count = self._materialize(outputs, batch)
-        batch.commit()
+            if template is not None:
+                rows = {name: local_rows(self._local_relation(self.sources[name], t))
+                        for name, t in present.items()}
+                final, staged = instantiate(self.spark, template, rows, weight)
+                outputs: tuple[str, ...] = template.outputs
+            else:
+                spill_dir = stack.enter_context(tempfile.TemporaryDirectory(
+                    prefix="txstream-batch-")) if spill else None
+                final, outputs, staged, recorded = self._build(present, weight, spill_dir,
+                                                               shape is not None)
+            result, execution_s, count = self._execute(final, outputs)
+        for staged_runs in staged:
+            staged_runs.state.install(staged_runs.runs)
+        if shape is not None and recorded is not None:
+            if len(self._templates) >= _TEMPLATES:
+                del self._templates[next(iter(self._templates))]
+            self._templates[shape] = recorded
         self.last_batch = BatchStats(
             planning_s=round(time.perf_counter() - started - execution_s, 4),
-            execution_s=round(execution_s, 4), jobs=count.jobs, stages=count.stages)
+            execution_s=round(execution_s, 4), jobs=count.jobs, stages=count.stages,
+            rebound=template is not None)
         self.totals = JobCount(self.totals.jobs + count.jobs, self.totals.stages + count.stages)
         return result
 
-    def _materialize(self, outputs: Mapping[str, DataFrame | None], batch: BatchPlan
-                     ) -> tuple[dict[str, pa.Table], float, JobCount]:
-        """Compute the batch with one Spark action. Each output becomes a struct column of its
-        own, filled on that output's rows only; the staged state runs are read by the same
-        job through a filter no row passes, which Spark cannot fold away (it depends on the
-        partition), so they are computed and kept without reaching the driver."""
-        present = [(name, frame) for name, frame in outputs.items() if frame is not None]
-        results = {name: self.outputs[name].schema.arrow_schema(with_changes=True).empty_table()
-                   for name in outputs}
+    def _build(self, changes: Mapping[str, pa.Table], weight: int, spill_dir: str | None,
+               keep: bool) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns],
+                                    Template | None]:
+        """Plan a batch through the operators: its final frame (None: nothing to compute), the
+        outputs it holds, the staged runs, and (with `keep`) its template."""
+        batch = BatchPlan(self.spark, weight)
+        deltas: dict[int, DataFrame | None] = {}
+        sources: dict[str, DataFrame] = {}
+        for op in self._ops:
+            if isinstance(op, SourceOp):
+                name = op.node.name  # type: ignore[attr-defined]
+                table = changes.get(name)
+                delta = self._to_spark(op, table, spill_dir) if table is not None else None
+                if delta is not None:
+                    sources[name] = delta
+            else:
+                delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
+            if delta is not None and self._consumers[op.node.id] > 1:
+                delta = batch.shared(delta)
+            deltas[op.node.id] = delta
+        outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
+        final, present = self._final_frame(outputs, batch)
+        template = None
+        if keep and final is not None and spill_dir is None:
+            template = record(self.spark, batch, sources, list(self._states().values()), final,
+                              present)
+        return final, present, batch.staged, template
+
+    def _final_frame(self, outputs: Mapping[str, DataFrame | None], batch: BatchPlan
+                     ) -> tuple[DataFrame | None, tuple[str, ...]]:
+        """The batch's one frame to compute, and the outputs it holds. Each output becomes a
+        struct column of its own, filled on that output's rows only; the staged state runs are
+        read by the same job through a filter no row passes, which Spark cannot fold away (it
+        depends on the partition), so they are computed and kept without reaching the
+        driver."""
+        present = tuple(name for name, frame in outputs.items() if frame is not None)
         if not present and not batch.frames:
-            return results, 0.0, JobCount(0, 0)
-        parts = [frame.select(*self._tagging[name]) for name, frame in present]
+            return None, present
+        parts = [outputs[name].select(*self._tagging[name]) for name in present]  # type: ignore[union-attr]
         if batch.frames:
             hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames])
             parts.append(hidden.where(F.spark_partition_id() < 0).select(*self._tagging[None]))
-        union = union_all(parts)
-        union._jdf.queryExecution().executedPlan()  # planned here, so execution is timed alone
+        return union_all(parts), present
+
+    def _execute(self, final: DataFrame | None, present: tuple[str, ...]
+                 ) -> tuple[dict[str, pa.Table], float, JobCount]:
+        """Compute the batch's frame with one Spark action; every output's changes."""
+        results = {name: out.schema.arrow_schema(with_changes=True).empty_table()
+                   for name, out in self.outputs.items()}
+        if final is None:
+            return results, 0.0, JobCount(0, 0)
+        final._jdf.queryExecution().executedPlan()  # planned here, so execution is timed alone
         # Spark cuts the lineage of the first checkpointed frames it meets, not of the runs
         # below them: those would drag every earlier batch's lineage along.
         self.spark.sparkContext.setLocalProperty(
             "spark.checkpoint.checkpointAllMarkedAncestors", "true")
         started = time.perf_counter()
         try:
-            table, count = counted(self.spark.sparkContext, union.toArrow)
+            table, count = counted(self.spark.sparkContext, final.toArrow)
         except PySparkException as exc:
             if not (exc.getSqlState() or "").startswith(_DATA_EXCEPTION):
                 raise
             raise self._expression_error(exc) from exc
         executed = time.perf_counter() - started
         tags = table.column(PART)
-        for name, _ in present:
+        for name in present:
             i = self._part_of[name]
             rows = table.filter(pc.equal(tags, i)).column(f"__out{i}").combine_chunks()
             changes = pa.Table.from_struct_array(rows)
@@ -365,5 +427,6 @@ class Engine:
                 f"(first difference: {diff}); start from empty state instead"
             )
         saved = set(manifest.get("states", []))
+        self._templates.clear()
         for name, state in self._states().items():
             state.load(self.spark, f"{path}/{name}" if name in saved else None)

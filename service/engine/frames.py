@@ -7,7 +7,6 @@ from functools import cache, reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
 
 @cache
@@ -73,26 +72,3 @@ def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], anti: bool 
         return join(frame, keys, cond, "left").where(F.col("__p_hit").isNull()) \
             .select(*[frame[f"`{c}`"] for c in frame.columns])
     return join(frame, keys, cond, "inner").select(*[frame[f"`{c}`"] for c in frame.columns])
-
-
-def cached_leaf(frame: DataFrame) -> DataFrame:
-    """`frame` as a leaf of later plans: computed by the first job that reads it, kept in
-    memory (columnar, as `DataFrame.cache` keeps it) and read from there by every other
-    consumer, which neither re-analyzes nor recomputes its lineage.
-
-    What `localCheckpoint(eager=False)` gives a batch, for a sixth of the driver's time: a
-    checkpoint is an action of its own (a new SQL execution, a closure cleaned, an encoder
-    resolved), some 20-40 ms each, where this builds the in-memory relation Spark's cache uses,
-    without registering it in the cache manager (which every later plan would be matched
-    against). The relation keeps its lineage: for frames of one batch only, never for state
-    that outlives the batch (see `service.engine.state`). Unreferenced, its blocks are freed
-    by Spark's context cleaner."""
-    spark = frame.sparkSession
-    jvm = spark._jvm
-    assert jvm is not None
-    relation = getattr(jvm.org.apache.spark.sql.execution.columnar, "InMemoryRelation$") \
-        .__getattr__("MODULE$").apply(
-            jvm.org.apache.spark.storage.StorageLevel.MEMORY_AND_DISK(),
-            frame._jdf.queryExecution(), jvm.scala.Option.empty())
-    rows = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, relation)
-    return ClassicDataFrame(rows, spark)

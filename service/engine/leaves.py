@@ -2,7 +2,7 @@
 rebinding of a plan to other leaves.
 
 A batch's plans read three kinds of leaves: input deltas and state (an RDD of rows each, a
-`LogicalRDD`), and frames computed once per batch (an `InMemoryRelation`, see `cached_leaf`).
+`LogicalRDD`), and frames computed once per batch (an `InMemoryRelation`, see `BatchPlan.shared`).
 Each leaf has a key that survives Spark's copies of it (the deduplication of a self-join gives
 a copy fresh attribute ids): the id of its RDD, or the name of its cached relation. `rebind`
 replaces leaves by key in an analyzed plan, keeping each occurrence's attributes, so the rest
@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
@@ -45,40 +46,60 @@ def _module(spark: SparkSession, path: str) -> JavaObject:
     return getattr(node, f"{name}$").__getattr__("MODULE$")
 
 
-def _row_tag(spark: SparkSession) -> JavaObject:
-    return _module(spark, "scala.reflect.ClassTag").AnyRef()
+@dataclass(frozen=True)
+class _Jvm:
+    """The JVM classes and objects a batch's leaves are made of, looked up once per session:
+    each lookup is a round trip to the JVM, and a batch makes a hundred leaves."""
+
+    session: JavaObject
+    context: JavaObject
+    logical_rdd: JavaObject
+    unknown: JavaObject
+    nil: JavaObject
+    none: JavaObject
+    rows: JavaObject  # ClassTag of an RDD's elements
+    empty_map: JavaObject
+    array_list: JavaObject
+    as_scala: JavaObject
 
 
-def _seq(spark: SparkSession, items: Sequence[JavaObject]) -> JavaObject:
+@cache
+def _jvm(spark: SparkSession) -> _Jvm:
     jvm = spark._jvm
     assert jvm is not None
-    array = jvm.java.util.ArrayList()
-    for item in items:
-        array.add(item)
-    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(array).toSeq()
+    return _Jvm(
+        session=spark._jsparkSession,
+        context=spark._jsparkSession.sparkContext(),
+        logical_rdd=jvm.org.apache.spark.sql.execution.LogicalRDD,
+        unknown=jvm.org.apache.spark.sql.catalyst.plans.physical.UnknownPartitioning,
+        nil=_module(spark, "scala.collection.immutable.Nil"),
+        none=jvm.scala.Option.empty(),
+        rows=_module(spark, "scala.reflect.ClassTag").AnyRef(),
+        empty_map=_module(spark, "scala.collection.immutable.Map").empty(),
+        array_list=jvm.java.util.ArrayList,
+        as_scala=jvm.scala.jdk.javaapi.CollectionConverters,
+    )
 
 
 def union_rdd(spark: SparkSession, rdds: Sequence[JavaObject]) -> JavaObject:
-    """The rows of `rdds` (RDD[InternalRow]) as one RDD, with no job and no closure."""
-    sc = spark._jsparkSession.sparkContext()
+    """The rows of `rdds` (RDD[InternalRow]) as a new RDD (a leaf key of its own), with no job
+    and no closure."""
+    j = _jvm(spark)
     if not rdds:
-        return sc.emptyRDD(_row_tag(spark))
-    if len(rdds) == 1:
-        return rdds[0]
-    return sc.union(_seq(spark, rdds), _row_tag(spark))
+        return j.context.emptyRDD(j.rows)
+    array = j.array_list()
+    for rdd in rdds:
+        array.add(rdd)
+    return j.context.union(j.as_scala.asScala(array).toSeq(), j.rows)
 
 
 def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> JavaObject:
-    """A `LogicalRDD` reading `rdd` with the attributes `output`. Its partitioning is unknown:
-    readers that need one partition coalesce."""
-    jvm = spark._jvm
-    assert jvm is not None
-    none = jvm.scala.Option.empty()
-    unknown = jvm.org.apache.spark.sql.catalyst.plans.physical.UnknownPartitioning(
-        rdd.getNumPartitions())
-    return jvm.org.apache.spark.sql.execution.LogicalRDD(
-        output, rdd, unknown, _module(spark, "scala.collection.immutable.Nil"), False, none,
-        spark._jsparkSession, none, none, False)
+    """A `LogicalRDD` reading `rdd` with the attributes `output`. Its partitioning is unknown
+    (readers that need one partition coalesce), and so is its partition count: a union's or a
+    placeholder's, it is of no use to a plan whose leaves change."""
+    j = _jvm(spark)
+    return j.logical_rdd(output, rdd, j.unknown(0), j.nil, False, j.none, j.session, j.none,
+                         j.none, False)
 
 
 def rdd_leaf(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> DataFrame:
@@ -94,9 +115,8 @@ def rdd_of(frame: DataFrame) -> JavaObject:
 def local_rows(frame: DataFrame) -> JavaObject:
     """The rows of a frame over a local relation (`createDataFrame`) as an RDD of one
     partition: a leaf `rebind` can replace."""
-    spark = frame.sparkSession
-    data = analyzed(frame).data()
-    return spark._jsparkSession.sparkContext().parallelize(data, 1, _row_tag(spark))
+    j = _jvm(frame.sparkSession)
+    return j.context.parallelize(analyzed(frame).data(), 1, j.rows)
 
 
 def cached_relation(frame: DataFrame) -> JavaObject:
@@ -152,7 +172,7 @@ def rebind(spark: SparkSession, plan: JavaObject, found: Sequence[Occurrence],
            bindings: Mapping[LeafKey, Replacement]) -> JavaObject:
     """`plan` with each occurrence in `found` replaced through `bindings` (every key must be
     bound), marked analyzed: its nodes were, and the new leaves keep the attributes."""
-    replace = _module(spark, "scala.collection.immutable.Map").empty()
+    replace = _jvm(spark).empty_map
     for occ in found:
         replace = replace.updated(occ.node, bindings[occ.key](occ.output))
     rebound = plan.transformUp(replace)

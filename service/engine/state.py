@@ -59,11 +59,6 @@ class Merge:
     merged: Runs
     new_weight: int
 
-    @property
-    def whole(self) -> bool:
-        """The new run is the whole collection."""
-        return not self.kept
-
 
 @dataclass(frozen=True)
 class StagedRuns:
@@ -90,7 +85,10 @@ class ZSetState:
 
     `empty_when` is a SQL predicate on the summed weights that says a key holds nothing (for
     group accumulators: the row count is 0 even if other accumulators are not). It is applied
-    only when a merge produces the whole collection; a partial run keeps any non-zero weight.
+    when the collection is read whole (a lookup, a save), never to a run: a partial run keeps
+    any non-zero weight, and a merge is the same plan whatever runs it merges. A key that
+    holds nothing but an inexact residue (a double sum beyond the exact range) so stays in
+    the runs until saved, never seen.
     """
 
     def __init__(self, keys: Sequence[str], weights: Sequence[str], empty_when: str | None = None
@@ -114,7 +112,7 @@ class ZSetState:
             summed = summed.where(f"NOT ({self._empty_when})")
         return summed
 
-    def _typed(self, frame: DataFrame) -> DataFrame:
+    def typed(self, frame: DataFrame) -> DataFrame:
         """`frame`'s `keys + weights` in the state's row type (fixed here the first time)."""
         if self.row_type is None:
             self.row_type = _row_type(frame.select(*[col(c) for c in self.keys + self.weights])
@@ -126,7 +124,7 @@ class ZSetState:
 
     def leaf(self, spark: SparkSession, runs: Runs) -> DataFrame:
         """The rows of `runs` (none: no rows) as one leaf in one partition, unconsolidated."""
-        assert self._prototype is not None, "a state is read only after its first rows"
+        assert self._prototype is not None, "typed() fixes the row type before any leaf"
         return rdd_leaf(spark, self._prototype, union_rdd(spark, [r.rdd for r in runs])) \
             .coalesce(1)
 
@@ -142,20 +140,10 @@ class ZSetState:
             weight += run.weight
         return Merge(tuple(runs), tuple(merged), weight)
 
-    def staged_frame(self, delta: DataFrame, merge: Merge) -> DataFrame:
-        """The new run of `merge`: the batch's changes (columns `keys + weights`, not
-        necessarily consolidated, any others ignored) plus the merged runs, consolidated."""
-        changes = self._typed(delta)
-        merged = self.leaf(delta.sparkSession, merge.merged)
-        return self._typed(self._consolidate(union_all([changes, merged]), whole=merge.whole))
-
-    def staged(self, delta: DataFrame, weight: int) -> StagedRuns:
-        """The version after adding a batch's changes; `weight` is the batch's size (its input
-        rows), which decides what merges with what. Nothing runs and the state is unchanged
-        until `install`."""
-        merge = self.merge(weight)
-        run = self.staged_frame(delta, merge).localCheckpoint(eager=False)
-        return StagedRuns(self, (*merge.kept, Run(run, merge.new_weight)))
+    def staged_frame(self, changes: DataFrame, merged: DataFrame) -> DataFrame:
+        """A new run: the batch's `changes` (`typed`, not necessarily consolidated) plus the
+        `merged` runs (a `leaf`), consolidated."""
+        return self.typed(self._consolidate(union_all([changes, merged]), whole=False))
 
     def install(self, runs: Runs) -> None:
         self.runs = runs
@@ -193,7 +181,7 @@ class ZSetState:
         copied into Spark's memory, so the files may be deleted afterwards."""
         self.runs = ()
         if path is not None:
-            frame = self._typed(spark.read.parquet(path))
+            frame = self.typed(spark.read.parquet(path))
             loaded = frame.coalesce(1).localCheckpoint(eager=True)
             # Weighed by its size, so small batches after a restore do not rewrite it.
             self.runs = (Run(loaded, loaded.count()),)
