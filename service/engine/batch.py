@@ -2,7 +2,7 @@
 
 Operators describe their work here without running anything: the state versions they stage,
 the frames several consumers share. The engine then materializes it all in one action and
-installs the staged versions (`commit`) only when that action succeeded. The batch also
+installs the staged versions only when that action succeeded. The batch also
 records each frame it materializes with the plan it comes from, in order, which is what a
 `service.engine.templates.Template` is made of.
 """
@@ -70,7 +70,3 @@ class BatchPlan:
     def frames(self) -> list[DataFrame]:
         """The frames the batch's job must compute although no output shows them."""
         return [s.new for s in self.staged]
-
-    def commit(self) -> None:
-        for staged in self.staged:
-            staged.state.install(staged.runs)

@@ -312,7 +312,7 @@ class Engine:
         outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
         final, present = self._final_frame(outputs, batch)
         template = None
-        if keep and final is not None and spill_dir is None:
+        if keep and final is not None:
             template = record(self.spark, batch, sources, list(self._states().values()), final,
                               present)
         return final, present, batch.staged, template
