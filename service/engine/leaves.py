@@ -26,10 +26,8 @@ _names = itertools.count(1)
 
 def frame_of(spark: SparkSession, plan: JavaObject) -> DataFrame:
     """A frame over an analyzed logical plan."""
-    jvm = spark._jvm
-    assert jvm is not None
-    return ClassicDataFrame(
-        jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan), spark)
+    j = _jvm(spark)
+    return ClassicDataFrame(j.dataset.ofRows(j.session, plan), spark)
 
 
 def analyzed(frame: DataFrame) -> JavaObject:
@@ -64,6 +62,8 @@ class _Jvm:
     in_memory_relation: JavaObject
     memory_and_disk: JavaObject
     in_memory_scan: JavaObject
+    dataset: JavaObject
+    option: JavaObject
 
 
 @cache
@@ -85,6 +85,8 @@ def _jvm(spark: SparkSession) -> _Jvm:
             spark, "org.apache.spark.sql.execution.columnar.InMemoryRelation"),
         memory_and_disk=jvm.org.apache.spark.storage.StorageLevel.MEMORY_AND_DISK(),
         in_memory_scan=jvm.org.apache.spark.sql.execution.columnar.InMemoryTableScanExec,
+        dataset=jvm.org.apache.spark.sql.classic.Dataset,
+        option=jvm.scala.Option,
     )
 
 
@@ -131,10 +133,8 @@ def cached_relation(frame: DataFrame) -> JavaObject:
     key), not registered in the cache manager (which every later plan would be matched
     against)."""
     j = _jvm(frame.sparkSession)
-    jvm = frame.sparkSession._jvm
-    assert jvm is not None
     return j.in_memory_relation.apply(j.memory_and_disk, frame._jdf.queryExecution(),
-                                      jvm.scala.Option.apply(f"txstream-{next(_names)}"))
+                                      j.option.apply(f"txstream-{next(_names)}"))
 
 
 def kept_rows(spark: SparkSession, relation: JavaObject) -> JavaObject:
