@@ -176,6 +176,7 @@ def latency(spark: SparkSession, state_events: int, transactions: int) -> dict[s
         "execution_p50_s": round(statistics.median(s.execution_s for s in stats), 3),
         "spark_jobs_per_batch": max(s.jobs for s in stats),
         "spark_stages_per_batch": max(s.stages for s in stats),
+        "interpreted_batches": sum(s.interpreted for s in stats),
         "trivial_job_s": round(trivial, 4), "p50_over_trivial_job": round(p50 / trivial, 1),
     }
 

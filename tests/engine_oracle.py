@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 from schemas.tables import ColumnType, TableSchema
 from service.engine import Engine, Pipeline, Table
 from service.engine import reducers as r
+from service.engine.engine import INTERPRETED_ROWS
 from service.engine.reducers import Reducer
 
 Row = tuple[object, ...]
@@ -502,8 +503,10 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
     as (time, diff, *row) tuples. `describe(output)` explains a failing output.
 
     With batches of one transaction, some batches must reuse the plans of an earlier one of
-    the same shape (`BatchStats.rebound`), so that both ways of planning are checked."""
-    engine = Engine(pipeline, spark)
+    the same shape (`BatchStats.rebound`), so that both ways of planning are checked. Those
+    batches evaluate expressions interpreted, as small batches do; larger batches with
+    generated code, whatever their size (`Engine.interpreted_rows`): both ways are checked."""
+    engine = Engine(pipeline, spark, interpreted_rows=INTERPRETED_ROWS if batch_size == 1 else 0)
     rebound = 0
     integrated = {name: Counter[Row]() for name in outputs}
     streams: dict[str, list[Row]] = {name: [] for name in outputs}
@@ -518,6 +521,7 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
         result = engine.process(batch)
         assert engine.last_batch is not None
         rebound += engine.last_batch.rebound
+        assert engine.last_batch.interpreted == (batch_size == 1)
         assert set(result) == set(outputs)
         by_time: dict[str, dict[int, list[tuple[Row, int]]]] = {}
         for name, columns in outputs.items():

@@ -67,6 +67,12 @@ from service.engine.templates import Template, instantiate, record
 
 # From this many rows on, a source's changes enter Spark through a file (see Engine._to_spark).
 FILE_INPUT_ROWS = 50_000
+# A batch that rewrites fewer rows than this (input plus the state runs it merges) evaluates its
+# expressions interpreted. Spark otherwise canonicalizes and looks up the generated code of
+# every projection and predicate of the plan in each task, which costs a lone transaction
+# 0.1-0.2 s of its 0.3 s of execution; generated code pays off from a few hundred rows on
+# (a 1M-event batch takes 2.8 times as long interpreted).
+INTERPRETED_ROWS = 500
 # Plan templates kept (one per batch shape seen; the oldest goes first).
 _TEMPLATES = 64
 # SQLSTATE class 22: the data made an expression fail (division by zero, invalid cast, overflow).
@@ -86,13 +92,15 @@ def _expressions(node: Node) -> list[str]:
 class BatchStats:
     """What the last batch cost: driver time building and planning its Spark plans, time
     executing them, and the Spark jobs and stages that ran; `rebound` when its plans came from
-    the template of an earlier batch of the same shape (see `service.engine.templates`)."""
+    the template of an earlier batch of the same shape (see `service.engine.templates`);
+    `interpreted` when its expressions were (see INTERPRETED_ROWS)."""
 
     planning_s: float
     execution_s: float
     jobs: int
     stages: int
     rebound: bool = False
+    interpreted: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,11 +121,13 @@ class OutputTable:
 class Engine:
     """Runs one pipeline. Not thread-safe: one batch at a time, in transaction order."""
 
-    def __init__(self, pipeline: Pipeline, spark: SparkSession) -> None:
+    def __init__(self, pipeline: Pipeline, spark: SparkSession, *,
+                 interpreted_rows: int = INTERPRETED_ROWS) -> None:
         if not pipeline.outputs:
             raise PipelineDefinitionError("the pipeline has no outputs: call pipeline.output(...)")
         self.spark = spark
         self.pipeline = pipeline
+        self.interpreted_rows = interpreted_rows
         self._ops: list[Operator] = []
         by_id: dict[int, Operator] = {}
         for node in pipeline.nodes():
@@ -275,7 +285,9 @@ class Engine:
                     prefix="txstream-batch-")) if spill else None
                 final, outputs, staged, recorded = self._build(present, weight, spill_dir,
                                                                shape is not None)
-            result, execution_s, count = self._execute(final, outputs)
+            rewritten = max([weight, *(s.runs[-1].weight for s in staged)])
+            interpreted = rewritten < self.interpreted_rows
+            result, execution_s, count = self._execute(final, outputs, interpreted)
         for staged_runs in staged:
             staged_runs.state.install(staged_runs.runs)
         if shape is not None and recorded is not None:
@@ -285,7 +297,7 @@ class Engine:
         self.last_batch = BatchStats(
             planning_s=round(time.perf_counter() - started - execution_s, 4),
             execution_s=round(execution_s, 4), jobs=count.jobs, stages=count.stages,
-            rebound=template is not None)
+            rebound=template is not None, interpreted=interpreted)
         self.totals = JobCount(self.totals.jobs + count.jobs, self.totals.stages + count.stages)
         return result
 
@@ -333,14 +345,18 @@ class Engine:
             parts.append(hidden.where(F.spark_partition_id() < 0).select(*self._tagging[None]))
         return union_all(parts), present
 
-    def _execute(self, final: DataFrame | None, present: tuple[str, ...]
+    def _execute(self, final: DataFrame | None, present: tuple[str, ...], interpreted: bool
                  ) -> tuple[dict[str, pa.Table], float, JobCount]:
-        """Compute the batch's frame with one Spark action; every output's changes."""
+        """Compute the batch's frame with one Spark action (its expressions `interpreted`, see
+        INTERPRETED_ROWS); every output's changes."""
         results = {name: out.schema.arrow_schema(with_changes=True).empty_table()
                    for name, out in self.outputs.items()}
         if final is None:
             return results, 0.0, JobCount(0, 0)
         final._jdf.queryExecution().executedPlan()  # planned here, so execution is timed alone
+        # A session setting, read when the job starts: set for every batch, whichever engine.
+        self.spark.conf.set("spark.sql.codegen.factoryMode",
+                            "NO_CODEGEN" if interpreted else "FALLBACK")
         # Spark cuts the lineage of the first checkpointed frames it meets, not of the runs
         # below them: those would drag every earlier batch's lineage along.
         self.spark.sparkContext.setLocalProperty(
