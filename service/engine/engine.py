@@ -50,7 +50,7 @@ from service.engine.frames import col, union_all
 from service.engine.leaves import analyzed, local_rows, rdd_leaf
 from service.engine.operators import OPERATORS, Operator, SourceOp
 from service.engine.operators.base import first_line
-from service.engine.sparkjobs import JobCount, counted
+from service.engine.sparkjobs import JobCount, call_site, counted
 from service.engine.state import Runs, StagedRuns, ZSetState
 from service.engine.table import (
     DistinctNode,
@@ -275,6 +275,7 @@ class Engine:
         template = self._templates.get(shape) if shape is not None else None
         recorded: Template | None = None
         with contextlib.ExitStack() as stack:
+            stack.enter_context(call_site(self.spark.sparkContext, "txstream engine batch"))
             if template is not None:
                 rows = {name: local_rows(self._local_relation(self.sources[name], t))
                         for name, t in present.items()}
