@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 from decimal import ROUND_HALF_UP, Decimal
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -162,32 +161,25 @@ def test_a_failed_batch_leaves_the_state_as_it_was(spark: SparkSession) -> None:
     ]
 
 
-def test_a_large_input_enters_through_a_file_with_the_same_result(
-        spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    n = engine_module.FILE_INPUT_ROWS + 10_000
-    i = pa.array(range(n), pa.int64())
-    batch = {"events": pa.table({"k": pc.divide(i, 7), "v": i,
-                                 "time": pc.add(pc.divide(i, 20_000), 1),
-                                 "diff": pa.array([1] * n, pa.int64())})}
-    monkeypatch.setattr(engine_module.tempfile, "tempdir", str(tmp_path))
-    written: list[str] = []
-    write_table = engine_module.pq.write_table
-
-    def counted_write(table: pa.Table, path: str, **options: object) -> None:
-        written.append(path)
-        write_table(table, path, **options)
-
-    monkeypatch.setattr(engine_module.pq, "write_table", counted_write)
-    through_file = Engine(groupby_pipeline(), spark).process(batch)["sums"]
-    if spark.sparkContext.master.startswith("local"):
-        assert len(written) == 1, "the large input went through a file"
-    assert list(tmp_path.iterdir()) == [], "the batch's files are gone after it"
-    monkeypatch.setattr(engine_module, "FILE_INPUT_ROWS", n + 1)
-    in_memory = Engine(groupby_pipeline(), spark).process(batch)["sums"]
-    assert through_file.equals(in_memory)
-    net = through_file.group_by(["k", "count", "total"]).aggregate([("diff", "sum")])
+def test_a_large_input_enters_as_arrow_batches_with_the_same_result(
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    n = engine_module.ARROW_INPUT_ROWS + 10_000
+    i = pa.array(range(3 * n), pa.int64())
+    events = pa.table({"k": pc.divide(i, 7), "v": i, "time": pc.add(pc.divide(i, 20_000), 1),
+                       "diff": pa.array([1] * (3 * n), pa.int64())})
+    batches = [{"events": events.slice(lo, n)} for lo in range(0, 3 * n, n)]
+    engine = Engine(groupby_pipeline(), spark)
+    as_batches = [engine.process(batch)["sums"] for batch in batches]
+    assert engine.last_batch is not None and engine.last_batch.rebound, \
+        "a large batch reuses the plans of the one before of the same shape"
+    monkeypatch.setattr(engine_module, "ARROW_INPUT_ROWS", 3 * n)
+    engine = Engine(groupby_pipeline(), spark)
+    as_rows = [engine.process(batch)["sums"] for batch in batches]
+    assert [t.equals(r) for t, r in zip(as_batches, as_rows, strict=True)] == [True] * 3
+    changes = pa.concat_tables(as_batches)
+    net = changes.group_by(["k", "count", "total"]).aggregate([("diff", "sum")])
     final = net.filter(pc.equal(net["diff_sum"], 1)).select(["k", "count", "total"])
-    want = batch["events"].group_by("k").aggregate([("v", "count"), ("v", "sum")])
+    want = events.group_by("k").aggregate([("v", "count"), ("v", "sum")])
     assert sorted(final.to_pylist(), key=lambda row: row["k"]) == [
         {"k": row["k"], "count": row["v_count"], "total": row["v_sum"]}
         for row in sorted(want.to_pylist(), key=lambda row: row["k"])]

@@ -18,10 +18,7 @@ batch uses one core: a large batch is not split across executors.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -29,7 +26,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+from py4j.java_gateway import JavaObject
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import Column as PyColumn
 from pyspark.sql import DataFrame, SparkSession
@@ -47,7 +44,7 @@ from service.engine.errors import (
     PipelineDefinitionError,
 )
 from service.engine.frames import col, union_all
-from service.engine.leaves import analyzed, local_rows, rdd_leaf
+from service.engine.leaves import analyzed, local_rows_of, rdd_leaf
 from service.engine.operators import OPERATORS, Operator, SourceOp
 from service.engine.operators.base import first_line
 from service.engine.sparkjobs import JobCount, call_site, counted
@@ -65,8 +62,10 @@ from service.engine.table import (
 )
 from service.engine.templates import Template, instantiate, record
 
-# From this many rows on, a source's changes enter Spark through a file (see Engine._to_spark).
-FILE_INPUT_ROWS = 50_000
+# From this many rows on, a source's changes enter Spark as Arrow batches (see Engine._input).
+ARROW_INPUT_ROWS = 50_000
+# Below this size, createDataFrame converts Arrow data to rows on the driver.
+_LOCAL_RELATION_BYTES = "spark.sql.execution.arrow.localRelationThreshold"
 # A batch that rewrites fewer rows than this (input plus the state runs it merges) evaluates its
 # expressions interpreted. Spark otherwise canonicalizes and looks up the generated code of
 # every projection and predicate of the plan in each task, which costs a lone transaction
@@ -152,7 +151,6 @@ class Engine:
         }
         self._part_of = {name: i for i, name in enumerate(self.outputs)}
         self._tagging = self._tag_columns()
-        self._local = spark.sparkContext.master.startswith("local")
         self._templates: dict[tuple[object, ...], Template] = {}
 
     def _tag_columns(self) -> dict[str | None, list[PyColumn]]:
@@ -232,25 +230,29 @@ class Engine:
             raise EngineInputError(f"{name}: changes do not fit the schema: {exc}") from exc
         return consolidate_arrow(typed, op.columns)
 
-    def _local_relation(self, op: SourceOp, changes: pa.Table) -> DataFrame:
+    def _input(self, op: SourceOp, changes: pa.Table) -> tuple[JavaObject, JavaObject]:
+        """The source's changes of a batch as an RDD of rows, with no Spark job, and the
+        attributes of a leaf over it (a leaf a template can rebind). Small ones are the
+        driver's rows, converted on the driver and shipped in the task; from ARROW_INPUT_ROWS
+        rows on, Arrow record batches the batch's task converts, columnar until then: driver
+        rows of a 500k-row batch made it a quarter slower."""
         assert isinstance(op.node, SourceNode) and op.node.schema is not None
         spark_schema = StructType.fromDDL(op.node.schema.spark_ddl(with_changes=True))
-        return self.spark.createDataFrame(self._prepared(op, changes), schema=spark_schema)
-
-    def _to_spark(self, op: SourceOp, changes: pa.Table, spill_dir: str | None) -> DataFrame:
-        """The source's changes of a batch as a frame. Small ones become an RDD leaf of the
-        driver's rows (no Spark job; a leaf a template can rebind); from FILE_INPUT_ROWS rows
-        on, and when executors share the driver's disk (local mode), a Parquet file in
-        `spill_dir` that the batch's job reads: driver rows are converted one by one and
-        shipped inside the task, which made a 500k-row batch a quarter slower."""
-        if spill_dir is not None and changes.num_rows >= FILE_INPUT_ROWS:
-            assert isinstance(op.node, SourceNode) and op.node.schema is not None
-            path = os.path.join(spill_dir, f"{op.node.id}.parquet")
-            pq.write_table(self._prepared(op, changes), path, compression="none")
-            spark_schema = StructType.fromDDL(op.node.schema.spark_ddl(with_changes=True))
-            return self.spark.read.schema(spark_schema).parquet(path).coalesce(1)
-        local = self._local_relation(op, changes)
-        return rdd_leaf(self.spark, analyzed(local).output(), local_rows(local)).coalesce(1)
+        prepared = self._prepared(op, changes)
+        if changes.num_rows < ARROW_INPUT_ROWS:
+            local = analyzed(self.spark.createDataFrame(prepared, schema=spark_schema))
+            return local.output(), local_rows_of(self.spark, local)
+        conf = self.spark.conf
+        previous = conf.get(_LOCAL_RELATION_BYTES, None)
+        conf.set(_LOCAL_RELATION_BYTES, "0")  # Spark otherwise converts them on the driver
+        try:
+            batches = analyzed(self.spark.createDataFrame(prepared, schema=spark_schema))
+        finally:
+            if previous is None:
+                conf.unset(_LOCAL_RELATION_BYTES)
+            else:
+                conf.set(_LOCAL_RELATION_BYTES, previous)
+        return batches.output(), batches.rdd()
 
     def _shape(self, changes: Mapping[str, pa.Table]) -> tuple[object, ...]:
         """What decides every plan of a batch (see `service.engine.templates`)."""
@@ -270,28 +272,23 @@ class Engine:
         started = time.perf_counter()
         present = {name: t for name, t in changes.items() if t.num_rows}
         weight = sum(t.num_rows for t in present.values())
-        spill = self._local and any(t.num_rows >= FILE_INPUT_ROWS for t in present.values())
-        shape = None if spill else self._shape(present)
-        template = self._templates.get(shape) if shape is not None else None
+        shape = self._shape(present)
+        template = self._templates.get(shape)
         recorded: Template | None = None
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(call_site(self.spark.sparkContext, "txstream engine batch"))
+        with call_site(self.spark.sparkContext, "txstream engine batch"):
             if template is not None:
-                rows = {name: local_rows(self._local_relation(self.sources[name], t))
+                rows = {name: self._input(self.sources[name], t)[1]
                         for name, t in present.items()}
                 final, staged = instantiate(self.spark, template, rows, weight)
                 outputs: tuple[str, ...] = template.outputs
             else:
-                spill_dir = stack.enter_context(tempfile.TemporaryDirectory(
-                    prefix="txstream-batch-")) if spill else None
-                final, outputs, staged, recorded = self._build(present, weight, spill_dir,
-                                                               shape is not None)
+                final, outputs, staged, recorded = self._build(present, weight)
             rewritten = max([weight, *(s.runs[-1].weight for s in staged)])
             interpreted = rewritten < self.interpreted_rows
             result, execution_s, count = self._execute(final, outputs, interpreted)
         for staged_runs in staged:
             staged_runs.state.install(staged_runs.runs)
-        if shape is not None and recorded is not None:
+        if recorded is not None:
             if len(self._templates) >= _TEMPLATES:
                 del self._templates[next(iter(self._templates))]
             self._templates[shape] = recorded
@@ -302,11 +299,10 @@ class Engine:
         self.totals = JobCount(self.totals.jobs + count.jobs, self.totals.stages + count.stages)
         return result
 
-    def _build(self, changes: Mapping[str, pa.Table], weight: int, spill_dir: str | None,
-               keep: bool) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns],
-                                    Template | None]:
+    def _build(self, changes: Mapping[str, pa.Table], weight: int
+               ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:
         """Plan a batch through the operators: its final frame (None: nothing to compute), the
-        outputs it holds, the staged runs, and (with `keep`) its template."""
+        outputs it holds, the staged runs, and its template."""
         batch = BatchPlan(self.spark, weight)
         deltas: dict[int, DataFrame | None] = {}
         sources: dict[str, DataFrame] = {}
@@ -314,7 +310,10 @@ class Engine:
             if isinstance(op, SourceOp):
                 name = op.node.name  # type: ignore[attr-defined]
                 table = changes.get(name)
-                delta = self._to_spark(op, table, spill_dir) if table is not None else None
+                delta = None
+                if table is not None:
+                    output, rows = self._input(op, table)
+                    delta = rdd_leaf(self.spark, output, rows).coalesce(1)
                 if delta is not None:
                     sources[name] = delta
             else:
@@ -325,7 +324,7 @@ class Engine:
         outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
         final, present = self._final_frame(outputs, batch)
         template = None
-        if keep and final is not None:
+        if final is not None:
             template = record(self.spark, batch, sources, list(self._states().values()), final,
                               present)
         return final, present, batch.staged, template

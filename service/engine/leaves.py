@@ -121,11 +121,11 @@ def rdd_of(frame: DataFrame) -> JavaObject:
     return analyzed(frame).rdd()
 
 
-def local_rows(frame: DataFrame) -> JavaObject:
-    """The rows of a frame over a local relation (`createDataFrame`) as an RDD of one
+def local_rows_of(spark: SparkSession, relation: JavaObject) -> JavaObject:
+    """The rows of a local relation (an analyzed `createDataFrame`) as an RDD of one
     partition: a leaf `rebind` can replace."""
-    j = _jvm(frame.sparkSession)
-    return j.context.parallelize(analyzed(frame).data(), 1, j.rows)
+    j = _jvm(spark)
+    return j.context.parallelize(relation.data(), 1, j.rows)
 
 
 def cached_relation(frame: DataFrame) -> JavaObject:
