@@ -4,8 +4,10 @@ state as it was."""
 
 from __future__ import annotations
 
+import gc
 import random
 from decimal import ROUND_HALF_UP, Decimal
+from time import sleep
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,6 +42,37 @@ def test_a_lone_transaction_of_the_example_runs_one_spark_job(spark: SparkSessio
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     assert sc.statusTracker().getJobIdsForGroup("test-outside-the-engine") == []
+
+
+def _cached_rdds(spark: SparkSession) -> int:
+    """RDDs Spark keeps in memory once every unreferenced one is collected and cleaned."""
+    jvm, sc = spark._jvm, spark.sparkContext._jsc.sc()
+    assert jvm is not None
+    counts = []
+    for _ in range(20):  # the context cleaner frees blocks asynchronously, after a GC
+        gc.collect()
+        jvm.System.gc()
+        counts.append(len(sc.getRDDStorageInfo()))
+        if len(counts) > 2 and counts[-1] == counts[-2] == counts[-3]:
+            break
+        sleep(0.25)
+    return counts[-1]
+
+
+def test_lone_transactions_keep_no_earlier_batch_in_memory(spark: SparkSession) -> None:
+    """What a batch caches is freed once no state version needs it: a run that kept its plan
+    alive would keep every earlier batch's frames, a dozen cached RDDs per batch."""
+    engine = Engine(orders_pipeline(), spark)
+    stream = events(random.Random(3), 50)
+    rows: dict[str, dict[int, dict[str, object]]] = {}
+    engine.process(as_changes([next(stream) for _ in range(2_000)], rows, 1))
+    for t in range(2, 12):
+        engine.process(as_changes([next(stream) for _ in range(10)], rows, t))
+    before = _cached_rdds(spark)
+    for t in range(12, 52):
+        engine.process(as_changes([next(stream) for _ in range(10)], rows, t))
+    after = _cached_rdds(spark)
+    assert after < before + 200, f"{after - before} more cached RDDs after 40 batches"
 
 
 def _sums_engine(spark: SparkSession) -> Engine:

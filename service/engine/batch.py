@@ -14,7 +14,7 @@ from typing import Literal
 
 from pyspark.sql import DataFrame, SparkSession
 
-from service.engine.leaves import cached_relation, frame_of, kept_rows
+from service.engine.leaves import cached_relation, frame_of
 from service.engine.state import Run, StagedRuns, ZSetState
 
 
@@ -38,24 +38,19 @@ class BatchPlan:
     materialized: list[Materialization] = field(default_factory=list)
     # The leaves of merged runs, each with its state.
     merged: list[tuple[DataFrame, ZSetState]] = field(default_factory=list)
-    # The staged runs' leaves: the batch's job must compute them although no output shows them.
-    frames: list[DataFrame] = field(default_factory=list)
 
     def append(self, state: ZSetState, delta: DataFrame) -> None:
         """Stage `delta` (the state's key and weight columns, any others ignored) into
         `state`'s next version."""
         changes = state.typed(delta)  # first: the first rows fix the state's row type
         merge = state.merge(self.weight)
-        merged = state.leaf(merge.merged)
+        merged = state.leaf(self.spark, merge.merged)
         self.merged.append((merged, state))
         source = state.staged_frame(changes, merged)
         # Lazy: computed, and its lineage cut, by the batch's job.
-        relation = cached_relation(source)
-        leaf = frame_of(self.spark, relation)
-        self.materialized.append(Materialization("run", source, leaf, state))
-        self.staged.append(StagedRuns(state, (
-            *merge.kept, Run(kept_rows(self.spark, relation), merge.new_weight))))
-        self.frames.append(leaf)
+        run = source.localCheckpoint(eager=False)
+        self.materialized.append(Materialization("run", source, run, state))
+        self.staged.append(StagedRuns(state, (*merge.kept, Run(run, merge.new_weight))))
 
     def shared(self, frame: DataFrame) -> DataFrame:
         """A frame several plans read: computed once, by the batch's job, and seen by those
@@ -70,3 +65,8 @@ class BatchPlan:
         leaf = frame_of(self.spark, cached_relation(frame))
         self.materialized.append(Materialization("shared", frame, leaf))
         return leaf
+
+    @property
+    def frames(self) -> list[DataFrame]:
+        """The frames the batch's job must compute although no output shows them."""
+        return [s.new for s in self.staged]

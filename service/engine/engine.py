@@ -4,10 +4,10 @@ changes (many consecutive transactions at once) into the output tables' changes.
 A batch runs in two phases. First every operator builds its delta plan and stages its state's
 next version (`BatchPlan`), running nothing. Then the engine computes it all with one Spark
 action: the outputs, tagged and unioned, are collected as Arrow, and the same job computes the
-staged state runs (cached columnar buffers marked for a local checkpoint, read but filtered
-out). Only then are the new state versions installed, so a failed batch leaves the engine as it
-was. The first phase runs the operators only for the first batch of each shape; later batches
-of that shape rebind its recorded plans to their own inputs and state (`service.engine.templates`).
+staged state runs (lazy local checkpoints it reads but filters out). Only then are the new state
+versions installed, so a failed batch leaves the engine as it was. The first phase runs the
+operators only for the first batch of each shape; later batches of that shape rebind its
+recorded plans to their own inputs and state (`service.engine.templates`).
 
 Every frame of a batch lives in a single Spark partition: deltas enter through a narrow
 `coalesce(1)` and state runs are built from them, so no join, aggregate or window needs an

@@ -61,7 +61,6 @@ class _Jvm:
     as_scala: JavaObject
     in_memory_relation: JavaObject
     memory_and_disk: JavaObject
-    in_memory_scan: JavaObject
     dataset: JavaObject
     option: JavaObject
 
@@ -84,7 +83,6 @@ def _jvm(spark: SparkSession) -> _Jvm:
         in_memory_relation=_module(
             spark, "org.apache.spark.sql.execution.columnar.InMemoryRelation"),
         memory_and_disk=jvm.org.apache.spark.storage.StorageLevel.MEMORY_AND_DISK(),
-        in_memory_scan=jvm.org.apache.spark.sql.execution.columnar.InMemoryTableScanExec,
         dataset=jvm.org.apache.spark.sql.classic.Dataset,
         option=jvm.scala.Option,
     )
@@ -135,21 +133,6 @@ def cached_relation(frame: DataFrame) -> JavaObject:
     j = _jvm(frame.sparkSession)
     return j.in_memory_relation.apply(j.memory_and_disk, frame._jdf.queryExecution(),
                                       j.option.apply(f"txstream-{next(_names)}"))
-
-
-def kept_rows(spark: SparkSession, relation: JavaObject) -> JavaObject:
-    """The rows of an in-memory relation as an RDD that outlives the batch computing it: its
-    buffers are marked for a local checkpoint, so the job that first fills them also cuts
-    their lineage (the plan and leaves they were computed from), and later plans read them
-    from memory.
-
-    What `DataFrame.localCheckpoint` gives, without its cost: a checkpoint is a SQL execution
-    of its own (listener events carrying the whole plan) and copies every row, 15 ms of the
-    driver's time for a plan of one node. Reading the columnar buffers back costs about
-    what reading checkpointed rows does (a tenth more on a million rows)."""
-    j = _jvm(spark)
-    relation.cacheBuilder().cachedColumnBuffers().localCheckpoint()
-    return j.in_memory_scan(relation.output(), j.nil, relation).execute()
 
 
 def key_of(leaf: JavaObject) -> LeafKey | None:

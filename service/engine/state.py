@@ -11,10 +11,9 @@ A state's value is an immutable tuple of runs (a version). Staging builds the ne
 plan without running anything; the engine materializes every staged run of a batch in the
 batch's one Spark job and only then installs the new versions, so a failed batch leaves every
 state as it was, and an older version stays readable (for a checkpoint) while later batches
-run. A run is Spark's in-memory columnar buffers of its rows, marked for a local checkpoint
-(`service.engine.leaves.kept_rows`): computed once, by the job that first reads them, then read
-from Spark's memory with their lineage cut, so plans do not grow with the number of batches.
-Runs live in one partition, like every frame of a batch: see `service.engine.engine`.
+run. Runs are lazy local checkpoints: computed once, by the job that first reads them, then
+read from Spark's memory with their lineage cut, so plans do not grow with the number of
+batches. Runs live in one partition, like every frame of a batch: see `service.engine.engine`.
 
 A plan reads a state as one leaf, whatever its number of runs: a `LogicalRDD` over the union of
 the runs' RDDs (`service.engine.leaves`), so a batch's plans have the same shape from one batch
@@ -27,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
@@ -39,8 +39,12 @@ from service.engine.leaves import analyzed, rdd_leaf, rdd_of, union_rdd
 
 @dataclass(frozen=True)
 class Run:
-    rdd: JavaObject  # RDD[InternalRow] of the state's row type, kept in Spark's memory
+    frame: DataFrame  # a local checkpoint: its plan is a LogicalRDD
     weight: int  # rows of input the run summarizes (an estimate of its size, never counted)
+
+    @cached_property
+    def rdd(self) -> JavaObject:
+        return rdd_of(self.frame)
 
 
 Runs = tuple[Run, ...]
@@ -63,6 +67,10 @@ class StagedRuns:
 
     state: ZSetState
     runs: Runs
+
+    @property
+    def new(self) -> DataFrame:
+        return self.runs[-1].frame
 
 
 def _row_type(schema: StructType) -> StructType:
@@ -92,7 +100,6 @@ class ZSetState:
         # Fixed by the first rows the state gets: every run holds this type.
         self.row_type: StructType | None = None
         self._prototype: JavaObject | None = None  # attributes of `row_type`
-        self._spark: SparkSession | None = None
         self._leaf: tuple[Runs, DataFrame] | None = None
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
@@ -108,7 +115,6 @@ class ZSetState:
     def typed(self, frame: DataFrame) -> DataFrame:
         """`frame`'s `keys + weights` in the state's row type (fixed here the first time)."""
         if self.row_type is None:
-            self._spark = frame.sparkSession
             self.row_type = _row_type(frame.select(*[col(c) for c in self.keys + self.weights])
                                       .schema)
             self._prototype = analyzed(frame.sparkSession.createDataFrame(
@@ -116,11 +122,9 @@ class ZSetState:
         return frame.select(*[col(f.name).cast(f.dataType).alias(f.name)
                               for f in self.row_type.fields])
 
-    def leaf(self, runs: Runs) -> DataFrame:
+    def leaf(self, spark: SparkSession, runs: Runs) -> DataFrame:
         """The rows of `runs` (none: no rows) as one leaf in one partition, unconsolidated."""
-        spark = self._spark
-        assert spark is not None and self._prototype is not None, \
-            "typed() fixes the row type before any leaf"
+        assert self._prototype is not None, "typed() fixes the row type before any leaf"
         return rdd_leaf(spark, self._prototype, union_rdd(spark, [r.rdd for r in runs])) \
             .coalesce(1)
 
@@ -150,13 +154,13 @@ class ZSetState:
         if not self.runs:
             return None
         if self._leaf is None or self._leaf[0] is not self.runs:
-            self._leaf = (self.runs, self.leaf(self.runs))
+            self._leaf = (self.runs, self.leaf(self.runs[0].frame.sparkSession, self.runs))
         return self._leaf[1]
 
     def consolidated(self, runs: Runs) -> DataFrame | None:
         if not runs:
             return None
-        return self._consolidate(self.leaf(runs), whole=True)
+        return self._consolidate(self.leaf(runs[0].frame.sparkSession, runs), whole=True)
 
     def lookup(self, probe: DataFrame, on: Sequence[str]) -> DataFrame | None:
         """The consolidated rows whose `on` columns equal (nulls equal) a row of `probe`."""
@@ -180,4 +184,4 @@ class ZSetState:
             frame = self.typed(spark.read.parquet(path))
             loaded = frame.coalesce(1).localCheckpoint(eager=True)
             # Weighed by its size, so small batches after a restore do not rewrite it.
-            self.runs = (Run(rdd_of(loaded), loaded.count()),)
+            self.runs = (Run(loaded, loaded.count()),)

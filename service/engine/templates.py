@@ -31,10 +31,10 @@ from service.engine.leaves import (
     analyzed,
     cached_relation,
     frame_of,
-    kept_rows,
     key_of,
     occurrences,
     rdd_node,
+    rdd_of,
     rebind,
     union_rdd,
 )
@@ -143,11 +143,14 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, J
         bindings[key] = reading(rdd)
     staged = []
     for step in template.steps:
-        relation = cached_relation(frame_of(spark, rebind(spark, step.plan, step.found, bindings)))
-        bindings[step.key] = lambda out, relation=relation: relation.withOutput(out)
-        if step.kind == "run":
-            assert step.state is not None
-            merge = merge_of(step.state)
-            staged.append(StagedRuns(step.state, (
-                *merge.kept, Run(kept_rows(spark, relation), merge.new_weight))))
+        frame = frame_of(spark, rebind(spark, step.plan, step.found, bindings))
+        if step.kind == "shared":
+            relation = cached_relation(frame)
+            bindings[step.key] = lambda out, relation=relation: relation.withOutput(out)
+            continue
+        assert step.state is not None
+        run = frame.localCheckpoint(eager=False)
+        bindings[step.key] = reading(rdd_of(run))
+        merge = merge_of(step.state)
+        staged.append(StagedRuns(step.state, (*merge.kept, Run(run, merge.new_weight))))
     return frame_of(spark, rebind(spark, template.final, template.found, bindings)), staged
