@@ -313,9 +313,7 @@ class Engine:
                 delta = None
                 if table is not None:
                     output, rows = self._input(op, table)
-                    delta = rdd_leaf(self.spark, output, rows).coalesce(1)
-                if delta is not None:
-                    sources[name] = delta
+                    delta = sources[name] = rdd_leaf(self.spark, output, rows).coalesce(1)
             else:
                 delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
             if delta is not None and self._consumers[op.node.id] > 1:
