@@ -198,9 +198,9 @@ def test_a_large_input_enters_as_arrow_batches_with_the_same_result(
         spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
     n = engine_module.ARROW_INPUT_ROWS + 10_000
     i = pa.array(range(3 * n), pa.int64())
-    events = pa.table({"k": pc.divide(i, 7), "v": i, "time": pc.add(pc.divide(i, 20_000), 1),
+    inserts = pa.table({"k": pc.divide(i, 7), "v": i, "time": pc.add(pc.divide(i, 20_000), 1),
                        "diff": pa.array([1] * (3 * n), pa.int64())})
-    batches = [{"events": events.slice(lo, n)} for lo in range(0, 3 * n, n)]
+    batches = [{"events": inserts.slice(lo, n)} for lo in range(0, 3 * n, n)]
     engine = Engine(groupby_pipeline(), spark)
     as_batches = [engine.process(batch)["sums"] for batch in batches]
     assert engine.last_batch is not None and engine.last_batch.rebound, \
@@ -212,7 +212,7 @@ def test_a_large_input_enters_as_arrow_batches_with_the_same_result(
     changes = pa.concat_tables(as_batches)
     net = changes.group_by(["k", "count", "total"]).aggregate([("diff", "sum")])
     final = net.filter(pc.equal(net["diff_sum"], 1)).select(["k", "count", "total"])
-    want = events.group_by("k").aggregate([("v", "count"), ("v", "sum")])
+    want = inserts.group_by("k").aggregate([("v", "count"), ("v", "sum")])
     assert sorted(final.to_pylist(), key=lambda row: row["k"]) == [
         {"k": row["k"], "count": row["v_count"], "total": row["v_sum"]}
         for row in sorted(want.to_pylist(), key=lambda row: row["k"])]
