@@ -26,6 +26,10 @@ from service.engine import reducers as r
 from service.engine.engine import INTERPRETED_ROWS
 from service.engine.reducers import Reducer
 
+# Rows of input from which the oracle's engines index a state run, with batches of one
+# transaction: a few transactions' worth, so runs cross it as they merge.
+INDEX_ROWS_CHECKED = 16
+
 Row = tuple[object, ...]
 Changes = list[tuple[Row, int]]
 # Source name -> its changes in one transaction, deliberately not consolidated.
@@ -505,9 +509,14 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
     With batches of one transaction, some batches must reuse the plans of an earlier one of
     the same shape (`BatchStats.rebound`), so that both ways of planning are checked. Those
     batches evaluate expressions interpreted, as small batches do; larger batches with
-    generated code, whatever their size (`Engine.interpreted_rows`): both ways are checked."""
-    engine = Engine(pipeline, spark, interpreted_rows=INTERPRETED_ROWS if batch_size == 1 else 0)
-    rebound = 0
+    generated code, whatever their size (`Engine.interpreted_rows`): both ways are checked.
+
+    State runs are indexed far below their usual size (`Engine.index_rows`), so lookups probe
+    indexes as they do in a large state: with batches of one transaction some runs are indexed
+    and others streamed; larger batches index every run."""
+    engine = Engine(pipeline, spark, interpreted_rows=INTERPRETED_ROWS if batch_size == 1 else 0,
+                    index_rows=INDEX_ROWS_CHECKED if batch_size == 1 else 1)
+    rebound = probed = 0
     integrated = {name: Counter[Row]() for name in outputs}
     streams: dict[str, list[Row]] = {name: [] for name in outputs}
     for first in range(1, len(transactions) + 1, batch_size):
@@ -521,6 +530,7 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
         result = engine.process(batch)
         assert engine.last_batch is not None
         rebound += engine.last_batch.rebound
+        probed += engine.last_batch.indexes > 0
         assert engine.last_batch.interpreted == (batch_size == 1)
         assert set(result) == set(outputs)
         by_time: dict[str, dict[int, list[tuple[Row, int]]]] = {}
@@ -543,6 +553,8 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
                     f"DuckDB:\n{multiset_diff(got, want)}\n{describe(name)}"
                 )
     assert batch_size > 1 or rebound, "no batch reused the plans of an earlier one"
+    if len(transactions) > batch_size:
+        assert probed, "no batch probed an index"
     return streams
 
 

@@ -75,6 +75,33 @@ def test_lone_transactions_keep_no_earlier_batch_in_memory(spark: SparkSession) 
     assert after < before + 200, f"{after - before} more cached RDDs after 40 batches"
 
 
+def test_lookups_probe_the_index_of_a_large_run(spark: SparkSession) -> None:
+    """A run past `index_rows` is indexed once, by a job of its own; later lone transactions
+    probe the index through reused plans, in their one job, with the same output as an engine
+    that streams every run."""
+    indexed = Engine(orders_pipeline(), spark, index_rows=1_500)
+    streamed = Engine(orders_pipeline(), spark)
+    stream = events(random.Random(11), 50)
+    rows: dict[str, dict[int, dict[str, object]]] = {}
+
+    def same(changes: dict[str, pa.Table]) -> bool:
+        """Both engines' outputs, each in one order (an engine orders only by time and diff)."""
+        a, b = indexed.process(changes), streamed.process(changes)
+        return all(a[n].sort_by([(c, "ascending") for c in a[n].column_names])
+                   == b[n].sort_by([(c, "ascending") for c in b[n].column_names]) for n in a)
+
+    assert same(as_changes([next(stream) for _ in range(2_000)], rows, 1))
+    assert indexed.last_batch is not None and streamed.last_batch is not None
+    # The 2,000-event run of each state is indexed after the batch: one job per state.
+    assert indexed.last_batch.jobs > streamed.last_batch.jobs
+    for t in range(2, 20):
+        assert same(as_changes([next(stream) for _ in range(10)], rows, t)), f"transaction {t}"
+        batch = indexed.last_batch
+        assert batch is not None and batch.indexes >= 5, batch
+        if t >= 8:  # the small runs' shapes have repeated by then
+            assert batch.rebound and batch.jobs == 1 and batch.stages == 1, batch
+
+
 def _sums_engine(spark: SparkSession) -> Engine:
     p = Pipeline()
     t = p.source("t", TableSchema.of({"id": "bigint", "k": "bigint", "v": "double"},

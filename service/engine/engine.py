@@ -72,6 +72,11 @@ _LOCAL_RELATION_BYTES = "spark.sql.execution.arrow.localRelationThreshold"
 # 0.1-0.2 s of its 0.3 s of execution; generated code pays off from a few hundred rows on
 # (a 1M-event batch takes 2.8 times as long interpreted).
 INTERPRETED_ROWS = 500
+# A state run summarizing at least this many rows of input gets a hash index, so lookups probe
+# it instead of streaming it (see `service.engine.state`): streaming costs ~0.1 s per million
+# rows per lookup, an index one job of ~1 s per million rows when the run is made, and a copy
+# of its rows in the driver's memory.
+INDEX_ROWS = 1_000_000
 # Plan templates kept (one per batch shape seen; the oldest goes first).
 _TEMPLATES = 64
 # SQLSTATE class 22: the data made an expression fail (division by zero, invalid cast, overflow).
@@ -90,9 +95,11 @@ def _expressions(node: Node) -> list[str]:
 @dataclass(frozen=True)
 class BatchStats:
     """What the last batch cost: driver time building and planning its Spark plans, time
-    executing them, and the Spark jobs and stages that ran; `rebound` when its plans came from
-    the template of an earlier batch of the same shape (see `service.engine.templates`);
-    `interpreted` when its expressions were (see INTERPRETED_ROWS)."""
+    executing them, time indexing the state runs it made (see INDEX_ROWS; the jobs and stages
+    include the indexes'), and the Spark jobs and stages that ran; `rebound` when its plans
+    came from the template of an earlier batch of the same shape (see
+    `service.engine.templates`); `interpreted` when its expressions were (see
+    INTERPRETED_ROWS)."""
 
     planning_s: float
     execution_s: float
@@ -100,6 +107,8 @@ class BatchStats:
     stages: int
     rebound: bool = False
     interpreted: bool = False
+    indexing_s: float = 0.0
+    indexes: int = 0  # indexed state runs its lookups probed
 
 
 @dataclass(frozen=True)
@@ -121,12 +130,13 @@ class Engine:
     """Runs one pipeline. Not thread-safe: one batch at a time, in transaction order."""
 
     def __init__(self, pipeline: Pipeline, spark: SparkSession, *,
-                 interpreted_rows: int = INTERPRETED_ROWS) -> None:
+                 interpreted_rows: int = INTERPRETED_ROWS, index_rows: int = INDEX_ROWS) -> None:
         if not pipeline.outputs:
             raise PipelineDefinitionError("the pipeline has no outputs: call pipeline.output(...)")
         self.spark = spark
         self.pipeline = pipeline
         self.interpreted_rows = interpreted_rows
+        self.index_rows = index_rows
         self._ops: list[Operator] = []
         by_id: dict[int, Operator] = {}
         for node in pipeline.nodes():
@@ -256,7 +266,7 @@ class Engine:
 
     def _shape(self, changes: Mapping[str, pa.Table]) -> tuple[object, ...]:
         """What decides every plan of a batch (see `service.engine.templates`)."""
-        return tuple(sorted(changes)), tuple(bool(s.runs) for s in self._states().values())
+        return tuple(sorted(changes)), tuple(s.shape() for s in self._states().values())
 
     def process(self, changes: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
         """Run one batch: `changes` maps source names to their columns plus `time` and `diff`
@@ -273,6 +283,7 @@ class Engine:
         present = {name: t for name, t in changes.items() if t.num_rows}
         weight = sum(t.num_rows for t in present.values())
         shape = self._shape(present)
+        indexes = sum(state_shape[1] for state_shape in shape[1])
         template = self._templates.get(shape)
         recorded: Template | None = None
         with call_site(self.spark.sparkContext, "txstream engine batch"):
@@ -288,16 +299,28 @@ class Engine:
             result, execution_s, count = self._execute(final, outputs, interpreted)
         for staged_runs in staged:
             staged_runs.state.install(staged_runs.runs)
+        indexing_started = time.perf_counter()
+        _, indexing = counted(self.spark.sparkContext, lambda: self._index(
+            [s.state for s in staged]))
+        indexing_s = time.perf_counter() - indexing_started
+        count = JobCount(count.jobs + indexing.jobs, count.stages + indexing.stages)
         if recorded is not None:
             if len(self._templates) >= _TEMPLATES:
                 del self._templates[next(iter(self._templates))]
             self._templates[shape] = recorded
         self.last_batch = BatchStats(
-            planning_s=round(time.perf_counter() - started - execution_s, 4),
+            planning_s=round(time.perf_counter() - started - execution_s - indexing_s, 4),
             execution_s=round(execution_s, 4), jobs=count.jobs, stages=count.stages,
-            rebound=template is not None, interpreted=interpreted)
+            rebound=template is not None, interpreted=interpreted,
+            indexing_s=round(indexing_s, 4), indexes=indexes)
         self.totals = JobCount(self.totals.jobs + count.jobs, self.totals.stages + count.stages)
         return result
+
+    def _index(self, states: list[ZSetState]) -> None:
+        """Index the states' large runs, and drop the indexes of runs merged away."""
+        with call_site(self.spark.sparkContext, "txstream state index"):
+            for state in states:
+                state.refresh_indexes(self.index_rows)
 
     def _build(self, changes: Mapping[str, pa.Table], weight: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:
@@ -444,3 +467,4 @@ class Engine:
         self._templates.clear()
         for name, state in self._states().items():
             state.load(self.spark, f"{path}/{name}" if name in saved else None)
+        self._index(list(self._states().values()))

@@ -1,12 +1,13 @@
 """The leaves of a batch's plans, as Spark's own logical nodes built through py4j, and the
 rebinding of a plan to other leaves.
 
-A batch's plans read three kinds of leaves: input deltas and state (an RDD of rows each, a
-`LogicalRDD`), and frames computed once per batch (an `InMemoryRelation`, see `BatchPlan.shared`).
-Each leaf has a key that survives Spark's copies of it (the deduplication of a self-join gives
-a copy fresh attribute ids): the id of its RDD, or the name of its cached relation. `rebind`
-replaces leaves by key in an analyzed plan, keeping each occurrence's attributes, so the rest
-of the plan stays valid without being analyzed again.
+A batch's plans read four kinds of leaves: input deltas and state (an RDD of rows each, a
+`LogicalRDD`), frames computed once per batch (an `InMemoryRelation`, see `BatchPlan.shared`),
+and the hash indexes of large state runs (a `LogicalQueryStage`, see `index_node`). Each leaf
+has a key that survives Spark's copies of it (the deduplication of a self-join gives a copy
+fresh attribute ids): the id of its RDD, the name of its cached relation, or its stage's id.
+`rebind` replaces leaves by key in an analyzed plan, keeping each occurrence's attributes, so
+the rest of the plan stays valid without being analyzed again.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class _Jvm:
     memory_and_disk: JavaObject
     dataset: JavaObject
     option: JavaObject
+    reused_exchange: JavaObject
+    broadcast_stage: JavaObject
+    query_stage: JavaObject
 
 
 @cache
@@ -85,6 +89,9 @@ def _jvm(spark: SparkSession) -> _Jvm:
         memory_and_disk=jvm.org.apache.spark.storage.StorageLevel.MEMORY_AND_DISK(),
         dataset=jvm.org.apache.spark.sql.classic.Dataset,
         option=jvm.scala.Option,
+        reused_exchange=jvm.org.apache.spark.sql.execution.exchange.ReusedExchangeExec,
+        broadcast_stage=jvm.org.apache.spark.sql.execution.adaptive.BroadcastQueryStageExec,
+        query_stage=jvm.org.apache.spark.sql.execution.adaptive.LogicalQueryStage,
     )
 
 
@@ -135,6 +142,22 @@ def cached_relation(frame: DataFrame) -> JavaObject:
                                       j.option.apply(f"txstream-{next(_names)}"))
 
 
+def index_node(spark: SparkSession, output: JavaObject, rdd: JavaObject, exchange: JavaObject
+               ) -> JavaObject:
+    """A leaf reading the rows of `rdd` through `exchange`, a broadcast exchange that already
+    holds them as a hash table, with the attributes `output`.
+
+    Spark's planner turns an equi-join whose side is a `LogicalQueryStage` over a broadcast
+    stage into a broadcast hash join that probes that stage's table (what adaptive execution
+    does with a broadcast it has already run), so a join of a few keys with it costs the keys,
+    not the rows. The stage reuses the exchange under this leaf's attributes, and the exchange
+    runs its job once, whatever the number of plans that read it."""
+    j = _jvm(spark)
+    stage = j.broadcast_stage(next(_names), j.reused_exchange(output, exchange),
+                              exchange.canonicalized())
+    return j.query_stage(rdd_node(spark, output, rdd), stage)
+
+
 def key_of(leaf: JavaObject) -> LeafKey | None:
     """The key of a leaf `rebind` can replace; None for others (constant relations)."""
     name = leaf.nodeName()
@@ -142,6 +165,8 @@ def key_of(leaf: JavaObject) -> LeafKey | None:
         return ("rdd", leaf.rdd().id())
     if name == "InMemoryRelation":
         return ("cached", leaf.cacheBuilder().tableName().get())
+    if name == "LogicalQueryStage":
+        return ("index", leaf.physicalPlan().id())
     return None
 
 

@@ -15,26 +15,46 @@ run. Runs are lazy local checkpoints: computed once, by the job that first reads
 read from Spark's memory with their lineage cut, so plans do not grow with the number of
 batches. Runs live in one partition, like every frame of a batch: see `service.engine.engine`.
 
-A plan reads a state as one leaf, whatever its number of runs: a `LogicalRDD` over the union of
-the runs' RDDs (`service.engine.leaves`), so a batch's plans have the same shape from one batch
-to the next and can be rebound to the next version's runs instead of built again
+A plan reads a state's small runs as one leaf, whatever their number: a `LogicalRDD` over the
+union of the runs' RDDs (`service.engine.leaves`), so a batch's plans have the same shape from
+one batch to the next and can be rebound to the next version's runs instead of built again
 (`service.engine.templates`). For that, every run holds its rows in the state's one row type
 (`row_type`): decimals sum to precision 38 at once instead of widening with each merge.
+
+A lookup streams those runs past a hash table of the batch's keys, which costs every row of
+them. A large run (`index`: at least `index_rows` rows of input) therefore gets a hash index on
+the state's lookup columns once it is installed: Spark's broadcast of its rows as a hash
+table, built by one job, kept until the run is merged away, and probed by every later lookup
+with the batch's keys (`leaves.index_node`). Size tiers keep the streamed runs below about
+twice `index_rows`, so a lookup costs O(delta + index_rows), not O(state); the index holds a
+copy of its run's rows in the driver's memory.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 from py4j.java_gateway import JavaObject
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructField, StructType
 
-from service.engine.frames import col, semi_join, union_all
-from service.engine.leaves import analyzed, rdd_leaf, rdd_of, union_rdd
+from service.engine.frames import col, null_safe_on, prefixed, semi_join, union_all
+from service.engine.leaves import (
+    analyzed,
+    frame_of,
+    index_node,
+    rdd_leaf,
+    rdd_node,
+    rdd_of,
+    union_rdd,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,6 +65,10 @@ class Run:
     @cached_property
     def rdd(self) -> JavaObject:
         return rdd_of(self.frame)
+
+    @cached_property
+    def rdd_id(self) -> int:
+        return self.rdd.id()
 
 
 Runs = tuple[Run, ...]
@@ -91,16 +115,21 @@ class ZSetState:
     the runs until saved, never seen.
     """
 
-    def __init__(self, keys: Sequence[str], weights: Sequence[str], empty_when: str | None = None
-                 ) -> None:
+    def __init__(self, keys: Sequence[str], weights: Sequence[str], empty_when: str | None = None,
+                 lookup: Sequence[str] | None = None) -> None:
         self.keys = list(keys)
         self.weights = list(weights)
         self._empty_when = empty_when
+        # The columns every lookup matches on (None: never looked up, never indexed).
+        self.lookup_on = list(lookup) if lookup is not None else None
         self.runs: Runs = ()
         # Fixed by the first rows the state gets: every run holds this type.
         self.row_type: StructType | None = None
         self._prototype: JavaObject | None = None  # attributes of `row_type`
-        self._leaf: tuple[Runs, DataFrame] | None = None
+        # The current version's small runs as one leaf, and its indexes' leaves.
+        self._leaf: DataFrame | None = None
+        self._index_leaves: list[DataFrame] | None = None
+        self._indexes: dict[int, JavaObject] = {}  # run's RDD id -> its broadcast exchange
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
         summed = frame.groupBy(*[col(k) for k in self.keys]).agg(
@@ -147,15 +176,74 @@ class ZSetState:
 
     def install(self, runs: Runs) -> None:
         self.runs = runs
+        self._leaf = self._index_leaves = None
+
+    def streamed(self) -> Runs:
+        """The current version's runs without an index: lookups stream their rows."""
+        return tuple(r for r in self.runs if r.rdd_id not in self._indexes)
+
+    def indexed(self) -> Runs:
+        return tuple(r for r in self.runs if r.rdd_id in self._indexes)
+
+    def shape(self) -> tuple[bool, int]:
+        """What a batch's plans depend on: whether runs are streamed, how many are indexed."""
+        return bool(self.streamed()), len(self.indexed())
 
     def frame(self) -> DataFrame | None:
-        """The current version's rows as one leaf, unconsolidated: equal keys may appear in
-        several runs (sum their weights)."""
-        if not self.runs:
+        """The current version's streamed runs as one leaf, unconsolidated: equal keys may
+        appear in several runs (sum their weights). The indexed runs are read by `matches`."""
+        streamed = self.streamed()
+        if not streamed:
             return None
-        if self._leaf is None or self._leaf[0] is not self.runs:
-            self._leaf = (self.runs, self.leaf(self.runs[0].frame.sparkSession, self.runs))
-        return self._leaf[1]
+        if self._leaf is None:
+            self._leaf = self.leaf(streamed[0].frame.sparkSession, streamed)
+        return self._leaf
+
+    def index_frames(self) -> list[DataFrame]:
+        """One leaf per indexed run of the current version (see `index_node`)."""
+        if self._index_leaves is None:
+            self._index_leaves = []
+            for i, run in enumerate(self.indexed()):
+                spark = run.frame.sparkSession
+                output = rdd_node(spark, self._prototype, run.rdd).newInstance().output()
+                self._index_leaves.append(frame_of(spark, self.index_node(i, output)))
+        return self._index_leaves
+
+    def index_node(self, position: int, output: JavaObject) -> JavaObject:
+        """A leaf with the attributes `output` reading the indexed run at `position`."""
+        run = self.indexed()[position]
+        return index_node(run.frame.sparkSession, output, run.rdd, self._indexes[run.rdd_id])
+
+    def _probe_keys(self, probe: DataFrame) -> DataFrame:
+        """The distinct `lookup_on` values of `probe` in the state's types, as `__p_` columns."""
+        assert self.lookup_on is not None and self.row_type is not None
+        return prefixed(probe.select(*[col(c).cast(self.row_type[c].dataType).alias(c)
+                                       for c in self.lookup_on]).distinct(), "__p_")
+
+    def _index_join(self, keys: DataFrame, run: DataFrame) -> DataFrame:
+        """The rows of `run` whose lookup columns equal (nulls equal) a row of `keys`. The same
+        join builds an index (`run` a broadcast leaf) and probes it (`run` an index leaf,
+        directly under the join, where the planner recognizes it): so the hash table the
+        probe expects is the one built."""
+        assert self.lookup_on is not None
+        probe_cols = [f"__p_{c}" for c in self.lookup_on]
+        cond = null_safe_on(run, keys, self.lookup_on, probe_cols)
+        # Always true, but it reads every column of `run` and is no equality: the optimizer
+        # can neither drop a column of the index (a projection between the join and the index
+        # would hide the index from the planner) nor push the condition below the join.
+        whole = F.hash(*[run[f"`{c}`"] for c in run.columns], keys[f"`{probe_cols[0]}`"]) \
+            >= F.lit(-(2**31))
+        return keys.join(run, cond & whole, "inner") \
+            .select(*[run[f"`{c}`"] for c in run.columns])
+
+    def matches(self, probe: DataFrame) -> list[DataFrame]:
+        """Per indexed run, its rows whose lookup columns equal (nulls equal) a row of
+        `probe`, unconsolidated; the streamed runs are left to the caller (`frame`)."""
+        leaves = self.index_frames()
+        if not leaves:
+            return []
+        keys = self._probe_keys(probe)
+        return [self._index_join(keys, leaf).coalesce(1) for leaf in leaves]
 
     def consolidated(self, runs: Runs) -> DataFrame | None:
         if not runs:
@@ -163,11 +251,50 @@ class ZSetState:
         return self._consolidate(self.leaf(runs[0].frame.sparkSession, runs), whole=True)
 
     def lookup(self, probe: DataFrame, on: Sequence[str]) -> DataFrame | None:
-        """The consolidated rows whose `on` columns equal (nulls equal) a row of `probe`."""
+        """The consolidated rows whose `on` columns (the state's lookup columns) equal (nulls
+        equal) a row of `probe`."""
+        assert list(on) == self.lookup_on, f"looked up by {on}, declared {self.lookup_on}"
         whole = self.frame()
-        if whole is None:
+        parts = [semi_join(whole, probe, on)] if whole is not None else []
+        parts += self.matches(probe)
+        if not parts:
             return None
-        return self._consolidate(semi_join(whole, probe, on), whole=True)
+        return self._consolidate(union_all(parts), whole=True)
+
+    def refresh_indexes(self, index_rows: int) -> None:
+        """Index the current version's runs of at least `index_rows` rows of input (a Spark
+        job each), and drop the indexes of runs no longer in it. A run Spark cannot index
+        (its rows exceed what the driver may collect) stays streamed, with a warning."""
+        current = {r.rdd_id for r in self.runs}
+        for rdd_id in [i for i in self._indexes if i not in current]:
+            # Freed now rather than when the JVM's garbage collector finds the exchange.
+            self._indexes.pop(rdd_id).executeBroadcast().destroy()
+        if self.lookup_on is None:
+            return
+        for run in self.runs:
+            if run.weight >= index_rows and run.rdd_id not in self._indexes:
+                try:
+                    self._indexes[run.rdd_id] = self._build_index(run)
+                except Py4JJavaError as exc:
+                    log.warning("state run of %s rows of input stays unindexed, lookups stream "
+                                "it: %s", f"{run.weight:,}", str(exc.java_exception)[:300])
+        self._leaf = self._index_leaves = None
+
+    def _build_index(self, run: Run) -> JavaObject:
+        """The broadcast exchange of `run`'s rows as a hash table on the lookup columns, its
+        job run: planned as the join that probes it, with a placeholder for the keys."""
+        assert self.lookup_on is not None and self.row_type is not None
+        spark = run.frame.sparkSession
+        key_type = StructType([self.row_type[c] for c in self.lookup_on])
+        placeholder = rdd_leaf(spark, analyzed(spark.createDataFrame([], key_type)).output(),
+                               union_rdd(spark, []))
+        run_leaf = rdd_leaf(spark, self._prototype, run.rdd)
+        plan = self._index_join(self._probe_keys(placeholder), F.broadcast(run_leaf)) \
+            ._jdf.queryExecution().executedPlan()
+        exchange = _find(plan, "BroadcastExchangeExec")
+        assert exchange is not None, f"no broadcast exchange in {plan.toString()}"
+        exchange.executeBroadcast()
+        return exchange
 
     def save(self, path: str, runs: Runs) -> None:
         """Write a version's consolidated collection as Parquet under `path` (any
@@ -179,9 +306,21 @@ class ZSetState:
     def load(self, spark: SparkSession, path: str | None) -> None:
         """Replace the collection with the one saved at `path` (None: empty). The data is
         copied into Spark's memory, so the files may be deleted afterwards."""
-        self.runs = ()
+        self.install(())
         if path is not None:
             frame = self.typed(spark.read.parquet(path))
             loaded = frame.coalesce(1).localCheckpoint(eager=True)
             # Weighed by its size, so small batches after a restore do not rewrite it.
-            self.runs = (Run(loaded, loaded.count()),)
+            self.install((Run(loaded, loaded.count()),))
+
+
+def _find(plan: JavaObject, class_name: str) -> JavaObject | None:
+    """The first node of a physical plan of the class `class_name`, depth first."""
+    if plan.getClass().getSimpleName() == class_name:
+        return plan
+    children = plan.children()
+    for i in range(children.size()):
+        found = _find(children.apply(i), class_name)
+        if found is not None:
+            return found
+    return None

@@ -5,10 +5,10 @@ example pipeline (thousands of calls into the JVM, each new frame analyzed), the
 batch: the plans differ only in their leaves. A batch's shape (which sources have changes;
 per state, whether it holds rows) decides every plan, so the first batch of a shape is built
 by the operators and recorded, and later batches of that shape rebind the recorded plans to
-their own leaves (`leaves.rebind`): the sources' changes, each state's runs, the runs a state
-merges. The frames a batch materializes (shared frames, new runs) are recorded in order with
-the plans they come from, and are materialized again from those plans, rebound to the leaves
-before them.
+their own leaves (`leaves.rebind`): the sources' changes, each state's streamed runs and
+indexes, the runs a state merges. The frames a batch materializes (shared frames, new runs)
+are recorded in order with the plans they come from, and are materialized again from those
+plans, rebound to the leaves before them.
 
 A recorded plan holds placeholders (empty RDDs), never a batch's data, so a template keeps no
 state version alive.
@@ -40,9 +40,10 @@ from service.engine.leaves import (
 )
 from service.engine.state import Merge, Run, StagedRuns, ZSetState
 
-# What a leaf of a recorded plan stands for: a source's changes, a state's runs, or the runs
-# a batch merges into a state's new run.
-Role = tuple[Literal["source"], str] | tuple[Literal["state", "merged"], ZSetState]
+# What a leaf of a recorded plan stands for: a source's changes, a state's streamed runs, the
+# runs a batch merges into a state's new run, or the index of a state's indexed run.
+Role = (tuple[Literal["source"], str] | tuple[Literal["state", "merged"], ZSetState]
+        | tuple[Literal["index"], ZSetState, int])
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
         current = state.frame()
         if current is not None:
             roles[leaf_key(current)] = ("state", state)
+        for i, index in enumerate(state.index_frames()):
+            roles[leaf_key(index)] = ("index", state, i)
     for merged, state in batch.merged:
         roles[leaf_key(merged)] = ("merged", state)
     known = set(roles)
@@ -134,10 +137,13 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, J
 
     bindings: dict[LeafKey, Callable[[JavaObject], JavaObject]] = {}
     for key, role in template.roles.items():
+        if role[0] == "index":
+            bindings[key] = lambda out, state=role[1], i=role[2]: state.index_node(i, out)
+            continue
         if role[0] == "source":
             rdd = sources[role[1]]
         elif role[0] == "state":
-            rdd = union_rdd(spark, [r.rdd for r in role[1].runs])
+            rdd = union_rdd(spark, [r.rdd for r in role[1].streamed()])
         else:
             rdd = union_rdd(spark, [r.rdd for r in merge_of(role[1]).merged])
         bindings[key] = reading(rdd)

@@ -22,7 +22,8 @@ from service.engine.state import ZSetState
 
 class DistinctOp(Operator):
     def _resolve(self) -> StructType:
-        self.state = ZSetState(self.input_schemas[0].names, [DIFF])
+        names = self.input_schemas[0].names
+        self.state = ZSetState(names, [DIFF], lookup=names)
         return self.input_schemas[0]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:

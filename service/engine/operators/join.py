@@ -2,7 +2,9 @@
 
 Delta rule: d(A join B) = dA join (B + dB) + A join dB, where A and B are the states before the
 batch; a pair's time is the later of its two times and its diff the product of their diffs.
-State: both sides' Z-sets. The hash table is built from the deltas; state is streamed past it.
+State: both sides' Z-sets, looked up by the join key. The hash table is built from the deltas;
+state's small runs are streamed past it, its large runs probed through their indexes (see
+`service.engine.state`).
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ class JoinOp(Operator):
 
     def _resolve(self) -> StructType:
         self.layout = JoinLayout(self, self.input_schemas[0], self.input_schemas[1], self.node.on)
-        self.left_state = ZSetState(self.input_schemas[0].names, [DIFF])
-        self.right_state = ZSetState(self.input_schemas[1].names, [DIFF])
+        self.left_state = ZSetState(self.input_schemas[0].names, [DIFF], lookup=self.node.on)
+        self.right_state = ZSetState(self.input_schemas[1].names, [DIFF], lookup=self.node.on)
         return self.layout.schema
 
     def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
@@ -75,9 +77,12 @@ class JoinOp(Operator):
         )
 
     @staticmethod
-    def _before(state: ZSetState) -> DataFrame | None:
-        frame = state.frame()
-        return None if frame is None else frame.withColumn(TIME, F.lit(BEFORE_BATCH).cast("long"))
+    def _before(state: ZSetState, probe: DataFrame) -> list[DataFrame]:
+        """The state's rows that may pair with `probe`'s: its streamed runs whole, and its
+        indexed runs' rows with `probe`'s keys."""
+        frames = [state.frame(), *state.matches(probe)]
+        return [f.withColumn(TIME, F.lit(BEFORE_BATCH).cast("long")) for f in frames
+                if f is not None]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d_left, d_right = deltas
@@ -85,14 +90,16 @@ class JoinOp(Operator):
             return None
         terms: list[DataFrame] = []
         if d_left is not None:
-            right_all = [f for f in (self._before(self.right_state), d_right) if f is not None]
+            right_all = self._before(self.right_state, d_left)
+            if d_right is not None:
+                right_all.append(d_right)
             if right_all:
                 terms.append(self._pairs(build_side(d_left), union_all(right_all)))
             batch.append(self.left_state, d_left)
         if d_right is not None:
-            left_before = self._before(self.left_state)
-            if left_before is not None:
-                terms.append(self._pairs(left_before, build_side(d_right)))
+            left_before = self._before(self.left_state, d_right)
+            if left_before:
+                terms.append(self._pairs(union_all(left_before), build_side(d_right)))
             batch.append(self.right_state, d_right)
         if not terms:
             return None

@@ -68,9 +68,11 @@ class ReduceOp(Operator):
         self.acc_names = {acc: f"__acc{i}" for i, acc in enumerate(accumulators)}
         self.acc_exprs = {self.acc_names[acc]: e for acc, e in accumulators.items()}
         self.acc_cols = [ROW_COUNT, *self.acc_exprs]
-        self.acc_state = ZSetState(keys, self.acc_cols, empty_when=f"`{ROW_COUNT}` = 0")
+        self.acc_state = ZSetState(keys, self.acc_cols, empty_when=f"`{ROW_COUNT}` = 0",
+                                   lookup=keys)
         self.value_index = {c: i for i, c in enumerate(value_columns)}
-        self.value_states = {c: ZSetState([*keys, "__v"], [DIFF]) for c in value_columns}
+        self.value_states = {c: ZSetState([*keys, "__v"], [DIFF], lookup=keys)
+                             for c in value_columns}
         return StructType(fields)
 
     def _column_type(self, name: str, red: Reducer, src: StructType) -> ColumnType | None:
