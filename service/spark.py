@@ -37,6 +37,11 @@ _SETTINGS = {
     # batch's planning about half a second more.
     "spark.sql.ui.explainMode": "simple",
     "spark.sql.session.timeZone": "UTC",
+    # Every hash aggregate, hash join and sort takes at least one page of execution memory,
+    # and a batch runs all of them in its one task. Spark's default page (up to 64 MiB, by
+    # driver memory) let a DAG of a few dozen such operators fail its first batch with
+    # UNABLE_TO_ACQUIRE_MEMORY; a state index was a 64 MiB page even for a few rows.
+    "spark.buffer.pageSize": "2m",
     # PySpark otherwise records the Python call site of every DataFrame and Column call in
     # the JVM (four extra round trips each, a third of a batch's planning calls). Errors keep
     # their SQL context: the failing fragment of an expression's text.

@@ -88,7 +88,9 @@ EVERY_SIZE = (1, 7, ONE_BATCH)
 # (seed, batch sizes) of the default run, sized for a few minutes on a shared 2-core machine:
 # each batch of a DAG costs seconds of Spark jobs, so only one DAG runs at every batch size.
 DEFAULT_RUNS = {
-    "test_random_dag": ((2, EVERY_SIZE), (4, (7,)), (5, (ONE_BATCH,))),
+    # Seed 6's DAG runs a few dozen hash operators in one task: it ran out of execution
+    # memory with Spark's default page size (see service.spark).
+    "test_random_dag": ((2, EVERY_SIZE), (4, (7,)), (5, (ONE_BATCH,)), (6, (1,))),
     "test_example_pipeline": ((1, EVERY_SIZE),),
 }
 LONG_SEEDS = range(1, 21)  # `--long`: each at every batch size (hours on a shared machine)
