@@ -421,6 +421,7 @@ def state_cost(spark: SparkSession, workload: str, size: int, reps: int) -> dict
             "incremental_all_s": [round(x, 3) for x in incremental],
             "spark_jobs_per_transaction": statistics.median(jobs),
             "indexed_runs_probed": statistics.median(indexes),
+            "index_mib": round(engine.index_bytes / 2**20, 1),
             "recompute_s": round(redo, 3), "recompute_all_s": [round(x, 3) for x in full],
             "recompute_over_incremental": round(redo / inc, 2), "verified": True}
 

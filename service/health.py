@@ -73,6 +73,7 @@ class Progress:
     checkpoint_failures: int = 0
     spark_jobs: int = 0  # of the engine's batches
     spark_stages: int = 0
+    state_index_bytes: int = 0
     last_transaction: int = 0  # last committed
     last_checkpoint_transaction: int | None = None
     last_checkpoint_at: float | None = None  # monotonic
@@ -235,6 +236,8 @@ _COUNTERS = (
      "checkpoints that failed (retried after the next batch)"),
 )
 _GAUGES = (
+    ("state_index_bytes", "txstream_state_index_bytes",
+     "driver memory held by the hash indexes of large state runs"),
     ("lag", "txstream_lag_records", "records in the source topics not yet committed"),
     ("last_transaction", "txstream_last_committed_transaction",
      "number of the last transaction committed to every sink"),

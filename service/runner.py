@@ -399,6 +399,7 @@ class PipelineRunner:
         self.progress.engine_seconds += t1 - t0
         self.progress.spark_jobs = self.engine.totals.jobs
         self.progress.spark_stages = self.engine.totals.stages
+        self.progress.state_index_bytes = self.engine.index_bytes
         self.progress.batch_transactions.observe(len(batch))
         self.progress.batch_changes.observe(batch.rows)
         self.progress.stage_seconds["compute"] += t1 - started

@@ -72,10 +72,10 @@ _LOCAL_RELATION_BYTES = "spark.sql.execution.arrow.localRelationThreshold"
 # 0.1-0.2 s of its 0.3 s of execution; generated code pays off from a few hundred rows on
 # (a 1M-event batch takes 2.8 times as long interpreted).
 INTERPRETED_ROWS = 500
-# A state run summarizing at least this many rows of input gets a hash index, so lookups probe
-# it instead of streaming it (see `service.engine.state`): streaming costs ~0.1 s per million
-# rows per lookup, an index one job of ~1 s per million rows when the run is made, and a copy
-# of its rows in the driver's memory.
+# A state run holding at least this many rows gets a hash index, so lookups probe it instead
+# of streaming it (see `service.engine.state`): streaming costs ~0.1 s per million rows per
+# lookup, an index one job of ~1 s per million rows when the run is made, and a copy of its
+# rows in the driver's memory.
 INDEX_ROWS = 1_000_000
 # Plan templates kept (one per batch shape seen; the oldest goes first).
 _TEMPLATES = 64
@@ -150,6 +150,7 @@ class Engine:
         self._consumers.update(out.node.id for out in pipeline.outputs.values())
         self.last_batch: BatchStats | None = None
         self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
+        self.index_bytes = 0  # driver memory the state indexes hold
         self.outputs = {
             name: OutputTable(name, self._table_schema(name, by_id[out.node.id].schema,
                                                        out.primary_key, out.node), out.node)
@@ -321,6 +322,7 @@ class Engine:
         with call_site(self.spark.sparkContext, "txstream state index"):
             for state in states:
                 state.refresh_indexes(self.index_rows)
+        self.index_bytes = sum(s.index_bytes() for s in self._states().values())
 
     def _build(self, changes: Mapping[str, pa.Table], weight: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:

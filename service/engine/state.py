@@ -22,12 +22,15 @@ one batch to the next and can be rebound to the next version's runs instead of b
 (`row_type`): decimals sum to precision 38 at once instead of widening with each merge.
 
 A lookup streams those runs past a hash table of the batch's keys, which costs every row of
-them. A large run (`index`: at least `index_rows` rows of input) therefore gets a hash index on
-the state's lookup columns once it is installed: Spark's broadcast of its rows as a hash
-table, built by one job, kept until the run is merged away, and probed by every later lookup
-with the batch's keys (`leaves.index_node`). Size tiers keep the streamed runs below about
-twice `index_rows`, so a lookup costs O(delta + index_rows), not O(state); the index holds a
-copy of its run's rows in the driver's memory.
+them. A large run (`index`: at least `index_rows` rows) therefore gets a hash index on the
+state's lookup columns once it is installed: Spark's broadcast of its rows as a hash table,
+built by one job, kept until the run is merged away, and probed by every later lookup with the
+batch's keys (`leaves.index_node`). A run's weight (rows of input) bounds its rows, so only
+runs that weigh `index_rows` are built; one whose build counts fewer rows (a group-by's few
+groups) is dropped at once and stays streamed. Size tiers keep the streamed runs' weight below
+about twice `index_rows`, or their rows below `index_rows` each, so a lookup costs
+O(delta + index_rows) rows, not O(state); an index holds a copy of its run's rows in the
+driver's memory (Spark allocates it in pages of up to 64 MiB).
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ class ZSetState:
         self._leaf: DataFrame | None = None
         self._index_leaves: list[DataFrame] | None = None
         self._indexes: dict[int, JavaObject] = {}  # run's RDD id -> its broadcast exchange
+        self._unindexed: set[int] = set()  # runs whose build found fewer than index_rows rows
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
         summed = frame.groupBy(*[col(k) for k in self.keys]).agg(
@@ -262,27 +266,44 @@ class ZSetState:
         return self._consolidate(union_all(parts), whole=True)
 
     def refresh_indexes(self, index_rows: int) -> None:
-        """Index the current version's runs of at least `index_rows` rows of input (a Spark
-        job each), and drop the indexes of runs no longer in it. A run Spark cannot index
-        (its rows exceed what the driver may collect) stays streamed, with a warning."""
+        """Index the current version's runs of at least `index_rows` rows (a Spark job each),
+        and drop the indexes of runs no longer in it. A run Spark cannot index (its rows
+        exceed what the driver may collect) stays streamed, with a warning."""
         current = {r.rdd_id for r in self.runs}
         for rdd_id in [i for i in self._indexes if i not in current]:
             # Freed now rather than when the JVM's garbage collector finds the exchange.
             self._indexes.pop(rdd_id).executeBroadcast().destroy()
+        self._unindexed &= current
         if self.lookup_on is None:
             return
         for run in self.runs:
-            if run.weight >= index_rows and run.rdd_id not in self._indexes:
-                try:
-                    self._indexes[run.rdd_id] = self._build_index(run)
-                except Py4JJavaError as exc:
-                    log.warning("state run of %s rows of input stays unindexed, lookups stream "
-                                "it: %s", f"{run.weight:,}", str(exc.java_exception)[:300])
+            if (run.weight < index_rows or run.rdd_id in self._indexes
+                    or run.rdd_id in self._unindexed):
+                continue
+            try:
+                exchange, rows, size = self._build_index(run)
+            except Py4JJavaError as exc:
+                log.warning("state run of %s rows of input stays unindexed, lookups stream "
+                            "it: %s", f"{run.weight:,}", str(exc.java_exception)[:300])
+                self._unindexed.add(run.rdd_id)
+                continue
+            if rows < index_rows:
+                exchange.executeBroadcast().destroy()
+                self._unindexed.add(run.rdd_id)
+            else:
+                log.info("indexed a state run of %s rows: %.0f MiB of driver memory",
+                         f"{rows:,}", size / 2**20)
+                self._indexes[run.rdd_id] = exchange
         self._leaf = self._index_leaves = None
 
-    def _build_index(self, run: Run) -> JavaObject:
+    def index_bytes(self) -> int:
+        """The memory the current indexes hold (Spark's estimate of its hash tables)."""
+        return sum(int(e.metrics().apply("dataSize").value()) for e in self._indexes.values())
+
+    def _build_index(self, run: Run) -> tuple[JavaObject, int, int]:
         """The broadcast exchange of `run`'s rows as a hash table on the lookup columns, its
-        job run: planned as the join that probes it, with a placeholder for the keys."""
+        job run, with its rows and bytes: planned as the join that probes it, with a
+        placeholder for the keys."""
         assert self.lookup_on is not None and self.row_type is not None
         spark = run.frame.sparkSession
         key_type = StructType([self.row_type[c] for c in self.lookup_on])
@@ -294,7 +315,9 @@ class ZSetState:
         exchange = _find(plan, "BroadcastExchangeExec")
         assert exchange is not None, f"no broadcast exchange in {plan.toString()}"
         exchange.executeBroadcast()
-        return exchange
+        metrics = exchange.metrics()
+        return (exchange, int(metrics.apply("numOutputRows").value()),
+                int(metrics.apply("dataSize").value()))
 
     def save(self, path: str, runs: Runs) -> None:
         """Write a version's consolidated collection as Parquet under `path` (any
