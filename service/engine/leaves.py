@@ -6,8 +6,8 @@ A batch's plans read four kinds of leaves: input deltas and state (an RDD of row
 and the hash indexes of large state runs (a `LogicalQueryStage`, see `index_node`). Each leaf
 has a key that survives Spark's copies of it (the deduplication of a self-join gives a copy
 fresh attribute ids): the id of its RDD, the name of its cached relation, or its stage's id.
-`rebind` replaces leaves by key in an analyzed plan, keeping each occurrence's attributes, so
-the rest of the plan stays valid without being analyzed again.
+`rebind` replaces leaves by key in an analyzed (or optimized) plan, keeping each occurrence's
+attributes, so the rest of the plan stays valid without being analyzed again.
 """
 
 from __future__ import annotations
