@@ -30,7 +30,7 @@ runs that weigh `index_rows` are built; one whose build counts fewer rows (a gro
 groups) is dropped at once and stays streamed. Size tiers keep the streamed runs' weight below
 about twice `index_rows`, or their rows below `index_rows` each, so a lookup costs
 O(delta + index_rows) rows, not O(state); an index holds a copy of its run's rows in the
-driver's memory (Spark allocates it in pages of up to 64 MiB).
+driver's memory, 110-120 bytes per row of a few columns.
 """
 
 from __future__ import annotations
