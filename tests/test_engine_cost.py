@@ -94,7 +94,8 @@ def test_lookups_probe_the_index_of_a_large_run(spark: SparkSession) -> None:
     assert same(as_changes([next(stream) for _ in range(2_000)], rows, 1))
     assert indexed.last_batch is not None and streamed.last_batch is not None
     # Every state's run weighs the batch's ~3,000 rows: each is built (a job), and only the
-    # paid orders' (over 300 rows) is kept; 50 customers, 4 regions and 3 statuses are not.
+    # run of all live orders (customer_stats' join) holds 300 rows and is kept; the paid
+    # orders, the 50 customers, the regions and the statuses hold fewer.
     assert indexed.last_batch.jobs == streamed.last_batch.jobs + 11
     assert indexed.index_bytes > 0
     for t in range(2, 20):
