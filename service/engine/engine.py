@@ -322,7 +322,7 @@ class Engine:
         with call_site(self.spark.sparkContext, "txstream state index"):
             for state in states:
                 state.refresh_indexes(self.index_rows)
-        self.index_bytes = sum(s.index_bytes() for s in self._states().values())
+        self.index_bytes = sum(s.index_bytes for s in self._states().values())
 
     def _build(self, changes: Mapping[str, pa.Table], weight: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:

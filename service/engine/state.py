@@ -134,6 +134,7 @@ class ZSetState:
         self._index_leaves: list[DataFrame] | None = None
         self._indexes: dict[int, JavaObject] = {}  # run's RDD id -> its broadcast exchange
         self._unindexed: set[int] = set()  # runs whose build found fewer than index_rows rows
+        self.index_bytes = 0  # what the indexes hold (Spark's estimate of its hash tables)
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
         summed = frame.groupBy(*[col(k) for k in self.keys]).agg(
@@ -270,11 +271,12 @@ class ZSetState:
         and drop the indexes of runs no longer in it. A run Spark cannot index (its rows
         exceed what the driver may collect) stays streamed, with a warning."""
         current = {r.rdd_id for r in self.runs}
+        before = set(self._indexes)
         for rdd_id in [i for i in self._indexes if i not in current]:
             # Freed now rather than when the JVM's garbage collector finds the exchange.
             self._indexes.pop(rdd_id).executeBroadcast().destroy()
         self._unindexed &= current
-        if self.lookup_on is None:
+        if self.lookup_on is None:  # never looked up, so never indexed
             return
         for run in self.runs:
             if (run.weight < index_rows or run.rdd_id in self._indexes
@@ -294,11 +296,10 @@ class ZSetState:
                 log.info("indexed a state run of %s rows: %.0f MiB of driver memory",
                          f"{rows:,}", size / 2**20)
                 self._indexes[run.rdd_id] = exchange
+        if set(self._indexes) != before:
+            self.index_bytes = sum(int(e.metrics().apply("dataSize").value())
+                                   for e in self._indexes.values())
         self._leaf = self._index_leaves = None
-
-    def index_bytes(self) -> int:
-        """The memory the current indexes hold (Spark's estimate of its hash tables)."""
-        return sum(int(e.metrics().apply("dataSize").value()) for e in self._indexes.values())
 
     def _build_index(self, run: Run) -> tuple[JavaObject, int, int]:
         """The broadcast exchange of `run`'s rows as a hash table on the lookup columns, its
