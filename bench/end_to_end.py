@@ -18,7 +18,9 @@ produced (its Kafka timestamp) to the first poll of PostgreSQL that sees it (eve
   keyed by `k`: events/s from consumer start to the final snapshot, busy time per stage, and
   the same backlog read by Pathway into a table of its own in the same run
   (bench/peers/pathway_kafka_pg.py), with the ratio. Both final tables are checked against
-  numpy.
+  numpy. It runs last, on a Spark session the other parts have warmed up: run alone
+  (`--only groupby_saturation`), its first batches also compile and plan cold, and it measured
+  72k events/s instead of 122k on the same machine.
 
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
