@@ -296,10 +296,10 @@ class ZSetState:
                 log.info("indexed a state run of %s rows: %.0f MiB of driver memory",
                          f"{rows:,}", size / 2**20)
                 self._indexes[run.rdd_id] = exchange
-        if set(self._indexes) != before:
+        if set(self._indexes) != before:  # runs moved between streamed and indexed
             self.index_bytes = sum(int(e.metrics().apply("dataSize").value())
                                    for e in self._indexes.values())
-        self._leaf = self._index_leaves = None
+            self._leaf = self._index_leaves = None
 
     def _build_index(self, run: Run) -> tuple[JavaObject, int, int]:
         """The broadcast exchange of `run`'s rows as a hash table on the lookup columns, its

@@ -3,12 +3,12 @@
 Building a batch's plans through the DataFrame API costs the driver about a second on the
 example pipeline (thousands of calls into the JVM, each new frame analyzed), the same every
 batch: the plans differ only in their leaves. A batch's shape (which sources have changes;
-per state, whether it holds rows) decides every plan, so the first batch of a shape is built
-by the operators and recorded, and later batches of that shape rebind the recorded plans to
-their own leaves (`leaves.rebind`): the sources' changes, each state's streamed runs and
-indexes, the runs a state merges. The frames a batch materializes (shared frames, new runs)
-are recorded in order with the plans they come from, and are materialized again from those
-plans, rebound to the leaves before them.
+per state, whether it has streamed runs and how many indexed ones) decides every plan, so the
+first batch of a shape is built by the operators and recorded, and later batches of that shape
+rebind the recorded plans to their own leaves (`leaves.rebind`): the sources' changes, each
+state's streamed runs and indexes, the runs a state merges. The frames a batch materializes
+(shared frames, new runs) are recorded in order with the plans they come from, and are
+materialized again from those plans, rebound to the leaves before them.
 
 Templates hold optimized plans: Spark runs its optimizer again on every rebound plan (a frame
 always passes it), and on a plan it has optimized already each rule finds nothing to do at
