@@ -105,6 +105,10 @@ class PipelineConfig(BaseModel):
     # low load (latency), more under a backlog (Spark's fixed cost per job shared). It also
     # bounds memory: a stage holds at most one batch. Results do not depend on it.
     batch_transactions: int = Field(default=100, ge=1)
+    # At start, before it consumes, the engine runs this many made-up rows per source through
+    # the pipeline and forgets them, so the first real batches do not pay Spark's planning and
+    # code compilation on a cold JVM (seconds). 0: no warm-up.
+    warm_up_rows: int = Field(default=50_000, ge=0)
     kafka_bootstrap_servers: str | None = None
     # TLS and SASL of every Kafka client the service creates (schemas.kafka).
     kafka_security: KafkaSecurity = KafkaSecurity()

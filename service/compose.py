@@ -4,6 +4,8 @@ then the parts that need Spark (the session, the engine, the checkpoint store), 
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.sql import SparkSession
 
 from schemas.config import ConfigError, PipelineConfig
@@ -14,6 +16,8 @@ from service.health import Progress, Readiness
 from service.pipelines import load_pipeline
 from service.runner import PipelineRunner
 from service.spark import get_spark
+
+log = logging.getLogger(__name__)
 
 
 def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
@@ -26,6 +30,10 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
     spark = spark or get_spark(config.spark_master)
     engine = Engine(pipeline, spark)
     check_sinks(config, engine)
+    if config.warm_up_rows:
+        seconds = engine.warm_up(config.warm_up_rows)
+        log.info("engine warmed up in %.1f s (%d made-up rows per source)", seconds,
+                 config.warm_up_rows)
     checkpoints = CheckpointStore(
         config.checkpoint_location, spark, keep=config.checkpoints_kept,
         identity=PipelineIdentity(pipeline=config.pipeline,

@@ -329,7 +329,7 @@ def test_healthz_fails_while_a_sink_hangs_with_work_waiting_and_recovers(
         transactions=BatchPolicy(max_events=10, max_delay_ms=100),
         kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"g-{topic_name}",
         database_url=postgres.url, checkpoint_dir=str(tmp_path / "ck"), http_port=None,
-        stall_timeout_s=2.0)
+        stall_timeout_s=2.0, warm_up_rows=0)
     runner = open_runner(config, spark=spark, pipeline=items_pipeline())
     server = health(runner.progress, runner.readiness, stall_timeout_s=config.stall_timeout_s)
     failures: list[BaseException] = []

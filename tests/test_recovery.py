@@ -54,16 +54,20 @@ def metric(body: str, name: str) -> float | None:
 
 
 class ServiceProcess:
-    """`txstream run CONFIG` in a subprocess, with its output in a log file."""
+    """`txstream run CONFIG` in a subprocess, with its output in a log file. Without the
+    engine's warm-up unless `warm_up`: it costs each start of a cold JVM seconds, and the crash
+    test below runs it."""
 
-    def __init__(self, config: Path, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, config: Path, env: dict[str, str], log_path: Path,
+                 warm_up: bool = False) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in wait())
         self._log_start = self._log.tell()
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "run", str(config), "--progress-interval", "5"],
-            cwd=ROOT, env={**os.environ, "SPARK_DRIVER_MEMORY": "2g", **env},
+            cwd=ROOT, env={**os.environ, "SPARK_DRIVER_MEMORY": "2g",
+                           **({} if warm_up else {"TXSTREAM_WARM_UP_ROWS": "0"}), **env},
             stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float) -> int:
@@ -237,7 +241,7 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
     log_path = tmp_path / "txstream.log"
     for life in lives:
         crash = {"TXSTREAM_CRASH_AT": life} if isinstance(life, str) else {}
-        service = ServiceProcess(config, {**env, **crash}, log_path)
+        service = ServiceProcess(config, {**env, **crash}, log_path, warm_up=True)
         if isinstance(life, float):
             service.wait_for_log("resuming after transaction", timeout=600)
             time.sleep(life)
@@ -249,7 +253,7 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
                 f"transaction #{number} re-formed differently after a crash: "
                 f"{history[number]} then {identity}")
 
-    service = ServiceProcess(config, env, log_path)
+    service = ServiceProcess(config, env, log_path, warm_up=True)
     service.wait_for_metrics(
         port, lambda body: metric(body, "txstream_lag_records") == 0
         and metric(body, "txstream_ready") == 1, timeout=900)

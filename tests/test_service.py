@@ -256,7 +256,7 @@ def _config(bootstrap: str, database_url: str, schema: str, topics: dict[str, st
         batch_transactions=5, kafka_bootstrap_servers=bootstrap, consumer_group=group,
         database_url=database_url, checkpoint_dir=str(checkpoint_dir),
         retry_initial_backoff_s=0.2, retry_max_backoff_s=1.0, status_interval_s=1.0,
-        **extra)
+        **{"warm_up_rows": 0, **extra})  # the warm-up: test_engine_warmup, test_end_to_end
 
 
 class _Producer:

@@ -1,0 +1,79 @@
+"""Warming an engine up with made-up rows (`Engine.warm_up`): it leaves no trace in what the
+engine computes, and the first real batch reuses the plans it recorded."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import SparkSession
+
+from examples.order_events import as_changes, events
+from examples.orders import pipeline as orders_pipeline
+from schemas.tables import TableSchema
+from service.engine import Engine, EngineStateError, Pipeline
+from service.engine import reducers as r
+from service.engine.warmup import synthetic_changes
+
+EVERY_TYPE = TableSchema.of({"a": "bigint", "b": "int", "c": "double", "d": "text",
+                             "e": "boolean", "f": "timestamp", "g": "date",
+                             "h": "decimal(12,2)", "i": "decimal(3,3)"}, primary_key=["a"])
+
+
+def test_synthetic_changes_fit_every_column_type() -> None:
+    ids = np.arange(1_000, 1_500)
+    table = synthetic_changes(EVERY_TYPE, ids, (6, 10), -1)
+    assert table.schema == EVERY_TYPE.arrow_schema(with_changes=True)
+    assert table.num_rows == 500 and table.column("a").to_pylist() == ids.tolist()
+    assert table.column("d").to_pylist()[:2] == ["1000", "1001"]
+    times = table.column("time")
+    assert pc.min(times).as_py() == 6 and pc.max(times).as_py() == 10
+    assert sorted(set(times.to_pylist())) == [6, 7, 8, 9, 10]
+    assert set(table.column("diff").to_pylist()) == {-1}
+    assert all(table.column(c).null_count == 0 for c in table.column_names)
+
+
+def _stream(seed: int) -> list[dict[str, pa.Table]]:
+    stream = events(random.Random(seed), 50)
+    rows: dict[str, dict[int, dict[str, object]]] = {}
+    return [as_changes([next(stream) for _ in range(size)], rows, time)
+            for time, size in enumerate([2_000, 10, 10, 600], start=1)]
+
+
+def test_a_warmed_up_engine_computes_what_a_fresh_one_does(spark: SparkSession) -> None:
+    warmed = Engine(orders_pipeline(), spark)
+    assert warmed.warm_up(600) > 0
+    assert all(not state.runs for state, _ in warmed.version().states.values())
+    assert warmed.last_batch is None and warmed.totals.jobs == 0
+    fresh = Engine(orders_pipeline(), spark)
+    for i, batch in enumerate(_stream(3)):
+        ours, theirs = warmed.process(batch), fresh.process(batch)
+        assert ours.keys() == theirs.keys()
+        assert all(ours[name].equals(theirs[name]) for name in ours), f"batch {i}"
+        if i == 0:
+            assert warmed.last_batch is not None and warmed.last_batch.rebound, \
+                "the first real batch reuses the plans the warm-up recorded"
+    with pytest.raises(EngineStateError, match="fresh engine"):
+        warmed.warm_up(600)
+
+
+def test_a_warm_up_that_an_expression_fails_leaves_the_engine_fresh(
+        spark: SparkSession, caplog: pytest.LogCaptureFixture) -> None:
+    """Made-up rows may fail an expression that real data never fails: k = 100 here."""
+    schema = TableSchema.of({"k": "bigint", "v": "bigint"})
+    p = Pipeline()
+    p.output("out", p.source("events", schema).filter("1 DIV (k - 100) <= 1")
+             .groupby("k").reduce(n=r.count()), primary_key=["k"])
+    engine = Engine(p, spark)
+    with caplog.at_level("INFO", logger="service.engine.engine"):
+        engine.warm_up(600)
+    assert "warm-up stopped early: table filter" in caplog.text, caplog.text
+    assert engine.last_batch is None
+    assert all(not state.runs for state, _ in engine.version().states.values())
+    out = engine.process({"events": pa.table({"k": [1, 1, 2], "v": [0, 0, 0], "time": [1] * 3,
+                                              "diff": [1] * 3})})["out"]
+    assert sorted(out.select(["k", "n", "diff"]).to_pylist(), key=lambda row: row["k"]) == [
+        {"k": 1, "n": 2, "diff": 1}, {"k": 2, "n": 1, "diff": 1}]
