@@ -71,7 +71,8 @@ class ValueStats:
 
 
 Accumulators = dict[str, Column]  # accumulator id -> one row's contribution (times its diff)
-Lookup = Callable[[str], Column]  # accumulator id -> the group's summed column
+# Accumulator id (or ROW_COUNT) -> the group's summed column.
+Lookup = Callable[[str], Column]
 
 
 def _weighted(condition: Column, value: Column, zero: Column) -> Column:
@@ -174,7 +175,7 @@ class Count(Reducer):
         return {} if self.column is None else _non_null(self.column)
 
     def value(self, ctype: ColumnType | None, acc: Lookup, values: ValueStats | None) -> Column:
-        return col(ROW_COUNT) if self.column is None else acc(f"nn:{self.column}")
+        return acc(ROW_COUNT) if self.column is None else acc(f"nn:{self.column}")
 
 
 class Sum(Reducer):

@@ -20,7 +20,7 @@ from functools import cached_property
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import StructField, StructType
 
 from schemas.tables import ColumnType
 from service.engine.batch import BatchPlan
@@ -42,6 +42,8 @@ from service.engine.table import ReduceNode
 
 # Open end of a value's presence interval: later than every transaction.
 _FOREVER = 2**62
+# Prefix of a group's accumulators summed over the rows before each row of its timeline.
+_BEFORE = "__b"
 
 
 class ReduceOp(Operator):
@@ -103,10 +105,37 @@ class ReduceOp(Operator):
                 *[F.sum(e).alias(name) for name, e in self.acc_exprs.items()]]
 
     @cached_property
+    def _linear(self) -> bool:
+        """Whether a group's row is a function of its summed accumulators alone (no min, max
+        or count_distinct): then the row before each transaction comes from the sums over the
+        rows before it, computed by the window that computes the running sums. Otherwise it
+        is the previous row of a second window."""
+        return not self.value_states
+
+    @cached_property
     def _running(self) -> list[Column]:
-        running = self._key_window().rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        return [*[col(k) for k in self.keys], col(TIME),
-                *[F.sum(col(a)).over(running).alias(a) for a in self.acc_cols]]
+        window = self._key_window()
+        running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        sums = [F.sum(col(a)).over(running).alias(a) for a in self.acc_cols]
+        if self._linear:
+            # Spark adds the same rows in the same order as for the previous row's running
+            # sums: the same value, to the last bit of a double.
+            before = window.rowsBetween(Window.unboundedPreceding, -1)
+            sums += [F.sum(col(a)).over(before).alias(f"{_BEFORE}{a}") for a in self.acc_cols]
+        return [*[col(k) for k in self.keys], col(TIME), *sums]
+
+    @cached_property
+    def _previous(self) -> Column:
+        """Each row of a group's timeline with the row before it, as `__prev` (the changes
+        below read it field by field; Spark would evaluate a window function once per
+        reference): a group with no row before has a row count of 0, or none at all."""
+        value_names = [n for n in self.columns if n not in self.keys]
+        if self._linear:
+            count = F.coalesce(col(f"{_BEFORE}{ROW_COUNT}"), F.lit(0).cast("long"))
+            values = self._output_columns(prefix=_BEFORE)
+            return F.struct(count.alias(ROW_COUNT), *values).alias("__prev")
+        return F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in value_names])) \
+            .over(self._key_window()).alias("__prev")
 
     @cached_property
     def _emit_exprs(self) -> list[Column]:
@@ -115,30 +144,27 @@ class ReduceOp(Operator):
         insertion of this one, both left out when the two rows are equal."""
         keys = self.keys
         value_names = [n for n in self.columns if n not in keys]
-        prev = F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in value_names])) \
-            .over(self._key_window())
+        prev = col("__prev")
         was = prev.isNotNull() & (prev[ROW_COUNT] > 0)
         now = col(ROW_COUNT) > 0
         # Null-safe: a null value equal to a null value is an unchanged row.
         same = was & now & F.struct(*[col(n) for n in value_names]).eqNullSafe(
             F.struct(*[prev[n].alias(n) for n in value_names]))
-        fields = [*keys, *value_names, TIME, DIFF]
 
         def change(values: list[Column], diff: int) -> Column:
-            return F.struct(*[col(k) for k in keys], *values, col(TIME),
-                            F.lit(diff).cast("long")).cast(self._change_type(fields))
+            # Named, not cast to a struct type: a cast copies every field of every row.
+            return F.struct(*[col(k).alias(k) for k in keys],
+                            *[v.alias(n) for v, n in zip(values, value_names, strict=True)],
+                            col(TIME).alias(TIME), F.lit(diff).cast("long").alias(DIFF))
 
         retract = F.when(was & ~same, change([prev[n] for n in value_names], -1))
         insert = F.when(now & ~same, change([col(n) for n in value_names], 1))
         return [col(TIME), F.array(retract, insert).alias("__changes")]
 
-    def _change_type(self, fields: list[str]) -> StructType:
-        types = {f.name: f.dataType for f in self.schema.fields}
-        return StructType([StructField(n, types.get(n, LongType()), True) for n in fields])
-
     @cached_property
     def _new_row(self) -> list[Column]:
-        return [*[col(k) for k in self.keys], col(TIME), col(ROW_COUNT), *self._output_columns()]
+        new = [*[col(k) for k in self.keys], col(TIME), col(ROW_COUNT), *self._output_columns()]
+        return [*new, self._previous] if self._linear else new
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
@@ -240,9 +266,10 @@ class ReduceOp(Operator):
             F.coalesce(stats[2], F.lit(0)).cast("long").alias(f"__cd{idx}"),
         )
 
-    def _output_columns(self) -> list[Column]:
+    def _output_columns(self, prefix: str = "") -> list[Column]:
+        """The reducers' values from the accumulators named with `prefix`."""
         def acc(accumulator: str) -> Column:
-            return col(self.acc_names[accumulator])
+            return col(prefix + self.acc_names.get(accumulator, accumulator))
 
         exprs = []
         for name, red in self.node.reducers:
@@ -258,5 +285,7 @@ class ReduceOp(Operator):
         """The changes between consecutive rows of each group's timeline, at the later row's
         time: a group's row is emitted once per transaction at most, and the row before the
         batch only serves to retract what was last emitted."""
+        if not self._linear:
+            rows = rows.select("*", self._previous)
         changes = rows.select(*self._emit_exprs).where(col(TIME) != BEFORE_BATCH)
         return changes.select(F.inline(F.filter("__changes", lambda c: c.isNotNull())))
