@@ -18,9 +18,10 @@ produced (its Kafka timestamp) to the first poll of PostgreSQL that sees it (eve
   keyed by `k`: events/s from consumer start to the final snapshot, busy time per stage, and
   the same backlog read by Pathway into a table of its own in the same run
   (bench/peers/pathway_kafka_pg.py), with the ratio. Both final tables are checked against
-  numpy. It runs last, on a Spark session the other parts have warmed up: run alone
-  (`--only groupby_saturation`), its first batches also compile and plan cold, and it measured
-  72k events/s instead of 122k on the same machine.
+  numpy. `start_seconds` is the service's start before it consumes (the Spark session is
+  already up): connecting, and the engine's warm-up (`warm_up_rows`), which plans and compiles
+  the pipeline on made-up rows so that its first batches do not do it on a cold JVM (without
+  it, run alone, this part measured 72-74k events/s instead of 121-135k).
 
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
@@ -248,7 +249,9 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
         database_url=url, checkpoint_dir=tempfile.mkdtemp(prefix="txstream-bench-"),
     )
     print("groupby_saturation: txstream", file=sys.stderr, flush=True)
+    opening = time.monotonic()
     runner = open_runner(config, spark=get_spark())
+    start_s = time.monotonic() - opening
     loop = threading.Thread(target=runner.run, daemon=True)
     started = time.monotonic()
     loop.start()
@@ -265,8 +268,8 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
     if read_sums(url, f'"{schema}".sums_live') != want:
         raise SystemExit("txstream's final snapshot differs from numpy's sums")
     return {"seconds": round(elapsed, 2), "events_per_s": round(events / elapsed),
-            "verified": True, "spark_batches": runner.progress.batches,
-            "transactions": runner.progress.transactions,
+            "start_seconds": round(start_s, 2), "verified": True,
+            "spark_batches": runner.progress.batches, "transactions": runner.progress.transactions,
             "stage_busy_seconds": {stage: round(seconds, 1) for stage, seconds
                                    in runner.progress.stage_seconds.items()}}
 
