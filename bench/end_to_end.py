@@ -18,10 +18,15 @@ produced (its Kafka timestamp) to the first poll of PostgreSQL that sees it (eve
   keyed by `k`: events/s from consumer start to the final snapshot, busy time per stage, and
   the same backlog read by Pathway into a table of its own in the same run
   (bench/peers/pathway_kafka_pg.py), with the ratio. Both final tables are checked against
-  numpy. `start_seconds` is the service's start before it consumes (the Spark session is
-  already up): connecting, and the engine's warm-up (`warm_up_rows`), which plans and compiles
-  the pipeline on made-up rows so that its first batches do not do it on a cold JVM (without
-  it, run alone, this part measured 72-74k events/s instead of 121-135k).
+  numpy. Pathway subscribes as a consumer group, and its seconds include the group's join
+  (about 3 s on the embedded broker, measured by a bare consumer, `pathway_group_join_s`),
+  which txstream, assigning its partitions itself, does not wait for: the second ratio leaves
+  it out. `bare_consumer_events_per_s`: a consumer reading the same backlog and doing nothing
+  with it, the ceiling of the service's ingest. `start_seconds` is the service's start before
+  it consumes (the Spark session is already up): connecting, and the engine's warm-up
+  (`warm_up_rows`), which plans and compiles the pipeline on made-up rows so that its first
+  batches do not do it on a cold JVM (without it, run alone, this part measured 72-74k
+  events/s instead of 121-135k).
 
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
@@ -274,6 +279,42 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
                                    in runner.progress.stage_seconds.items()}}
 
 
+def bare_read_events_per_s(bootstrap: str, topic: str, events: int) -> int:
+    """Records/s a bare consumer reads the backlog at, assigned partition 0 as txstream's is,
+    with the service's fetch settings and nothing done with the records: the broker's and the
+    client's ceiling for the service's ingest on this machine."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bare-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    try:
+        started = time.monotonic()
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        read = 0
+        while read < events:
+            read += sum(m.error() is None for m in consumer.consume(50_000, 0.05))
+            if time.monotonic() - started > 300:
+                raise SystemExit(f"read {read} of {events} records within 300 s")
+        return round(events / (time.monotonic() - started))
+    finally:
+        consumer.close()
+
+
+def group_join_s(bootstrap: str, topic: str) -> float:
+    """Seconds from subscribing as a new consumer group to the first record of `topic`: what a
+    subscribing consumer (Pathway's) waits for the broker to assign it partitions. txstream
+    assigns its partitions itself (its offsets live in its checkpoints) and does not wait."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"join-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        started = time.monotonic()
+        consumer.subscribe([topic])
+        while not any(m.error() is None for m in consumer.consume(1, 0.1)):
+            if time.monotonic() - started > 60:
+                raise SystemExit(f"no record of {topic} within 60 s of subscribing")
+        return time.monotonic() - started
+    finally:
+        consumer.close()
+
+
 def groupby_pathway(kafka: KafkaEndpoint, url: str, topic: str, events: int,
                     want: dict[int, tuple[int, int]]) -> dict[str, object]:
     print("groupby_saturation: the same backlog in Pathway", file=sys.stderr, flush=True)
@@ -306,7 +347,9 @@ def groupby_saturation(kafka: KafkaEndpoint, url: str, events: int, peer: bool
     result: dict[str, object] = {
         "events": events, "keys": GROUPBY_KEYS,
         "events_per_transaction": GROUPBY_EVENTS_PER_TRANSACTION,
-        "txstream": groupby_txstream(kafka, url, topic, events, want)}
+        "txstream": groupby_txstream(kafka, url, topic, events, want),
+        "bare_consumer_events_per_s": bare_read_events_per_s(kafka.bootstrap_servers, topic,
+                                                              events)}
     if peer:
         theirs = groupby_pathway(kafka, url, topic, events, want)
         result["pathway"] = theirs
@@ -315,6 +358,13 @@ def groupby_saturation(kafka: KafkaEndpoint, url: str, events: int, peer: bool
         if "events_per_s" in theirs:
             result["ratio_txstream_to_pathway"] = round(
                 ours["events_per_s"] / theirs["events_per_s"], 2)
+            # Pathway's seconds include its consumer group's join; without it, its pace once
+            # records flow.
+            join = group_join_s(kafka.bootstrap_servers, topic)
+            flowing = events / (theirs["seconds"] - join)
+            result["pathway_group_join_s"] = round(join, 2)
+            result["ratio_excluding_pathway_group_join"] = round(
+                ours["events_per_s"] / flowing, 2)
     return result
 
 
