@@ -54,9 +54,10 @@ import heapq
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -348,46 +349,62 @@ class TransactionBuilder:
         now = time.monotonic()
         if self._batch_fill and now - self._batch_started >= self._policy.max_delay_ms / 1000:
             self._seal_batch()
-        records = self._records(messages)
-        events = [m for m in records if m.topic() in self._collections]
-        if events:
-            records = [m for m in records if m.topic() not in self._collections]
-        if records:
-            self._ingest(records, now)
-        if events:
-            self._announce(events, now)
+        records, ends = self._records(messages)
+        # Read once per record: each is a call into the client, and a backlog is millions.
+        n = len(records)
+        topics = np.array([m.topic() for m in records], dtype=object)
+        partitions = np.fromiter((m.partition() for m in records), np.int64, n)
+        offsets = np.fromiter((m.offset() for m in records), np.int64, n)
+        advance(self._positions, self._eof, topics, partitions, offsets, ends)
+        if not records:
+            return self._close_ready(now)
+        is_event = np.zeros(n, dtype=bool)
+        for topic in self._collections:
+            is_event |= topics == topic
+        if is_event.any():
+            data = np.flatnonzero(~is_event)
+            if len(data):
+                self._ingest([records[i] for i in data], topics[data], partitions[data],
+                             offsets[data], now)
+            self._announce([records[i] for i in np.flatnonzero(is_event)], now)
+        else:
+            self._ingest(records, topics, partitions, offsets, now)
         return self._close_ready(now)
 
-    def _records(self, messages: list[Message]) -> list[Message]:
+    def _records(self, messages: list[Message]) -> tuple[list[Message], dict[_TP, int]]:
+        """The records among `messages`, and for each partition that reported its end, how
+        many records came before its last end report. Client errors are logged (retried by the
+        client) or raised (fatal)."""
         records: list[Message] = []
-        for message in messages:
+        ends: dict[_TP, int] = {}
+        start = 0
+        for i, message in enumerate(messages):
             error = message.error()
-            tp = (message.topic(), message.partition())
             if error is None:
-                records.append(message)
-                self._positions[tp] = message.offset() + 1
-                self._eof.discard(tp)
-            elif error.code() == KafkaError._PARTITION_EOF:
-                # In stream order: only records consumed after it clear the flag again.
-                self._eof.add(tp)
+                continue
+            records += messages[start:i]
+            start = i + 1
+            if error.code() == KafkaError._PARTITION_EOF:
+                ends[(message.topic(), message.partition())] = len(records)
             elif error.fatal():
                 raise KafkaSourceError(f"fatal Kafka error: {error}")
             else:
                 log.warning("Kafka consumer error (retried by the client): %s", error)
-        return records
+        records += messages[start:]
+        return records, ends
 
     def _seal_batch(self) -> None:
         self._batch_no += 1
         self._batch_fill = 0
 
-    def _ingest(self, records: list[Message], now: float) -> None:
+    def _ingest(self, records: list[Message], topics: np.ndarray, partitions: np.ndarray,
+                 offsets: np.ndarray, now: float) -> None:
+        """Decode `records` (with their topics, partitions and offsets) into pending rows and
+        track the transactions they belong to."""
         n = len(records)
         seq0 = self._seq
         self._seq += n
         self._stats.events += n
-        topics = np.array([m.topic() for m in records], dtype=object)
-        partitions = np.fromiter((m.partition() for m in records), np.int64, n)
-        offsets = np.fromiter((m.offset() for m in records), np.int64, n)
         by_topic = {t: np.flatnonzero(topics == t) for t in self._by_topic}
         batches = np.full(n, -1, dtype=np.int64)
         replayed = np.full(n, -1, dtype=np.int64)
@@ -902,6 +919,34 @@ def _first_offsets(transactions: Iterable[_Open]) -> dict[_TP, int]:
         for tp, offset in txn.first.items():
             first[tp] = min(first.get(tp, offset), offset)
     return first
+
+
+def advance(positions: dict[_TP, int], at_end: set[_TP], topics: np.ndarray,
+            partitions: np.ndarray, offsets: np.ndarray, ends: Mapping[_TP, int]) -> None:
+    """Update the consumer's `positions` after consuming records (their `topics`, `partitions`
+    and `offsets`, in stream order) and the partitions it has read to the end (`at_end`).
+    `ends`: the partitions whose end was reported among the records, each with how many
+    records came before its last report. A partition is at its end when the report came after
+    its last record; a record after it means the partition grew."""
+    last: dict[_TP, int] = {}
+    for topic in _distinct(topics):
+        in_topic = np.flatnonzero(topics == topic)
+        for partition in _distinct(partitions[in_topic]):
+            of_partition = in_topic[partitions[in_topic] == partition]
+            last[(str(topic), int(partition))] = int(of_partition[-1])
+    for tp, index in last.items():
+        positions[tp] = int(offsets[index]) + 1
+        at_end.discard(tp)
+    at_end.update(tp for tp, before in ends.items() if last.get(tp, -1) < before)
+
+
+def _distinct(values: np.ndarray) -> list[Any]:
+    """The distinct values, in order of appearance. A consumed batch holds runs of a few
+    partitions: comparing neighbours is cheaper than sorting a million topic names."""
+    if not len(values):
+        return []
+    starts = np.flatnonzero(values[1:] != values[:-1]) + 1
+    return list(dict.fromkeys(values[np.concatenate([[0], starts])].tolist()))
 
 
 def _without_id(txids: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -28,7 +29,7 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
 )
 
 from connectors.kafka_source import DELETE, SEQ, KafkaSourceError
-from connectors.transactions import SourceState, TransactionBuilder
+from connectors.transactions import SourceState, TransactionBuilder, advance
 from connectors.upsert import UpsertState
 from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
 from schemas.tables import TableSchema
@@ -540,3 +541,34 @@ def test_unreadable_count_header_rejects_the_record_only(
     ])
     (t,) = poll_until(b, lambda ts: len(ts) == 1)
     assert integrate([t], "orders") == expect([2]) and b.stats.bad_records == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([("a", 0), ("a", 1), ("b", 0)]), st.booleans()),
+                max_size=30),
+       st.sets(st.sampled_from([("a", 0), ("a", 1), ("b", 0)])))
+def test_positions_and_partition_ends_follow_stream_order(
+        stream: list[tuple[tuple[str, int], bool]], at_end_before: set[tuple[str, int]]) -> None:
+    """`advance` over a consumed batch (records and end-of-partition reports, interleaved)
+    ends where handling them one at a time, in order, does."""
+    want_positions: dict[tuple[str, int], int] = {}
+    want_end = set(at_end_before)
+    records: list[tuple[str, int, int]] = []
+    ends: dict[tuple[str, int], int] = {}
+    next_offset: dict[tuple[str, int], int] = {}
+    for tp, is_record in stream:
+        if is_record:
+            offset = next_offset[tp] = next_offset.get(tp, 10) + 1
+            records.append((*tp, offset))
+            want_positions[tp] = offset + 1
+            want_end.discard(tp)
+        else:
+            ends[tp] = len(records)
+            want_end.add(tp)
+    positions: dict[tuple[str, int], int] = {}
+    at_end = set(at_end_before)
+    advance(positions, at_end, np.array([r[0] for r in records], dtype=object),
+            np.array([r[1] for r in records], dtype=np.int64),
+            np.array([r[2] for r in records], dtype=np.int64), ends)
+    assert positions == want_positions
+    assert at_end == want_end
