@@ -107,8 +107,9 @@ class PipelineConfig(BaseModel):
     batch_transactions: int = Field(default=100, ge=1)
     # At start, before it consumes, the engine runs this many made-up rows per source through
     # the pipeline and forgets them, so the first real batches do not pay Spark's planning and
-    # code compilation on a cold JVM (seconds). 0: no warm-up.
-    warm_up_rows: int = Field(default=50_000, ge=0)
+    # code compilation on a cold JVM (seconds). Above 500 rows a batch runs generated code, so
+    # that is compiled too; more rows hardly change the warm-up's effect. 0: no warm-up.
+    warm_up_rows: int = Field(default=5_000, ge=0)
     kafka_bootstrap_servers: str | None = None
     # TLS and SASL of every Kafka client the service creates (schemas.kafka).
     kafka_security: KafkaSecurity = KafkaSecurity()
