@@ -4,6 +4,7 @@ engine computes, and the first real batch reuses the plans it recorded."""
 from __future__ import annotations
 
 import random
+from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +30,9 @@ def test_synthetic_changes_fit_every_column_type() -> None:
     assert table.schema == EVERY_TYPE.arrow_schema(with_changes=True)
     assert table.num_rows == 500 and table.column("a").to_pylist() == ids.tolist()
     assert table.column("d").to_pylist()[:2] == ["1000", "1001"]
+    # Distinct rows, distinct values (within a decimal's digits), so joins match one to one.
+    assert len(set(table.column("h").to_pylist())) == 500
+    assert table.column("h").to_pylist()[:2] == [Decimal("10.00"), Decimal("10.01")]
     times = table.column("time")
     assert pc.min(times).as_py() == 6 and pc.max(times).as_py() == 10
     assert sorted(set(times.to_pylist())) == [6, 7, 8, 9, 10]
@@ -77,3 +81,22 @@ def test_a_warm_up_that_an_expression_fails_leaves_the_engine_fresh(
                                               "diff": [1] * 3})})["out"]
     assert sorted(out.select(["k", "n", "diff"]).to_pylist(), key=lambda row: row["k"]) == [
         {"k": 1, "n": 2, "diff": 1}, {"k": 2, "n": 1, "diff": 1}]
+
+
+def test_a_warm_up_that_fails_otherwise_only_logs_it(
+        spark: SparkSession, caplog: pytest.LogCaptureFixture) -> None:
+    """Any failure of the warm-up (here a `raise_error`, which is no data exception) leaves
+    the engine fresh: the service starts without it."""
+    schema = TableSchema.of({"k": "bigint", "v": "bigint"})
+    p = Pipeline()
+    p.output("out", p.source("events", schema)
+             .filter("CASE WHEN k = 100 THEN raise_error('made-up row') ELSE true END")
+             .groupby("k").reduce(n=r.count()), primary_key=["k"])
+    engine = Engine(p, spark)
+    with caplog.at_level("WARNING", logger="service.engine.engine"):
+        engine.warm_up(600)
+    assert "warm-up failed, the service starts without it" in caplog.text, caplog.text
+    assert engine.last_batch is None
+    assert all(not state.runs for state, _ in engine.version().states.values())
+    out = engine.process({"events": pa.table({"k": [1], "v": [0], "time": [1], "diff": [1]})})
+    assert out["out"].select(["k", "n", "diff"]).to_pylist() == [{"k": 1, "n": 1, "diff": 1}]

@@ -328,7 +328,10 @@ class Engine:
         `service.engine.warmup`). Three batches of every source: `rows` insertions into empty
         state; half of them deleted and as many inserted; then ten insertions (a lone
         transaction's path). Only for a fresh engine, before it loads state or runs a batch:
-        its state is emptied afterwards. The plans it recorded stay. The seconds it took."""
+        its state is emptied afterwards. The plans it recorded (for batches with changes of
+        every source, into empty and non-empty state) stay until `load_state` replaces the
+        state; the compiled code stays in any case. It never fails: it is only an
+        optimization, and what went wrong is logged. The seconds it took."""
         if any(s.runs for s in self._states().values()) or self.last_batch is not None:
             raise EngineStateError("warm_up: only a fresh engine warms up, before it loads "
                                    "state or processes a batch")
@@ -351,6 +354,9 @@ class Engine:
             # Made-up values may fail an expression real data never fails (a cast of text):
             # what ran so far is warm, and the real batches plan the rest.
             log.info("warm-up stopped early: %s", first_line(exc))
+        except Exception as exc:  # an optimization must not stop the start
+            log.warning("warm-up failed, the service starts without it (the first batches plan "
+                        "and compile their code): %s", first_line(exc))
         finally:
             for state in self._states().values():
                 state.install(())
