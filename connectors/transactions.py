@@ -349,7 +349,7 @@ class TransactionBuilder:
         now = time.monotonic()
         if self._batch_fill and now - self._batch_started >= self._policy.max_delay_ms / 1000:
             self._seal_batch()
-        records, ends = self._records(messages)
+        records, ends = records_and_ends(messages)
         # Read once per record: each is a call into the client, and a backlog is millions.
         n = len(records)
         topics = np.array([m.topic() for m in records], dtype=object)
@@ -370,28 +370,6 @@ class TransactionBuilder:
         else:
             self._ingest(records, topics, partitions, offsets, now)
         return self._close_ready(now)
-
-    def _records(self, messages: list[Message]) -> tuple[list[Message], dict[_TP, int]]:
-        """The records among `messages`, and for each partition that reported its end, how
-        many records came before its last end report. Client errors are logged (retried by the
-        client) or raised (fatal)."""
-        records: list[Message] = []
-        ends: dict[_TP, int] = {}
-        start = 0
-        for i, message in enumerate(messages):
-            error = message.error()
-            if error is None:
-                continue
-            records += messages[start:i]
-            start = i + 1
-            if error.code() == KafkaError._PARTITION_EOF:
-                ends[(message.topic(), message.partition())] = len(records)
-            elif error.fatal():
-                raise KafkaSourceError(f"fatal Kafka error: {error}")
-            else:
-                log.warning("Kafka consumer error (retried by the client): %s", error)
-        records += messages[start:]
-        return records, ends
 
     def _seal_batch(self) -> None:
         self._batch_no += 1
@@ -919,6 +897,29 @@ def _first_offsets(transactions: Iterable[_Open]) -> dict[_TP, int]:
         for tp, offset in txn.first.items():
             first[tp] = min(first.get(tp, offset), offset)
     return first
+
+
+def records_and_ends(messages: Sequence[Message]) -> tuple[list[Message], dict[_TP, int]]:
+    """The records among consumed `messages`, and for each partition whose end was reported,
+    how many records came before its last report (see `advance`). Client errors are logged
+    (the client retries them) or raised (fatal)."""
+    records: list[Message] = []
+    ends: dict[_TP, int] = {}
+    start = 0
+    for i, message in enumerate(messages):
+        error = message.error()
+        if error is None:
+            continue
+        records += messages[start:i]
+        start = i + 1
+        if error.code() == KafkaError._PARTITION_EOF:
+            ends[(message.topic(), message.partition())] = len(records)
+        elif error.fatal():
+            raise KafkaSourceError(f"fatal Kafka error: {error}")
+        else:
+            log.warning("Kafka consumer error (retried by the client): %s", error)
+    records += messages[start:]
+    return records, ends
 
 
 def advance(positions: dict[_TP, int], at_end: set[_TP], topics: np.ndarray,

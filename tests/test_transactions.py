@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka_helpers import (  # noqa: F401 (fixtures by name)
@@ -29,7 +29,7 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
 )
 
 from connectors.kafka_source import DELETE, SEQ, KafkaSourceError
-from connectors.transactions import SourceState, TransactionBuilder, advance
+from connectors.transactions import SourceState, TransactionBuilder, advance, records_and_ends
 from connectors.upsert import UpsertState
 from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
 from schemas.tables import TableSchema
@@ -543,32 +543,55 @@ def test_unreadable_count_header_rejects_the_record_only(
     assert integrate([t], "orders") == expect([2]) and b.stats.bad_records == 1
 
 
+class _Consumed:
+    """What `Consumer.consume` returns, as far as `records_and_ends` reads it: a record, or an
+    end-of-partition report."""
+
+    def __init__(self, tp: tuple[str, int], offset: int, end: bool) -> None:
+        self._tp, self._offset = tp, offset
+        self._error = KafkaError(KafkaError._PARTITION_EOF) if end else None
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def topic(self) -> str:
+        return self._tp[0]
+
+    def partition(self) -> int:
+        return self._tp[1]
+
+    def offset(self) -> int:
+        return self._offset
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([("a", 0), ("a", 1), ("b", 0)]), st.booleans()),
                 max_size=30),
        st.sets(st.sampled_from([("a", 0), ("a", 1), ("b", 0)])))
 def test_positions_and_partition_ends_follow_stream_order(
         stream: list[tuple[tuple[str, int], bool]], at_end_before: set[tuple[str, int]]) -> None:
-    """`advance` over a consumed batch (records and end-of-partition reports, interleaved)
-    ends where handling them one at a time, in order, does."""
+    """A consumed batch (records and end-of-partition reports, interleaved) split by
+    `records_and_ends`, then `advance`, ends where handling them one at a time, in order,
+    does."""
     want_positions: dict[tuple[str, int], int] = {}
     want_end = set(at_end_before)
-    records: list[tuple[str, int, int]] = []
-    ends: dict[tuple[str, int], int] = {}
+    consumed = []
     next_offset: dict[tuple[str, int], int] = {}
     for tp, is_record in stream:
         if is_record:
             offset = next_offset[tp] = next_offset.get(tp, 10) + 1
-            records.append((*tp, offset))
             want_positions[tp] = offset + 1
             want_end.discard(tp)
         else:
-            ends[tp] = len(records)
+            offset = next_offset.get(tp, 10) + 1
             want_end.add(tp)
+        consumed.append(_Consumed(tp, offset, end=not is_record))
+    records, ends = records_and_ends(consumed)  # type: ignore[arg-type]
+    assert records == [c for c in consumed if c.error() is None]
     positions: dict[tuple[str, int], int] = {}
     at_end = set(at_end_before)
-    advance(positions, at_end, np.array([r[0] for r in records], dtype=object),
-            np.array([r[1] for r in records], dtype=np.int64),
-            np.array([r[2] for r in records], dtype=np.int64), ends)
+    advance(positions, at_end, np.array([r.topic() for r in records], dtype=object),
+            np.array([r.partition() for r in records], dtype=np.int64),
+            np.array([r.offset() for r in records], dtype=np.int64), ends)
     assert positions == want_positions
     assert at_end == want_end
