@@ -269,7 +269,8 @@ class ReduceOp(Operator):
     def _output_columns(self, prefix: str = "") -> list[Column]:
         """The reducers' values from the accumulators named with `prefix`."""
         def acc(accumulator: str) -> Column:
-            return col(prefix + self.acc_names.get(accumulator, accumulator))
+            name = ROW_COUNT if accumulator == ROW_COUNT else self.acc_names[accumulator]
+            return col(prefix + name)
 
         exprs = []
         for name, red in self.node.reducers:
