@@ -105,6 +105,11 @@ class ReduceOp(Operator):
                 *[F.sum(e).alias(name) for name, e in self.acc_exprs.items()]]
 
     @cached_property
+    def _value_names(self) -> list[str]:
+        """The row's columns besides the group's keys: what a change of the group changes."""
+        return [n for n in self.columns if n not in self.keys]
+
+    @cached_property
     def _linear(self) -> bool:
         """Whether a group's row is a function of its summed accumulators alone (no min, max
         or count_distinct): then the row before each transaction comes from the sums over the
@@ -129,12 +134,11 @@ class ReduceOp(Operator):
         """Each row of a group's timeline with the row before it, as `__prev` (the changes
         below read it field by field; Spark would evaluate a window function once per
         reference): a group with no row before has a row count of 0, or none at all."""
-        value_names = [n for n in self.columns if n not in self.keys]
         if self._linear:
             count = F.coalesce(col(f"{_BEFORE}{ROW_COUNT}"), F.lit(0).cast("long"))
             values = self._output_columns(prefix=_BEFORE)
             return F.struct(count.alias(ROW_COUNT), *values).alias("__prev")
-        return F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in value_names])) \
+        return F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in self._value_names])) \
             .over(self._key_window()).alias("__prev")
 
     @cached_property
@@ -143,7 +147,7 @@ class ReduceOp(Operator):
         each transaction), the changes since the previous row: a retraction of that row and an
         insertion of this one, both left out when the two rows are equal."""
         keys = self.keys
-        value_names = [n for n in self.columns if n not in keys]
+        value_names = self._value_names
         prev = col("__prev")
         was = prev.isNotNull() & (prev[ROW_COUNT] > 0)
         now = col(ROW_COUNT) > 0
