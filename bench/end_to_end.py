@@ -14,22 +14,22 @@ produced (its Kafka timestamp) to the first poll of PostgreSQL that sees it (eve
 * groupby_saturation: Pathway's workload end to end (examples/groupby.py): a backlog of
   `--groupby-events` JSON events `{"k": i % 10000, "v": i % 1000}` in one partition (zstd: the
   embedded broker keeps ~5 MiB per partition and would drop older records; the low watermark is
-  checked), 10,000 events per transaction, group-by count and sum into a PostgreSQL snapshot
-  keyed by `k`: events/s from consumer start to the final snapshot, busy time per stage, and
-  the same backlog read by Pathway into a table of its own in the same run
-  (bench/peers/pathway_kafka_pg.py), with the ratio. Both final tables are checked against
-  numpy. Three ratios, as no single one is fair: txstream's start (`start_seconds`, below) is
-  outside its timer while Pathway's run, from building its graph, is inside its own;
-  `ratio_with_txstream_start` counts txstream's start too. Pathway subscribes as a consumer
-  group and its seconds include the group's join (about 3 s on the embedded broker, estimated
-  by a bare consumer afterwards, `pathway_group_join_s`), which txstream, assigning its
-  partitions itself, does not wait for:
-  `ratio_excluding_pathway_group_join` leaves it out. `bare_consumer_events_per_s`: a
-  consumer reading the same backlog and doing nothing with it, the ceiling of the service's
-  ingest. `start_seconds` is the service's start before it consumes (the Spark session is
-  already up): connecting, and the engine's warm-up (`warm_up_rows`), which plans and compiles
-  the pipeline on made-up rows so that its first batches do not do it on a cold JVM (without
-  it, run alone, this part measured 72-74k events/s instead of 121-135k).
+  checked), 10,000 events per transaction, group-by count and sum into a PostgreSQL snapshot keyed
+  by `k`: events/s from consumer start to the final snapshot, busy time per stage, and the same
+  backlog read by Pathway into a table of its own in the same run (bench/peers/pathway_kafka_pg.py),
+  with the ratio; Pathway's consumer, and the bare consumer below, get the librdkafka fetch settings
+  of txstream's (`FETCH_SETTINGS`). Both final tables are checked against numpy. Three ratios, as no
+  single one is fair: txstream's start (`start_seconds`, below) is outside its timer while Pathway's
+  run, from building its graph, is inside its own; `ratio_with_txstream_start` counts txstream's
+  start too. Pathway subscribes as a consumer group and its seconds include the group's join (about
+  3 s on the embedded broker, estimated by a bare consumer afterwards, `pathway_group_join_s`),
+  which txstream, assigning its partitions itself, does not wait for:
+  `ratio_excluding_pathway_group_join` leaves it out. `bare_consumer_events_per_s`: a consumer
+  reading the same backlog and doing nothing with it, the ceiling of the service's ingest.
+  `start_seconds` is the service's start before it consumes (the Spark session is already up):
+  connecting, and the engine's warm-up (`warm_up_rows`), which plans and compiles the pipeline on
+  made-up rows so that its first batches do not do it on a cold JVM (without it, run alone, this
+  part measured 72-74k events/s instead of 121-135k).
 
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
@@ -56,6 +56,7 @@ import numpy as np
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from connectors.transactions import FETCH_SETTINGS
 from examples import groupby
 from examples.order_events import REGIONS
 from examples.orders import OUTPUTS, kafka_sources
@@ -288,7 +289,7 @@ def bare_read_events_per_s(bootstrap: str, topic: str, events: int) -> int:
     with the service's fetch settings and nothing done with the records: the broker's and the
     client's ceiling for the service's ingest on this machine."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bare-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+                         "enable.auto.commit": False, **FETCH_SETTINGS})
     try:
         started = time.monotonic()
         consumer.assign([TopicPartition(topic, 0, 0)])
@@ -330,7 +331,8 @@ def groupby_pathway(kafka: KafkaEndpoint, url: str, topic: str, events: int,
     table = f"pathway_sums_{uuid.uuid4().hex[:8]}"
     done = subprocess.run(
         [sys.executable, str(PEER), "--bootstrap", kafka.bootstrap_servers, "--topic", topic,
-         "--events", str(events), "--table", table, "--pg", json.dumps(settings)],
+         "--events", str(events), "--table", table, "--pg", json.dumps(settings),
+         "--fetch", json.dumps(FETCH_SETTINGS)],
         capture_output=True, text=True, check=False, env=os.environ)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:

@@ -9,6 +9,7 @@ and the last snapshot update is written. The caller verifies the table.
 
     python3 bench/peers/pathway_kafka_pg.py --bootstrap HOST:PORT --topic T --events N
         --table SCHEMA.TABLE --pg '{"host": ..., "port": ..., "dbname": ..., "user": ...}'
+        [--fetch '{"fetch.queue.backoff.ms": 10, ...}']
 
 The virtualenv and the output protocol (one JSON line last on stdout; `skipped` when Pathway
 cannot be installed) are those of bench/peers/pathway_groupby.py.
@@ -37,7 +38,8 @@ def run_pathway(args: argparse.Namespace, out_fd: int) -> None:
         v: int
 
     settings = {"bootstrap.servers": args.bootstrap, "group.id": f"pathway-{uuid.uuid4().hex}",
-                "auto.offset.reset": "earliest", "enable.auto.commit": "false"}
+                "auto.offset.reset": "earliest", "enable.auto.commit": "false",
+                **{name: str(value) for name, value in json.loads(args.fetch).items()}}
     log(f"pathway {pw.__version__}: {args.events:,} events from {args.topic} to {args.table}")
     start = time.perf_counter()
     events = pw.io.kafka.read(settings, args.topic, schema=Event, format="json", mode="static")
@@ -58,6 +60,8 @@ def main() -> None:
     for name in ("--bootstrap", "--topic", "--table", "--pg"):
         parser.add_argument(name, required=True)
     parser.add_argument("--events", type=int, required=True)
+    parser.add_argument("--fetch", default="{}",
+                        help="librdkafka fetch settings as JSON (the caller passes txstream's)")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
     args = parser.parse_args()
     out_fd = enter_venv(args.venv.expanduser().absolute())
