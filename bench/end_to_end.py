@@ -14,22 +14,20 @@ produced (its Kafka timestamp) to the first poll of PostgreSQL that sees it (eve
 * groupby_saturation: Pathway's workload end to end (examples/groupby.py): a backlog of
   `--groupby-events` JSON events `{"k": i % 10000, "v": i % 1000}` in one partition (zstd: the
   embedded broker keeps ~5 MiB per partition and would drop older records; the low watermark is
-  checked), 10,000 events per transaction, group-by count and sum into a PostgreSQL snapshot keyed
-  by `k`: events/s from consumer start to the final snapshot, busy time per stage, and the same
-  backlog read by Pathway into a table of its own in the same run (bench/peers/pathway_kafka_pg.py),
-  with the ratio; Pathway's consumer, and the bare consumer below, get the librdkafka fetch settings
-  of txstream's (`FETCH_SETTINGS`). Both final tables are checked against numpy. Three ratios, as no
-  single one is fair: txstream's start (`start_seconds`, below) is outside its timer while Pathway's
-  run, from building its graph, is inside its own; `ratio_with_txstream_start` counts txstream's
-  start too. Pathway subscribes as a consumer group and its seconds include the group's join (about
-  3 s on the embedded broker, estimated by a bare consumer afterwards, `pathway_group_join_s`),
-  which txstream, assigning its partitions itself, does not wait for:
-  `ratio_excluding_pathway_group_join` leaves it out. `bare_consumer_events_per_s`: a consumer
-  reading the same backlog and doing nothing with it, the ceiling of the service's ingest.
+  checked), group-by count and sum into a PostgreSQL snapshot keyed by `k`: events/s from consumer
+  start to the final snapshot and busy time per stage, for txstream with two transaction policies
+  (transactions of 10,000 events, each one's state visible; and transactions closed every 1,500 ms,
+  as Pathway's Kafka reader closes its times by default), and the same backlog read by Pathway into
+  a table of its own in the same run (bench/peers/pathway_kafka_pg.py, which reports how many times
+  Pathway closed and when its last output change was computed, before its PostgreSQL writer
+  finished), with the ratios. Pathway's consumer, and the bare consumer below, get the librdkafka
+  fetch settings of txstream's (`FETCH_SETTINGS`). Every final table is checked against numpy.
+  txstream's start (`start_seconds`, below) is outside its timer while Pathway's run, from building
+  its graph, is inside its own: `with_txstream_start` counts it too. `bare_consumer_events_per_s`: a
+  consumer reading the same backlog and doing nothing with it, the ceiling of the service's ingest.
   `start_seconds` is the service's start before it consumes (the Spark session is already up):
   connecting, and the engine's warm-up (`warm_up_rows`), which plans and compiles the pipeline on
-  made-up rows so that its first batches do not do it on a cold JVM (without it, run alone, this
-  part measured 72-74k events/s instead of 121-135k).
+  made-up rows so that its first batches do not do it on a cold JVM.
 
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
@@ -207,6 +205,7 @@ def saturation(events: int) -> Measure:
 
 GROUPBY_KEYS = 10_000
 GROUPBY_EVENTS_PER_TRANSACTION = 10_000
+PATHWAY_COMMIT_MS = 1500  # pw.io.kafka.read's default autocommit_duration_ms
 PEER = Path(__file__).resolve().parent / "peers" / "pathway_kafka_pg.py"
 
 
@@ -245,43 +244,49 @@ def read_sums(url: str, table: str) -> dict[int, tuple[int, int]]:
 
 
 def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
-                     want: dict[int, tuple[int, int]]) -> dict[str, object]:
+                     want: dict[int, tuple[int, int]], policy: BatchPolicy
+                     ) -> dict[str, float | int | bool | dict[str, float]]:
     run_id = uuid.uuid4().hex[:8]
     schema = f"bench_{run_id}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
+    table = f'"{schema}".sums_live'
     config = PipelineConfig(
         pipeline="examples.groupby:pipeline", sources=groupby.sources(topic),
         sinks=[SinkConfig.model_validate({"output": "sums", "db_schema": schema})],
-        transactions=BatchPolicy(max_events=GROUPBY_EVENTS_PER_TRANSACTION, max_delay_ms=500),
+        transactions=policy,
         kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"bench-{run_id}",
         database_url=url, checkpoint_dir=tempfile.mkdtemp(prefix="txstream-bench-"),
     )
-    print("groupby_saturation: txstream", file=sys.stderr, flush=True)
+    print(f"groupby_saturation: txstream, at most {policy.max_events:,} events or "
+          f"{policy.max_delay_ms} ms per transaction", file=sys.stderr, flush=True)
     opening = time.monotonic()
     runner = open_runner(config, spark=get_spark())
     start_s = time.monotonic() - opening
     loop = threading.Thread(target=runner.run, daemon=True)
     started = time.monotonic()
     loop.start()
+    progress = runner.progress
     try:
-        while runner.progress.last_transaction < events // GROUPBY_EVENTS_PER_TRANSACTION:
+        # Done when every event is consumed, every closed transaction is in the snapshot and
+        # the snapshot holds the sums (the last transaction may still be open, closed by time).
+        while not (progress.events == events and progress.transactions_closed
+                   and progress.transactions == progress.transactions_closed
+                   and read_sums(url, table) == want):
             if not loop.is_alive():
                 raise SystemExit("the runner stopped before the end of the backlog")
-            time.sleep(0.01)
+            time.sleep(0.01 if progress.events < events else 0.05)
         elapsed = time.monotonic() - started
     finally:
         runner.request_stop()
         loop.join()
         runner.close()
-    if read_sums(url, f'"{schema}".sums_live') != want:
-        raise SystemExit("txstream's final snapshot differs from numpy's sums")
     return {"seconds": round(elapsed, 2), "events_per_s": round(events / elapsed),
             "start_seconds": round(start_s, 2),
             "events_per_s_with_start": round(events / (elapsed + start_s)), "verified": True,
-            "spark_batches": runner.progress.batches, "transactions": runner.progress.transactions,
+            "spark_batches": progress.batches, "transactions": progress.transactions,
             "stage_busy_seconds": {stage: round(seconds, 1) for stage, seconds
-                                   in runner.progress.stage_seconds.items()}}
+                                   in progress.stage_seconds.items()}}
 
 
 def bare_read_events_per_s(bootstrap: str, topic: str, events: int) -> int:
@@ -299,23 +304,6 @@ def bare_read_events_per_s(bootstrap: str, topic: str, events: int) -> int:
             if time.monotonic() - started > 300:
                 raise SystemExit(f"read {read} of {events} records within 300 s")
         return round(events / (time.monotonic() - started))
-    finally:
-        consumer.close()
-
-
-def group_join_s(bootstrap: str, topic: str) -> float:
-    """Seconds from subscribing as a new consumer group to the first record of `topic`: what a
-    subscribing consumer (Pathway's) waits for the broker to assign it partitions. txstream
-    assigns its partitions itself (its offsets live in its checkpoints) and does not wait."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"join-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    try:
-        started = time.monotonic()
-        consumer.subscribe([topic])
-        while not any(m.error() is None for m in consumer.consume(1, 0.1)):
-            if time.monotonic() - started > 60:
-                raise SystemExit(f"no record of {topic} within 60 s of subscribing")
-        return time.monotonic() - started
     finally:
         consumer.close()
 
@@ -350,30 +338,31 @@ def groupby_saturation(kafka: KafkaEndpoint, url: str, events: int, peer: bool
     print(f"groupby_saturation: producing {events:,} events", file=sys.stderr, flush=True)
     produce_backlog(kafka.bootstrap_servers, topic, events)
     want = expected_sums(events)
+    # txstream twice: transactions of a fixed size (each one's state visible in PostgreSQL),
+    # and closed by time as Pathway's reader closes its times (`autocommit_duration_ms`).
+    policies = {
+        f"transactions_of_{GROUPBY_EVENTS_PER_TRANSACTION}_events":
+            BatchPolicy(max_events=GROUPBY_EVENTS_PER_TRANSACTION, max_delay_ms=500),
+        f"transactions_closed_every_{PATHWAY_COMMIT_MS}_ms":
+            BatchPolicy(max_events=events, max_delay_ms=PATHWAY_COMMIT_MS),
+    }
+    ours = {name: groupby_txstream(kafka, url, topic, events, want, policy)
+            for name, policy in policies.items()}
     result: dict[str, object] = {
-        "events": events, "keys": GROUPBY_KEYS,
-        "events_per_transaction": GROUPBY_EVENTS_PER_TRANSACTION,
-        "txstream": groupby_txstream(kafka, url, topic, events, want),
+        "events": events, "keys": GROUPBY_KEYS, "txstream": ours,
         "bare_consumer_events_per_s": bare_read_events_per_s(kafka.bootstrap_servers, topic,
                                                               events)}
-    if peer:
-        theirs = groupby_pathway(kafka, url, topic, events, want)
-        result["pathway"] = theirs
-        ours = result["txstream"]
-        assert isinstance(ours, dict)
-        if "events_per_s" in theirs:
-            result["ratio_txstream_to_pathway"] = round(
-                ours["events_per_s"] / theirs["events_per_s"], 2)
-            result["ratio_with_txstream_start"] = round(
-                ours["events_per_s_with_start"] / theirs["events_per_s"], 2)
-            # Pathway's seconds include its consumer group's join; without it, an estimate of
-            # its pace once records flow (the join is timed by another consumer, afterwards).
-            join = group_join_s(kafka.bootstrap_servers, topic)
-            result["pathway_group_join_s"] = round(join, 2)
-            if theirs["seconds"] > join:
-                flowing = events / (theirs["seconds"] - join)
-                result["ratio_excluding_pathway_group_join"] = round(
-                    ours["events_per_s"] / flowing, 2)
+    if not peer:
+        return result
+    theirs = groupby_pathway(kafka, url, topic, events, want)
+    result["pathway"] = theirs
+    if "events_per_s" not in theirs:
+        return result
+    result["ratios_txstream_to_pathway"] = {
+        name: {"raw": round(run["events_per_s"] / theirs["events_per_s"], 2),
+               "with_txstream_start": round(run["events_per_s_with_start"]
+                                            / theirs["events_per_s"], 2)}
+        for name, run in ours.items()}
     return result
 
 

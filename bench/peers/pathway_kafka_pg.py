@@ -5,7 +5,9 @@ Reads the topic from its beginning to its end (`pw.io.kafka.read(mode="static")`
 `{"k": int, "v": int}`), groups by `k` into `count` and `total` = sum(v), and writes the result
 with `pw.io.postgres.write_snapshot` (primary key `k`) into `--table`, created if missing.
 `seconds` runs from building the graph to `pw.run` returning, i.e. until every event is read
-and the last snapshot update is written. The caller verifies the table.
+and the last snapshot update is written. `times`: how many times (commits of the reader, every
+`autocommit_duration_ms`) the output changed at; `last_output_s`: when the last output change
+was computed (the rest of `seconds` is the PostgreSQL writer). The caller verifies the table.
 
     python3 bench/peers/pathway_kafka_pg.py --bootstrap HOST:PORT --topic T --events N
         --table SCHEMA.TABLE --pg '{"host": ..., "port": ..., "dbname": ..., "user": ...}'
@@ -47,11 +49,22 @@ def run_pathway(args: argparse.Namespace, out_fd: int) -> None:
                                             total=pw.reducers.sum(pw.this.v))
     pw.io.postgres.write_snapshot(sums, json.loads(args.pg), args.table, ["k"],
                                   init_mode="create_if_not_exists")
+    # The times Pathway closed (one per reader commit): the work it did depends on how many.
+    times: set[int] = set()
+    computed: list[float] = [start]
+    clock = time.perf_counter  # `time` is the callback's parameter (Pathway passes it by name)
+
+    def on_change(key: object, row: object, time: int, is_addition: bool) -> None:
+        times.add(time)
+        computed[0] = clock()
+
+    pw.io.subscribe(sums, on_change)
     pw.run(monitoring_level=pw.MonitoringLevel.NONE)
     elapsed = time.perf_counter() - start
     log(f"done in {elapsed:.2f} s: {args.events / elapsed:,.0f} events/s")
     emit({"peer": "pathway", "version": pw.__version__, "events": args.events,
           "seconds": round(elapsed, 3), "events_per_s": round(args.events / elapsed),
+          "times": len(times), "last_output_s": round(computed[0] - start, 3),
           "threads": int(os.environ.get("PATHWAY_THREADS") or 1)}, out_fd)
 
 
