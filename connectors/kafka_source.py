@@ -391,19 +391,26 @@ class SourceDecoder:
 
     # ---- decoding ------------------------------------------------------------------------
 
-    def decode(self, messages: Sequence[Message], seqs: Sequence[int]) -> DecodedBatch:
+    def _screen(self, messages: Sequence[Message], reject: Callable[[int, str], None]
+                ) -> tuple[list[int], list[bytes], list[int]]:
+        """The indices of the records to parse (in order) and their values, and the indices of
+        the tombstones; `reject`s the others. Whole-batch checks pass the records whose value
+        can only be one JSON object; the rest, usually none, are looked at one by one."""
         spec = self.spec
-        bad: list[BadRecord] = []
-
-        def reject(i: int, reason: str) -> None:
-            bad.append(self.bad_record(messages[i], seqs[i], reason))
-
-        candidates: list[int] = []
-        values: list[bytes] = []
-        tombstones: list[int] = []
         upsert = spec.semantics == "upsert"
-        for i, message in enumerate(messages):
-            value = message.value()
+        raw = [m.value() for m in messages]
+        values = pa.array(raw, pa.binary())
+        plain = pc.and_(pc.and_(pc.starts_with(values, b"{"), pc.ends_with(values, b"}")),
+                        pc.less_equal(pc.binary_length(values), spec.max_value_bytes))
+        fast = _np(pc.fill_null(plain, False))
+        if upsert:
+            fast &= np.fromiter((m.key() is not None for m in messages), bool, len(messages))
+        if fast.all():
+            return list(range(len(messages))), raw, []
+        candidates = np.flatnonzero(fast).tolist()
+        tombstones: list[int] = []
+        for i in np.flatnonzero(~fast).tolist():
+            message, value = messages[i], raw[i]
             if upsert and message.key() is None:
                 reject(i, "null message key on an upsert source: the key identifies the row "
                           "to replace; produce the record with its primary key as the key")
@@ -416,7 +423,17 @@ class SourceDecoder:
                 reject(i, self._explain(value) or "value is not a single JSON object")
             else:
                 candidates.append(i)
-                values.append(value)
+        candidates.sort()
+        return candidates, [raw[i] for i in candidates], tombstones
+
+    def decode(self, messages: Sequence[Message], seqs: Sequence[int]) -> DecodedBatch:
+        spec = self.spec
+        bad: list[BadRecord] = []
+
+        def reject(i: int, reason: str) -> None:
+            bad.append(self.bad_record(messages[i], seqs[i], reason))
+
+        candidates, values, tombstones = self._screen(messages, reject)
 
         parts: list[pa.Table] = []
         parsed, ok, parse_errors = self._parse(values)
@@ -431,7 +448,7 @@ class SourceDecoder:
 
         ignored = 0
         if tombstones:
-            if upsert:
+            if spec.semantics == "upsert":
                 rows, reasons = self._tombstone_rows(tombstones, messages)
                 for i, reason in reasons.items():
                     reject(i, reason)
