@@ -1,0 +1,174 @@
+"""A live table's change per transaction, Deephaven's way (see ../shared/reference/): rows are
+named by *row keys* (int64, ordered as the table is sorted, with gaps), and a `TableUpdate`
+says which keys were removed, how surviving keys moved (`shifts`), which were added and which
+were modified, and in which columns.
+
+Applying an update to a copy of the table (`Mirror.apply`) follows Barrage's order:
+
+1. drop the `removed` keys (pre-shift key space);
+2. move the survivors by the `shifts` (each `[start, end]` of pre-shift keys by `delta`);
+3. insert the `added` rows (post-shift key space);
+4. overwrite the `modified` rows (post-shift key space).
+
+Row sets travel as ranges of consecutive keys (`to_ranges`), the rows themselves as Arrow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+ROW_KEY = "__row_key"
+
+
+class UpdateError(ValueError):
+    """An update that breaks the model's invariants, or does not fit the table it is applied
+    to: the sender and the receiver disagree about the table."""
+
+
+def to_ranges(keys: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted, distinct `keys` as inclusive ranges of consecutive keys."""
+    if not len(keys):
+        return []
+    breaks = np.flatnonzero(np.diff(keys) != 1)
+    starts = np.concatenate([[0], breaks + 1])
+    ends = np.concatenate([breaks, [len(keys) - 1]])
+    return [(int(keys[s]), int(keys[e])) for s, e in zip(starts, ends, strict=True)]
+
+
+def from_ranges(ranges: Iterable[Iterable[int]]) -> np.ndarray:
+    """The keys of inclusive ranges (`to_ranges`'s inverse)."""
+    parts = [np.arange(lo, hi + 1, dtype=np.int64) for lo, hi in ranges]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Shift:
+    """The surviving rows whose keys lie in `[start, end]` move by `delta`."""
+
+    start: int
+    end: int
+    delta: int
+
+
+def shifted(keys: np.ndarray, shifts: Iterable[Shift]) -> np.ndarray:
+    """`keys` (sorted) after `shifts`. Each key moves by the delta of the shift whose range
+    holds it; the checks of `TableUpdate.validate` keep the result sorted."""
+    out = keys.copy()
+    for s in shifts:
+        lo, hi = np.searchsorted(keys, [s.start, s.end + 1])
+        out[lo:hi] += s.delta
+    return out
+
+
+@dataclass(frozen=True)
+class TableUpdate:
+    """What one transaction (or several, consolidated) did to a live table.
+
+    `added` and `modified` are post-shift keys, `removed` pre-shift keys, all sorted and
+    distinct. `rows` holds the added and modified rows (`ROW_KEY` plus the table's columns),
+    sorted by key. `modified_columns` maps each column to the modified keys whose value of it
+    changed."""
+
+    transaction: int
+    removed: np.ndarray
+    shifts: tuple[Shift, ...]
+    added: np.ndarray
+    modified: np.ndarray
+    modified_columns: dict[str, np.ndarray]
+    rows: pa.Table
+    snapshot: bool = False  # the whole table: no removes, shifts or modifies
+
+    def validate(self, before: np.ndarray) -> np.ndarray:
+        """Check the update against the keys the table had `before` it; returns the keys after.
+        Raises UpdateError on the first broken invariant."""
+        for name in ("removed", "added", "modified"):
+            keys = getattr(self, name)
+            if len(keys) and not (np.diff(keys) > 0).all():
+                raise UpdateError(f"transaction {self.transaction}: {name} keys are not sorted "
+                                  "and distinct")
+        if self.snapshot and (len(self.removed) or self.shifts or len(self.modified)):
+            raise UpdateError(f"transaction {self.transaction}: a snapshot only adds rows")
+        if not np.isin(self.removed, before).all():
+            raise UpdateError(f"transaction {self.transaction}: removes keys the table lacks")
+        survivors = before[~np.isin(before, self.removed)]
+        last_end = None
+        for s in self.shifts:
+            if s.start > s.end or s.delta == 0:
+                raise UpdateError(f"transaction {self.transaction}: empty shift {s}")
+            if last_end is not None and s.start <= last_end:
+                raise UpdateError(f"transaction {self.transaction}: shifts overlap or are "
+                                  "out of order")
+            last_end = s.end
+        moved = shifted(survivors, self.shifts)
+        if len(moved) and not (np.diff(moved) > 0).all():
+            raise UpdateError(f"transaction {self.transaction}: shifts reorder or collide rows")
+        if np.isin(self.added, moved).any():
+            raise UpdateError(f"transaction {self.transaction}: adds keys that exist")
+        if not np.isin(self.modified, moved).all():
+            raise UpdateError(f"transaction {self.transaction}: modifies keys the table lacks")
+        for column, keys in self.modified_columns.items():
+            if not np.isin(keys, self.modified).all():
+                raise UpdateError(f"transaction {self.transaction}: column {column!r} has "
+                                  "modified keys outside `modified`")
+        sent = self.rows.column(ROW_KEY).to_numpy()
+        if not np.array_equal(sent, np.union1d(self.added, self.modified)):
+            raise UpdateError(f"transaction {self.transaction}: the rows sent are not exactly "
+                              "the added and modified ones")
+        return np.union1d(moved, self.added)
+
+
+class Mirror:
+    """A copy of a live table kept by applying its updates: `keys` (sorted) and `table`, its
+    rows in key order."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.keys = np.zeros(0, dtype=np.int64)
+        self.table = schema.empty_table()
+        self.transaction = 0
+
+    def apply(self, update: TableUpdate) -> None:
+        """Apply `update` (validated first: a mirror never takes an update that does not fit)."""
+        if update.snapshot:
+            self.keys = np.zeros(0, dtype=np.int64)
+            self.table = self.schema.empty_table()
+        after = update.validate(self.keys)
+        keep = ~np.isin(self.keys, update.removed)
+        moved = shifted(self.keys[keep], update.shifts)
+        table = self.table.filter(pa.array(keep))
+        sent_keys = update.rows.column(ROW_KEY).to_numpy()
+        sent = update.rows.drop_columns([ROW_KEY]).select(self.schema.names).cast(self.schema)
+        if len(update.modified):
+            # Modified rows are replaced whole; their new values sit in `sent`.
+            survivors = ~np.isin(moved, update.modified)
+            moved, table = moved[survivors], table.filter(pa.array(survivors))
+        merged = pa.concat_tables([table, sent])
+        order = np.argsort(np.concatenate([moved, sent_keys]), kind="stable")
+        self.table = merged.take(pa.array(order))
+        self.keys = np.concatenate([moved, sent_keys])[order]
+        if not np.array_equal(self.keys, after):
+            raise UpdateError(f"transaction {update.transaction}: the mirror's keys differ "
+                              "from the update's")
+        self.transaction = update.transaction
+
+    def rows(self) -> pa.Table:
+        """The mirrored rows with their keys, in key order."""
+        return self.table.add_column(0, ROW_KEY, pa.array(self.keys, pa.int64()))
+
+
+def same_rows(a: pa.Table, b: pa.Table) -> bool:
+    """Whether two tables hold the same rows in the same order (nulls equal)."""
+    if a.schema.names != b.schema.names or a.num_rows != b.num_rows:
+        return False
+    for name in a.schema.names:
+        x, y = a.column(name), b.column(name).cast(a.schema.field(name).type)
+        equal = pc.fill_null(pc.equal(x, y), False)
+        both_null = pc.and_(pc.is_null(x), pc.is_null(y))
+        if not pc.all(pc.or_(equal, both_null)).as_py() and a.num_rows:
+            return False
+    return True
