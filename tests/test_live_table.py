@@ -1,4 +1,4 @@
-"""Live tables (service/live) and the update model (txstream/updates): randomized
+"""Live tables (connectors/live) and the update model (txstream/updates): randomized
 transactions of inserts, deletes and updates on a keyed table; after each, a mirror that
 applied the updates equals the server's table and a from-scratch integration of the
 changes, and every update keeps Barrage's invariants (checked by `TableUpdate.validate`)."""
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.live.keyspace import allocate
-from service.live.table import LiveTable, LiveTableError
+from connectors.live.keyspace import allocate
+from connectors.live.table import LiveTable, LiveTableError
 from txstream.updates import (
     ROW_KEY,
     Mirror,
@@ -137,7 +137,7 @@ def test_outputs_without_a_primary_key_cannot_be_live() -> None:
 def test_keys_past_the_limit_are_renumbered_and_sent_as_a_snapshot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("service.live.table.KEY_LIMIT", 100)
+    monkeypatch.setattr("connectors.live.table.KEY_LIMIT", 100)
     live = LiveTable("t", SCHEMA, ["k"], spacing=60)
     mirror = Mirror(SCHEMA)
     updates = []

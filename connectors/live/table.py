@@ -1,5 +1,5 @@
 """A keyed output kept live: its rows sorted by primary key, each with a row key
-(`service.live.keyspace`), and per transaction the `TableUpdate` that moves a copy of it
+(`connectors.live.keyspace`), and per transaction the `TableUpdate` that moves a copy of it
 (`txstream.updates.Mirror`) from one state to the next.
 
 The changes come from the engine, consolidated per transaction: for a primary key at most one
@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from service.live.keyspace import allocate
+from connectors.live.keyspace import allocate
 from txstream.updates import ROW_KEY, TableUpdate
 
 DIFF = "diff"

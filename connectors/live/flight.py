@@ -1,0 +1,113 @@
+"""The live tables over Arrow Flight (`pyarrow.flight`), next to the HTTP port.
+
+* `list_flights`: one flight per served table (its stream schema, `txstream.wire`).
+* `do_get` with ticket `{"table": name, "mode": "snapshot"}`: the table as of its last
+  transaction, one update message with `snapshot: true`.
+* `do_get` with ticket `{"table": name, "mode": "subscribe"}`: that snapshot, then one message
+  per transaction until the client cancels (after an overflow of its queue, a fresh snapshot
+  replaces the updates it missed; see `connectors.live.serving`).
+
+With a token configured, every call must carry `authorization: Bearer <token>`; with a
+certificate and key, the server speaks TLS (`grpc+tls://`)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from connectors.live.serving import LiveTables, UnknownTableError
+from txstream.wire import encode, stream_schema
+
+log = logging.getLogger(__name__)
+_WAIT_S = 0.25  # how often a waiting subscription checks that its client is still there
+
+
+class _BearerAuth(flight.ServerMiddlewareFactory):
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[Any]]
+                   ) -> flight.ServerMiddleware | None:
+        for value in headers.get("authorization", []):
+            given = value.encode() if isinstance(value, str) else bytes(value)
+            if hmac.compare_digest(given, self._expected):
+                return None
+        raise flight.FlightUnauthenticatedError(
+            "missing or wrong bearer token: send `authorization: Bearer <token>`")
+
+
+class LiveFlightServer(flight.FlightServerBase):
+    """Serves `tables` at `host:port` (port 0: any free one, see `.port`)."""
+
+    def __init__(self, tables: LiveTables, host: str = "0.0.0.0", port: int = 0, *,
+                 token: str | None = None, tls: tuple[bytes, bytes] | None = None) -> None:
+        scheme = "grpc+tls" if tls else "grpc+tcp"
+        super().__init__(
+            f"{scheme}://{host}:{port}",
+            tls_certificates=[tls] if tls else None,
+            middleware={"auth": _BearerAuth(token)} if token else None)
+        self.tables = tables
+        self.scheme = scheme
+
+    def _ticket(self, ticket: flight.Ticket) -> tuple[str, str]:
+        try:
+            request = json.loads(ticket.ticket)
+            name, mode = request["table"], request.get("mode", "snapshot")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise flight.FlightServerError(
+                'a ticket is JSON: {"table": <name>, "mode": "snapshot" | "subscribe"}'
+            ) from exc
+        if mode not in ("snapshot", "subscribe"):
+            raise flight.FlightServerError(f"unknown mode {mode!r}; use snapshot or subscribe")
+        return name, mode
+
+    def list_flights(self, context: flight.ServerCallContext, criteria: bytes
+                     ) -> Iterator[flight.FlightInfo]:
+        for name in self.tables.names:
+            yield self._info(name)
+
+    def get_flight_info(self, context: flight.ServerCallContext,
+                        descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        name = descriptor.path[0].decode() if descriptor.path else ""
+        return self._info(name)
+
+    def _info(self, name: str) -> flight.FlightInfo:
+        try:
+            table = self.tables.table(name)
+        except UnknownTableError as exc:
+            raise flight.FlightServerError(str(exc)) from exc
+        ticket = flight.Ticket(json.dumps({"table": name, "mode": "snapshot"}).encode())
+        return flight.FlightInfo(stream_schema(table.schema), flight.FlightDescriptor.for_path(
+            name), [flight.FlightEndpoint(ticket, [])], table.table.num_rows, -1)
+
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket
+               ) -> flight.FlightDataStream:
+        name, mode = self._ticket(ticket)
+        try:
+            served = self.tables.served(name)
+        except UnknownTableError as exc:
+            raise flight.FlightServerError(str(exc)) from exc
+        schema = stream_schema(served.table.schema)
+        if mode == "snapshot":
+            return flight.GeneratorStream(schema, encode(served.snapshot(), schema))
+        snapshot, subscriber = self.tables.subscribe(name)
+
+        def messages() -> Iterator[tuple[pa.RecordBatch, bytes]]:
+            try:
+                yield from encode(snapshot, schema)
+                while not context.is_cancelled():
+                    update = subscriber.next(served, _WAIT_S)
+                    if subscriber.closed:
+                        return
+                    if update is not None:
+                        yield from encode(update, schema)
+            finally:
+                self.tables.unsubscribe(name, subscriber)
+
+        return flight.GeneratorStream(schema, messages())

@@ -1,0 +1,166 @@
+"""The service's live tables and their subscribers, shared by the thread that publishes
+changes (the runner's deliver stage, through `connectors.live.sink`) and the Flight server's
+threads (`connectors.live.flight`).
+
+Each table has a lock: publishing a transaction (applying it and queueing its update for every
+subscriber) and subscribing (taking a snapshot and registering the queue) exclude each other,
+so a subscriber gets every update after its snapshot, none before it, none twice.
+
+A subscriber that falls behind never slows the pipeline: its queue holds at most `capacity`
+updates; when it overflows the queued updates are dropped and the subscriber gets a fresh
+snapshot next instead (`Subscriber.next`)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from connectors.live.table import TIME, LiveTable, LiveTableError
+from txstream.updates import TableUpdate
+
+QUEUE_CAPACITY = 256
+
+
+class UnknownTableError(KeyError):
+    """A request names a table that is not served."""
+
+
+class Subscriber:
+    """One subscription's queue of updates."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._queue: deque[TableUpdate] = deque()
+        self._ready = threading.Condition()
+        self._resync = False
+        self.closed = False
+        self.resyncs = 0
+
+    def offer(self, update: TableUpdate) -> None:
+        with self._ready:
+            if len(self._queue) >= self._capacity:
+                self._queue.clear()
+                self._resync = True
+                self.resyncs += 1
+            elif not self._resync:
+                self._queue.append(update)
+            self._ready.notify()
+
+    def close(self) -> None:
+        with self._ready:
+            self.closed = True
+            self._ready.notify()
+
+    def next(self, served: ServedTable, timeout: float) -> TableUpdate | None:
+        """The next update, a fresh snapshot after an overflow, or None after `timeout`
+        seconds without one (or once closed)."""
+        with self._ready:
+            if not self._queue and not self._resync and not self.closed:
+                self._ready.wait(timeout)
+            if self.closed:
+                return None
+            if not self._resync:
+                return self._queue.popleft() if self._queue else None
+        # The table's lock first, as `LiveTables.publish` takes them: an update published
+        # meanwhile was not queued (we are resyncing) and is in this snapshot.
+        with served.lock:
+            with self._ready:
+                self._resync = False
+                self._queue.clear()
+            return served.table.snapshot()
+
+
+class ServedTable:
+    """A live table, its lock and its subscribers."""
+
+    def __init__(self, table: LiveTable) -> None:
+        self.table = table
+        self.lock = threading.Lock()
+        self.subscribers: list[Subscriber] = []
+
+    def snapshot(self) -> TableUpdate:
+        with self.lock:
+            return self.table.snapshot()
+
+
+class LiveTables:
+    """The served tables by output name."""
+
+    def __init__(self, tables: Mapping[str, LiveTable], capacity: int = QUEUE_CAPACITY) -> None:
+        self._served = {name: ServedTable(t) for name, t in tables.items()}
+        self._capacity = capacity
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._served)
+
+    def table(self, name: str) -> LiveTable:
+        return self._get(name).table
+
+    def _get(self, name: str) -> ServedTable:
+        try:
+            return self._served[name]
+        except KeyError:
+            raise UnknownTableError(f"no live table {name!r}; served: "
+                                    f"{', '.join(self.names) or 'none'}") from None
+
+    def publish(self, name: str, changes: pa.Table) -> list[TableUpdate]:
+        """Apply `changes` (consolidated, one or more transactions, sorted by time) to table
+        `name`, one transaction at a time, and queue each update for its subscribers."""
+        served = self._get(name)
+        times = changes.column(TIME).to_numpy()
+        if len(times) and not (np.diff(times) >= 0).all():
+            raise LiveTableError(f"output {name!r}: changes are not sorted by time")
+        cuts = [*(np.flatnonzero(np.diff(times)) + 1).tolist(), len(times)]
+        updates = []
+        with served.lock:
+            start = 0
+            for end in cuts:
+                if end == start:
+                    continue
+                update = served.table.apply(changes.slice(start, end - start),
+                                            int(times[start]))
+                for subscriber in served.subscribers:
+                    subscriber.offer(update)
+                updates.append(update)
+                start = end
+        return updates
+
+    def snapshot(self, name: str) -> TableUpdate:
+        return self._get(name).snapshot()
+
+    def served(self, name: str) -> ServedTable:
+        return self._get(name)
+
+    def subscribe(self, name: str) -> tuple[TableUpdate, Subscriber]:
+        """A snapshot and the queue of every later update."""
+        served = self._get(name)
+        subscriber = Subscriber(self._capacity)
+        with served.lock:
+            snapshot = served.table.snapshot()
+            served.subscribers.append(subscriber)
+        return snapshot, subscriber
+
+    def unsubscribe(self, name: str, subscriber: Subscriber) -> None:
+        served = self._get(name)
+        subscriber.close()
+        with served.lock:
+            if subscriber in served.subscribers:  # `close` may have dropped it
+                served.subscribers.remove(subscriber)
+
+    def subscriber_count(self) -> int:
+        return sum(len(s.subscribers) for s in self._served.values())
+
+    def nbytes(self) -> int:
+        return sum(s.table.nbytes for s in self._served.values())
+
+    def close(self) -> None:
+        for served in self._served.values():
+            with served.lock:
+                for subscriber in served.subscribers:
+                    subscriber.close()
+                served.subscribers.clear()

@@ -1,0 +1,133 @@
+"""A client of txstream's live tables (served over Arrow Flight by the service, see the
+README's "Subscribing to live tables"):
+
+    from txstream.client import LiveClient
+
+    client = LiveClient("grpc+tcp://localhost:8815", token="...")
+    print(client.tables())
+    rows, transaction = client.snapshot("customer_stats")
+    with client.subscribe("customer_stats") as subscription:
+        for update in subscription:          # one per transaction
+            print(update.transaction, len(update.added), len(update.removed))
+            table = subscription.mirror.rows()   # the table as of that transaction
+
+Each update is a `txstream.updates.TableUpdate` (added, removed, modified, shifts, modified
+columns); the subscription applies it to its `Mirror` before handing it over, so the mirror
+always equals the served table as of `subscription.mirror.transaction`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Self
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from txstream.updates import ROW_KEY, Mirror, TableUpdate
+from txstream.wire import chunks_of, decode
+
+
+class LiveClientError(RuntimeError):
+    """The server refused a request or ended a stream with an error."""
+
+
+def _table_schema(stream: pa.Schema) -> pa.Schema:
+    return pa.schema([f for f in stream if f.name != ROW_KEY])
+
+
+def _read_update(reader: flight.FlightStreamReader, schema: pa.Schema) -> TableUpdate | None:
+    """The next update message of a stream, or None at its end."""
+    try:
+        first = reader.read_chunk()
+    except StopIteration:
+        return None
+    if first.app_metadata is None:
+        raise LiveClientError("a stream message came without its update metadata")
+    metadata = first.app_metadata.to_pybytes()
+    batches = [first.data]
+    for _ in range(chunks_of(metadata) - 1):
+        batches.append(reader.read_chunk().data)
+    return decode(metadata, batches, schema)
+
+
+class Subscription:
+    """A live table's updates as they come, applied to `mirror`; iterate to receive them,
+    `close` (or leave the `with` block) to end it."""
+
+    def __init__(self, reader: flight.FlightStreamReader) -> None:
+        self._reader = reader
+        self._schema = reader.schema
+        self.mirror = Mirror(_table_schema(self._schema))
+
+    def __iter__(self) -> Iterator[TableUpdate]:
+        return self
+
+    def __next__(self) -> TableUpdate:
+        try:
+            update = _read_update(self._reader, self._schema)
+        except flight.FlightError as exc:
+            raise LiveClientError(f"the subscription ended: {exc}") from exc
+        if update is None:
+            raise StopIteration
+        self.mirror.apply(update)
+        return update
+
+    def close(self) -> None:
+        self._reader.cancel()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class LiveClient:
+    """Connects to a service's live tables at `location` (`grpc+tcp://host:port`, or
+    `grpc+tls://...` with `tls_root_certs` when the server's certificate is not trusted
+    system-wide)."""
+
+    def __init__(self, location: str, *, token: str | None = None,
+                 tls_root_certs: bytes | None = None) -> None:
+        kwargs = {"tls_root_certs": tls_root_certs} if tls_root_certs else {}
+        self._client = flight.FlightClient(location, **kwargs)
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._options = flight.FlightCallOptions(headers=headers)
+
+    def tables(self) -> list[str]:
+        """The names of the served tables."""
+        try:
+            return [info.descriptor.path[0].decode()
+                    for info in self._client.list_flights(options=self._options)]
+        except flight.FlightError as exc:
+            raise LiveClientError(str(exc)) from exc
+
+    def _get(self, table: str, mode: str) -> flight.FlightStreamReader:
+        ticket = flight.Ticket(json.dumps({"table": table, "mode": mode}).encode())
+        try:
+            return self._client.do_get(ticket, options=self._options)
+        except flight.FlightError as exc:
+            raise LiveClientError(str(exc)) from exc
+
+    def snapshot(self, table: str) -> tuple[pa.Table, int]:
+        """The table's rows (with `__row_key`, in key order) and the transaction they are
+        as of."""
+        reader = self._get(table, "snapshot")
+        try:
+            update = _read_update(reader, reader.schema)
+        except flight.FlightError as exc:
+            raise LiveClientError(str(exc)) from exc
+        if update is None:
+            raise LiveClientError(f"the snapshot of {table!r} came empty")
+        return update.rows, update.transaction
+
+    def subscribe(self, table: str) -> Subscription:
+        """The table's snapshot, then its updates (see `Subscription`)."""
+        return Subscription(self._get(table, "subscribe"))
+
+    def close(self) -> None:
+        self._client.close()
