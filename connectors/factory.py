@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from connectors.file_sink import FileSink
 from connectors.kafka_sink import KafkaSink
+from connectors.live.serving import LiveTables
+from connectors.live.sink import LiveSink
 from connectors.postgres_append import PostgresAppendSink
 from connectors.postgres_snapshot import PostgresSnapshotSink
 from connectors.sink import Sink, SinkSchemaError
@@ -11,6 +15,7 @@ from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.sinks import (
     FileSinkSettings,
     KafkaSinkSettings,
+    LiveSinkSettings,
     PostgresAppendSettings,
     PostgresSnapshotSettings,
     SinkSettings,
@@ -20,9 +25,11 @@ from schemas.tables import TableSchema
 
 def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
               database_url: str | None = None, kafka_bootstrap_servers: str | None = None,
-              kafka_security: KafkaSecurity = PLAINTEXT) -> Sink:
+              kafka_security: KafkaSecurity = PLAINTEXT, live: LiveTables | None = None,
+              live_state_dir: Path | None = None) -> Sink:
     """The sink `settings` describe for the output table `output` with `schema`; a Kafka sink
-    connects with `kafka_security`."""
+    connects with `kafka_security`; a live sink writes into `live`, saved in
+    `live_state_dir`."""
     match settings:
         case PostgresSnapshotSettings() | PostgresAppendSettings() if not database_url:
             raise SinkSchemaError(f"the {settings.kind} sink of {output!r} needs a database URL")
@@ -48,3 +55,7 @@ def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
                              security=kafka_security)
         case FileSinkSettings():
             return FileSink(settings.path, output, schema, format=settings.format)
+        case LiveSinkSettings():
+            if live is None or live_state_dir is None:
+                raise SinkSchemaError(f"the live sink of {output!r} needs the live tables")
+            return LiveSink(live, output, live_state_dir)

@@ -55,7 +55,7 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "SPARK_MASTER": ("spark_master",),
     **{var: ("kafka_security", field) for field, var in ENV_VARIABLES.items()},
 }
-_SINK_KINDS = frozenset({"postgres_snapshot", "postgres_append", "kafka", "file"})
+_SINK_KINDS = frozenset({"postgres_snapshot", "postgres_append", "kafka", "file", "live"})
 
 
 class ConfigError(ValueError):
@@ -88,6 +88,33 @@ class SinkConfig(BaseModel):
                 and "output" in data:
             rest.setdefault("table", data["output"])
         return {"output": data.get("output"), "settings": rest}
+
+
+class LiveServing(BaseModel):
+    """The Arrow Flight endpoint of the outputs with a `live` sink (`connectors.live.flight`).
+
+    `token`: when set (only from the environment: `TXSTREAM_LIVE__TOKEN` or its `_FILE`),
+    every call must carry `authorization: Bearer <token>`. `tls_cert_file` and `tls_key_file`
+    (PEM) together make it serve TLS. `queue_updates`: updates held per subscriber; one that
+    falls further behind gets a fresh snapshot instead. `state_dir`: where live tables are
+    kept across restarts (saved at every checkpoint); default `<checkpoint location>/live`,
+    which must then be a local path."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=8815, ge=0, le=65535)
+    token: SecretStr | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    queue_updates: int = Field(default=256, ge=1)
+    state_dir: Path | None = None
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> LiveServing:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        return self
 
 
 class PipelineConfig(BaseModel):
@@ -136,6 +163,7 @@ class PipelineConfig(BaseModel):
     # Checkpoints: a local directory, or any Hadoop-compatible URI Spark can write (s3a://,
     # hdfs://, file://). On a Spark cluster it must be storage the executors share.
     checkpoint_dir: str = Field(default=".txstream/checkpoints", min_length=1)
+    live: LiveServing = LiveServing()
     # A checkpoint costs O(state), so not after every batch: after this many batches or this
     # many seconds since the last one, whichever comes first (and at a graceful shutdown).
     checkpoint_every_batches: int = Field(default=50, ge=1)
@@ -197,6 +225,17 @@ class PipelineConfig(BaseModel):
         pipelines sharing `checkpoint_dir` never read each other's state."""
         return f"{self.checkpoint_dir.rstrip('/')}/{self.consumer_group}"
 
+    @property
+    def live_state_dir(self) -> Path:
+        """Where the live tables are saved (see `LiveServing.state_dir`)."""
+        if self.live.state_dir is not None:
+            return self.live.state_dir
+        location = self.checkpoint_location
+        if "://" in location and not location.startswith("file://"):
+            raise ConfigError(f"live tables are saved in a local directory and the checkpoint "
+                              f"location {location!r} is not one: set live.state_dir")
+        return Path(location.removeprefix("file://")) / "live"
+
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], env: Mapping[str, str] | None = None
                      ) -> PipelineConfig:
@@ -245,6 +284,10 @@ def _secrets_in_file(data: Mapping[str, Any]) -> list[str]:
             problems.append("database_url: contains a password; secrets are not read from the "
                             "configuration file: give the URL without it and set "
                             "DATABASE_PASSWORD (or DATABASE_URL) in the environment")
+    live = data.get("live")
+    if isinstance(live, Mapping) and "token" in live:
+        problems.append("live.token: secrets are not read from the configuration file; set "
+                        "TXSTREAM_LIVE__TOKEN or TXSTREAM_LIVE__TOKEN_FILE in the environment")
     security = data.get("kafka_security")
     if isinstance(security, Mapping):
         for field in SECRET_FIELDS:

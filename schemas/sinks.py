@@ -124,7 +124,18 @@ class FileSinkSettings(BaseModel):
     format: Literal["jsonl", "csv", "updates"] = "jsonl"
 
 
+class LiveSinkSettings(BaseModel):
+    """The output kept as a live table in the service and served over Arrow Flight
+    (`connectors.live`; the endpoint is configured by `PipelineConfig.live`). Keyed outputs
+    only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["live"] = "live"
+
+
 SinkSettings = Annotated[
-    PostgresSnapshotSettings | PostgresAppendSettings | KafkaSinkSettings | FileSinkSettings,
+    PostgresSnapshotSettings | PostgresAppendSettings | KafkaSinkSettings | FileSinkSettings
+    | LiveSinkSettings,
     Field(discriminator="kind"),
 ]

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from connectors.kafka_client import client_settings
 from connectors.kafka_sink import KafkaSinkFatalError
+from connectors.live.flight import LiveFlightServer
+from connectors.live.serving import LiveTables
 from schemas.config import ConfigError, PipelineConfig
 from service.checkpoint import CheckpointError
 from service.engine import EngineInputError, ExpressionError, PipelineDefinitionError
@@ -81,6 +83,7 @@ def _run(args: argparse.Namespace) -> int:
         health = HealthServer(config.http_port, progress, readiness,
                               stall_timeout_s=config.stall_timeout_s).start()
     runner: PipelineRunner | None = None
+    live: LiveFlightServer | None = None
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -106,6 +109,8 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         if stop.is_set():
             runner.request_stop()
+        if runner.live is not None:
+            live = serve_live(config, runner.live)
         interval = args.progress_interval or config.status_interval_s
         try:
             runner.run(on_progress=_status_printer(config.log_format == "json"),
@@ -117,11 +122,27 @@ def _run(args: argparse.Namespace) -> int:
             log.info("final checkpoint through #%d", runner.progress.last_transaction)
         print(progress.line(), flush=True)
     finally:
+        if live is not None:
+            live.shutdown()
         if runner is not None:
             runner.close()
         if health is not None:
             health.stop()
     return 0
+
+
+def serve_live(config: PipelineConfig, tables: LiveTables) -> LiveFlightServer:
+    """The Arrow Flight endpoint of `tables`, as `config.live` says."""
+    settings = config.live
+    tls = None
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        tls = (settings.tls_cert_file.read_bytes(), settings.tls_key_file.read_bytes())
+    server = LiveFlightServer(
+        tables, settings.host, settings.port, tls=tls,
+        token=settings.token.get_secret_value() if settings.token else None)
+    log.info("live tables %s served at %s://%s:%d", ", ".join(tables.names), server.scheme,
+             settings.host, server.port)
+    return server
 
 
 def _halt(exc: ExpressionError, runner: PipelineRunner, stop: threading.Event) -> None:

@@ -8,7 +8,10 @@ import logging
 
 from pyspark.sql import SparkSession
 
+from connectors.live.serving import LiveTables
+from connectors.live.table import LiveTable, LiveTableError
 from schemas.config import ConfigError, PipelineConfig
+from schemas.sinks import LiveSinkSettings
 from schemas.tables import TableSchema
 from service.checkpoint import CheckpointStore, PipelineIdentity
 from service.engine import Engine, Pipeline
@@ -40,7 +43,23 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
                                   sources={s.name: s.topic for s in config.sources},
                                   outputs=sorted(engine.outputs)))
     return PipelineRunner(config, engine=engine, checkpoints=checkpoints, progress=progress,
-                          readiness=readiness)
+                          readiness=readiness, live=live_tables(config, engine))
+
+
+def live_tables(config: PipelineConfig, engine: Engine) -> LiveTables | None:
+    """The live tables of the outputs with a live sink (None: there are none)."""
+    names = sorted({cfg.output for cfg in config.sinks if isinstance(cfg.settings,
+                                                                     LiveSinkSettings)})
+    if not names:
+        return None
+    tables = {}
+    for name in names:
+        schema = engine.outputs[name].schema
+        try:
+            tables[name] = LiveTable(name, schema.arrow_schema(), schema.primary_key)
+        except LiveTableError as exc:
+            raise ConfigError(f"sinks: {exc}") from exc
+    return LiveTables(tables, capacity=config.live.queue_updates)
 
 
 def _shape(schema: TableSchema) -> tuple[object, ...]:

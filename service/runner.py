@@ -56,6 +56,7 @@ import pyarrow as pa
 from connectors.factory import open_sink
 from connectors.kafka_input import KafkaInput
 from connectors.kafka_source import KafkaSourceError
+from connectors.live.serving import LiveTables
 from connectors.postgres_outputs import Mark, PostgresOutputs, PostgresTable
 from connectors.sink import Sink, SinkWriteError
 from connectors.transaction_batch import TransactionBatch
@@ -158,11 +159,14 @@ class PipelineRunner:
     """
 
     def __init__(self, config: PipelineConfig, *, engine: Engine, checkpoints: CheckpointStore,
-                 progress: Progress | None = None, readiness: Readiness | None = None) -> None:
+                 progress: Progress | None = None, readiness: Readiness | None = None,
+                 live: LiveTables | None = None) -> None:
         """`engine` and `checkpoints`: the pipeline's compute and state storage, composed by
         `service.compose.open_runner`. `progress` and `readiness`: given when an HTTP endpoint
-        serves them from before the runner exists (restoring and connecting take a while)."""
+        serves them from before the runner exists (restoring and connecting take a while).
+        `live`: the tables of the outputs with a live sink."""
         self.config = config
+        self.live = live
         self.engine = engine
         self.checkpoints = checkpoints
         self.progress = progress or Progress()
@@ -234,7 +238,8 @@ class PipelineRunner:
                 sink = open_sink(settings, cfg.output, self.engine.outputs[cfg.output].schema,
                                  database_url=self.config.database_dsn,
                                  kafka_bootstrap_servers=self.config.kafka_bootstrap_servers,
-                                 kafka_security=self.config.kafka_security)
+                                 kafka_security=self.config.kafka_security, live=self.live,
+                                 live_state_dir=self.config.live_state_dir if self.live else None)
                 opened.setdefault(cfg.output, []).append((cfg, sink))
         except BaseException:
             for sinks in opened.values():

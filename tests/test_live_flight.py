@@ -156,3 +156,15 @@ def test_a_subscriber_that_does_not_read_never_holds_up_publishing() -> None:
     finally:
         tables.close()
         server.shutdown()
+
+
+def test_shutting_down_ends_open_subscriptions() -> None:
+    tables = LiveTables({"t": LiveTable("t", SCHEMA, ["k"])})
+    server = LiveFlightServer(tables, "127.0.0.1", 0)
+    subscription = LiveClient(f"grpc+tcp://127.0.0.1:{server.port}").subscribe("t")
+    assert next(subscription).snapshot
+    stopping = threading.Thread(target=server.shutdown)
+    stopping.start()
+    stopping.join(10)
+    assert not stopping.is_alive(), "shutdown waited for the subscription"
+    assert list(subscription) == []  # the stream ended

@@ -30,6 +30,7 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 from psycopg import sql
+from pydantic import SecretStr
 from test_recovery import (
     ROOT,
     ServiceProcess,
@@ -43,14 +44,16 @@ from test_recovery import (
 from connectors.transactions import SourceState, TransactionLogEntry
 from examples.order_events import OrderWorld, encode, events
 from examples.orders import OUTPUTS, kafka_sources
-from schemas.config import ConfigError, PipelineConfig, SinkConfig
+from schemas.config import ConfigError, LiveServing, PipelineConfig, SinkConfig
 from schemas.sources import BatchPolicy
 from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
-from service.cli import main, run_checks
+from service.cli import main, run_checks, serve_live
 from service.compose import open_runner
 from service.embedded.postgres import EmbeddedPostgres, free_port
 from service.health import HealthServer, Progress, Readiness, render_metrics, stall
 from service.runner import EarlierOutputError, PipelineRunner
+from txstream.client import LiveClient
+from txstream.updates import same_rows
 
 DEPLOY = ROOT / "deploy" / "pipeline.yaml"
 ENV = {"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092", "DATABASE_URL": "postgresql://u@db/x"}
@@ -81,7 +84,7 @@ def test_every_problem_is_listed_with_its_path() -> None:
         "pipeline: Field required",
         "sources.1.semantics: Input should be 'append_only', 'upsert' or 'insert_delete'",
         "sinks.2: Input tag 'carrier_pigeon' found using 'kind' does not match any of the "
-        "expected tags: 'postgres_snapshot', 'postgres_append', 'kafka', 'file'",
+        "expected tags: 'postgres_snapshot', 'postgres_append', 'kafka', 'file', 'live'",
         "transactions.max_events: Input should be greater than 0",
         "batch_transactions: Input should be greater than or equal to 1",
         "checkpoint_every_s: Input should be a valid number, unable to parse string as a number",
@@ -165,6 +168,26 @@ def test_secrets_only_from_the_environment_and_never_shown(tmp_path: Path) -> No
         env={"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "DATABASE_PASSWORD_FILE": str(password)})
     assert config.database_dsn is not None and "password=s3cr3t" in config.database_dsn
     assert "s3cr3t" not in repr(config) and "s3cr3t" not in str(config.model_dump())
+
+
+def test_the_live_endpoint_token_comes_from_the_environment_only(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"live\.token: secrets are not read from the "
+                                          r"configuration file; set TXSTREAM_LIVE__TOKEN"):
+        PipelineConfig.from_mapping({**_deploy_config(), "live": {"token": "abc"}}, env=ENV)
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    config = PipelineConfig.from_mapping(
+        _deploy_config(), env={**ENV, "TXSTREAM_LIVE__TOKEN_FILE": str(token)})
+    assert config.live.token is not None and config.live.token.get_secret_value() == "t0ken"
+    assert "t0ken" not in repr(config)
+    with pytest.raises(ConfigError, match="tls_cert_file and tls_key_file go together"):
+        PipelineConfig.from_mapping({**_deploy_config(), "live": {"tls_cert_file": "c.pem"}},
+                                    env=ENV)
+    remote = PipelineConfig.from_mapping(
+        {**_deploy_config(), "checkpoint_dir": "hdfs://nn/ck"}, env=ENV)
+    with pytest.raises(ConfigError, match=r"set live\.state_dir"):
+        _ = remote.live_state_dir
+    assert config.live_state_dir == Path(config.checkpoint_location) / "live"
 
 
 def test_cli_reports_config_errors_and_exits_2(tmp_path: Path,
@@ -619,3 +642,67 @@ def test_an_expression_failing_on_the_data_halts_without_a_restart_loop(  # type
     assert rows == [(1, 25)]
     service.proc.send_signal(signal.SIGTERM)
     assert service.wait(timeout=60) == 0, service.tail()
+
+
+def test_a_live_subscriber_follows_the_service_across_a_restart(  # type: ignore[no-untyped-def]
+    kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path
+) -> None:
+    """A keyed output with a live sink, subscribed over Arrow Flight while the service runs:
+    every update fits the subscriber's mirror, which ends equal to the from-scratch result;
+    after a restart the table is back with the same row keys, and a new subscriber follows."""
+    config = _config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
+                     f"g-{topic_name}", tmp_path / "ck")
+    config = config.model_copy(update={
+        "sinks": [*config.sinks,
+                  SinkConfig.model_validate({"output": "customer_stats", "kind": "live"})],
+        "live": LiveServing(host="127.0.0.1", port=0, token=SecretStr("t0ken"))})
+    producer = _Producer(kafka.bootstrap_servers, topics)
+
+    def follow(port: int, events: int) -> tuple[pa.Table, list[int]]:
+        """Run until `events` are committed; the mirror of a subscriber and the transactions
+        of its updates."""
+        client = LiveClient(f"grpc+tcp://127.0.0.1:{port}", token="t0ken")
+        seen: list[int] = []
+        subscription = client.subscribe("customer_stats")
+        reader = threading.Thread(target=lambda: [seen.append(u.transaction)
+                                                  for u in subscription], daemon=True)
+        reader.start()
+        with _Background(runner) as loop:
+            loop.wait("all events committed", loop.drained(events))
+            table = runner.live.table("customer_stats")  # type: ignore[union-attr]
+            loop.wait("the subscriber caught up",
+                      lambda: subscription.mirror.transaction == table.transaction)
+        subscription.close()
+        reader.join(30)
+        return subscription.mirror.rows(), seen
+
+    def rows_of(table: pa.Table) -> set[tuple[Any, ...]]:
+        return {tuple(r.values()) for r in table.select(
+            ["customer_id", "name", "n_orders", "total"]).to_pylist()}
+
+    producer.send(300)
+    runner = open_runner(config, spark=spark)
+    server = serve_live(config, runner.live)  # type: ignore[arg-type]
+    try:
+        mirrored, seen = follow(server.port, 300)
+        assert seen[0] == 0 and len(seen) > 1 and seen == sorted(set(seen))
+        assert rows_of(mirrored) == expected_tables(producer.world)["customer_stats"]
+        assert runner.checkpoint()
+        before = runner.live.snapshot("customer_stats").rows  # type: ignore[union-attr]
+    finally:
+        server.shutdown()
+        runner.close()
+
+    runner = open_runner(config, spark=spark)
+    server = serve_live(config, runner.live)  # type: ignore[arg-type]
+    try:
+        restored = LiveClient(f"grpc+tcp://127.0.0.1:{server.port}", token="t0ken")
+        rows, transaction = restored.snapshot("customer_stats")
+        assert transaction == runner.progress.last_transaction
+        assert same_rows(rows, before)  # the same rows under the same row keys
+        producer.send(200)
+        mirrored, _ = follow(server.port, 200)  # counted since this start
+        assert rows_of(mirrored) == expected_tables(producer.world)["customer_stats"]
+    finally:
+        server.shutdown()
+        runner.close()

@@ -60,15 +60,20 @@ class Subscription:
     def __init__(self, reader: flight.FlightStreamReader) -> None:
         self._reader = reader
         self._schema = reader.schema
+        self._closed = False
         self.mirror = Mirror(_table_schema(self._schema))
 
     def __iter__(self) -> Iterator[TableUpdate]:
         return self
 
     def __next__(self) -> TableUpdate:
+        if self._closed:
+            raise StopIteration
         try:
             update = _read_update(self._reader, self._schema)
         except flight.FlightError as exc:
+            if self._closed:  # cancelled by `close`, from another thread
+                raise StopIteration from None
             raise LiveClientError(f"the subscription ended: {exc}") from exc
         if update is None:
             raise StopIteration
@@ -76,6 +81,8 @@ class Subscription:
         return update
 
     def close(self) -> None:
+        """End the subscription; an iteration waiting in another thread stops."""
+        self._closed = True
         self._reader.cancel()
 
     def __enter__(self) -> Self:

@@ -55,6 +55,12 @@ class LiveFlightServer(flight.FlightServerBase):
         self.tables = tables
         self.scheme = scheme
 
+    def shutdown(self) -> None:
+        """End every subscription (their streams finish), then stop serving: gRPC waits for
+        open streams, which would otherwise wait for updates forever."""
+        self.tables.close()
+        super().shutdown()
+
     def _ticket(self, ticket: flight.Ticket) -> tuple[str, str]:
         try:
             request = json.loads(ticket.ticket)

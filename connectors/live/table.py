@@ -56,6 +56,16 @@ class LiveTable:
     def nbytes(self) -> int:
         return self.table.nbytes + self.keys.nbytes
 
+    def restore(self, rows: pa.Table, transaction: int) -> None:
+        """Take `rows` (`ROW_KEY` and the columns, in key order, as `snapshot` gives them) as
+        the table as of `transaction`."""
+        keys = rows.column(ROW_KEY).to_numpy()
+        if len(keys) and not (np.diff(keys) > 0).all():
+            raise LiveTableError(f"output {self.name!r}: saved row keys are not in order")
+        self.keys = keys.astype(np.int64)
+        self.table = rows.select(self.schema.names).cast(self.schema)
+        self.transaction = transaction
+
     def snapshot(self) -> TableUpdate:
         """The whole table as of its last transaction, as an update that only adds rows."""
         empty = np.zeros(0, dtype=np.int64)
