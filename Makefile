@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	  || { echo "PostgreSQL binaries missing: installing Debian's postgresql"; \
 	       (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) \
 	       || { echo "could not install PostgreSQL; install it or set DATABASE_URL"; exit 1; }; }
+	@command -v openssl >/dev/null 2>&1 \
+	  || { echo "openssl missing (the TLS tests make certificates): installing Debian's"; \
+	       (apt-get update -qq && apt-get install -y -qq openssl >/dev/null) \
+	       || { echo "could not install openssl"; exit 1; }; }
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -6,8 +6,10 @@ a slow subscriber gets a fresh snapshot instead of the updates it missed."""
 from __future__ import annotations
 
 import random
+import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -168,3 +170,23 @@ def test_shutting_down_ends_open_subscriptions() -> None:
     stopping.join(10)
     assert not stopping.is_alive(), "shutdown waited for the subscription"
     assert list(subscription) == []  # the stream ended
+
+
+def test_tls_with_the_servers_certificate(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    tables = LiveTables({"t": LiveTable("t", SCHEMA, ["k"])})
+    tables.publish("t", changes([((1, "a", 1), 1)], 1))
+    server = LiveFlightServer(tables, "localhost", 0, token=TOKEN,
+                              tls=(cert.read_bytes(), key.read_bytes()))
+    try:
+        secure = LiveClient(f"grpc+tls://localhost:{server.port}", token=TOKEN,
+                            tls_root_certs=cert.read_bytes())
+        rows, transaction = secure.snapshot("t")
+        assert transaction == 1 and rows.column("k").to_pylist() == [1]
+        with pytest.raises(LiveClientError):
+            LiveClient(f"grpc+tcp://localhost:{server.port}", token=TOKEN).snapshot("t")
+    finally:
+        server.shutdown()
