@@ -74,6 +74,8 @@ class Progress:
     spark_jobs: int = 0  # of the engine's batches
     spark_stages: int = 0
     state_index_bytes: int = 0
+    live_table_bytes: int = 0  # the live tables' rows and row keys
+    live_subscribers: int = 0
     last_transaction: int = 0  # last committed
     last_checkpoint_transaction: int | None = None
     last_checkpoint_at: float | None = None  # monotonic
@@ -238,6 +240,9 @@ _COUNTERS = (
 _GAUGES = (
     ("state_index_bytes", "txstream_state_index_bytes",
      "driver memory held by the hash indexes of large state runs"),
+    ("live_table_bytes", "txstream_live_table_bytes",
+     "memory held by the live tables' rows and row keys"),
+    ("live_subscribers", "txstream_live_subscribers", "open subscriptions to live tables"),
     ("lag", "txstream_lag_records", "records in the source topics not yet committed"),
     ("last_transaction", "txstream_last_committed_transaction",
      "number of the last transaction committed to every sink"),

@@ -442,6 +442,9 @@ class PipelineRunner:
         self.progress.output_changes += sum(t.num_rows for t in computed.outputs.values())
         self.progress.rejected_rows = {name: sum(sink.rejected_rows for _, sink in sinks)
                                        for name, sinks in self.sinks.items()}
+        if self.live is not None:
+            self.progress.live_table_bytes = self.live.nbytes()
+            self.progress.live_subscribers = self.live.subscriber_count()
         commit_time = time.time()
         self.progress.sink_seconds += time.monotonic() - started
         self._crash.reached("commit")

@@ -686,6 +686,9 @@ def test_a_live_subscriber_follows_the_service_across_a_restart(  # type: ignore
     try:
         mirrored, seen = follow(server.port, 300)
         assert seen[0] == 0 and len(seen) > 1 and seen == sorted(set(seen))
+        assert runner.progress.live_table_bytes > 0
+        metrics = render_metrics(runner.progress, runner.readiness)
+        assert metric(metrics, "txstream_live_table_bytes") == runner.progress.live_table_bytes
         assert rows_of(mirrored) == expected_tables(producer.world)["customer_stats"]
         assert runner.checkpoint()
         before = runner.live.snapshot("customer_stats").rows  # type: ignore[union-attr]
