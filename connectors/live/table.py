@@ -132,17 +132,19 @@ class LiveTable:
         if not minus.num_rows:
             return np.zeros(0, dtype=np.int64)
         held = self.table.append_column(_POS, pa.array(np.arange(self.table.num_rows)))
-        found = minus.append_column(_NEW, pa.array(np.arange(minus.num_rows))).join(
-            held, self.primary_key, join_type="left outer", right_suffix="__held")
+        # The table probes a hash table of the few deleted rows, not the other way round.
+        found = held.join(minus.append_column(_NEW, pa.array(np.arange(minus.num_rows))),
+                          self.primary_key, join_type="inner", right_suffix="__deleted")
+        if found.num_rows != minus.num_rows:
+            raise LiveTableError(f"output {self.name!r}: transaction {transaction} deletes "
+                                 f"{minus.num_rows - found.num_rows} row(s) the live table does "
+                                 "not hold")
         found = found.sort_by(_NEW)
         pos = found.column(_POS)
-        if pos.null_count:
-            raise LiveTableError(f"output {self.name!r}: transaction {transaction} deletes "
-                                 f"{pos.null_count} row(s) the live table does not hold")
         for c in self.schema.names:
             if c in self.primary_key:
                 continue
-            ours, theirs = found.column(f"{c}__held"), found.column(c)
+            ours, theirs = found.column(c), found.column(f"{c}__deleted")
             same = pc.or_(pc.fill_null(pc.equal(ours, theirs), False),
                           pc.and_(pc.is_null(ours), pc.is_null(theirs)))
             if not pc.all(same).as_py():
