@@ -38,17 +38,21 @@ def changes(rows: list[tuple[tuple[int, str | None, int | None], int]], t: int) 
     })
 
 
-def expected(state: dict[int, tuple[int, str | None, int | None]]) -> pa.Table:
-    rows = [state[k] for k in sorted(state)]
+def expected(state: dict[int, tuple[int, str | None, int | None]],
+             key: list[str] | None = None) -> pa.Table:
+    """The rows in primary key order (`k`, or (`name`, `k`))."""
+    rows = sorted(state.values(), key=lambda r: (r[1], r[0]) if key == ["name", "k"] else r[0])
     return pa.table({"k": [r[0] for r in rows], "name": [r[1] for r in rows],
                      "qty": [r[2] for r in rows]}, schema=SCHEMA)
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("spacing", [1, 3, 1 << 16])
-def test_a_mirror_follows_random_transactions(seed: int, spacing: int) -> None:
+@pytest.mark.parametrize("key", [["k"], ["name", "k"]])
+def test_a_mirror_follows_random_transactions(seed: int, spacing: int, key: list[str]) -> None:
+    """With a numeric key (rows placed by binary search) and a composite one (sorted)."""
     rng = random.Random(seed)
-    live = LiveTable("t", SCHEMA, ["k"], spacing=spacing)
+    live = LiveTable("t", SCHEMA, key, spacing=spacing)
     mirror = Mirror(SCHEMA)
     mirror.apply(live.snapshot())
     late = Mirror(SCHEMA)  # joins later, from a snapshot
@@ -62,7 +66,8 @@ def test_a_mirror_follows_random_transactions(seed: int, spacing: int) -> None:
             if k in touched:
                 continue
             touched.add(k)
-            new = (k, rng.choice(["a", "b", None]), rng.choice([1, 2, None]))
+            name = rng.choice(["a", "b", None]) if key == ["k"] else k % 3 * "ab"
+            new = (k, name, rng.choice([1, 2, None]))
             if k in state and rng.random() < 0.4:
                 batch.append((state.pop(k), -1))
             elif k in state:
@@ -78,7 +83,7 @@ def test_a_mirror_follows_random_transactions(seed: int, spacing: int) -> None:
         shifts += len(update.shifts)
         modifies += len(update.modified)
         assert update.transaction == t
-        assert same_rows(live.table, expected(state))
+        assert same_rows(live.table, expected(state, key))
         assert same_rows(mirror.rows(), live.snapshot().rows)
         if t == 30:
             late.apply(live.snapshot())

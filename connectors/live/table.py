@@ -101,7 +101,7 @@ class LiveTable:
             _NEW, pa.array(np.concatenate([np.full(survivors.num_rows, -2), was])))
         merged = merged.append_column(
             _POS, pa.array(np.concatenate([survivor_keys, np.full(plus.num_rows, -1)])))
-        order = merged.sort_by([(c, "ascending") for c in self.primary_key])
+        order = merged.take(pa.array(self._order(survivors, plus)))
         self._check_distinct(order, transaction)
         slots = np.where(order.column(_NEW).to_numpy() == -2, order.column(_POS).to_numpy(),
                          order.column(_NEW).to_numpy())
@@ -123,6 +123,24 @@ class LiveTable:
                            changed, self._with_keys(table.filter(pa.array(fresh)), keys[fresh]))
 
     # ---- helpers -------------------------------------------------------------------------
+
+    def _order(self, survivors: pa.Table, plus: pa.Table) -> np.ndarray:
+        """Indices into `survivors` followed by `plus` in primary key order. The survivors are
+        in that order already: a numeric one-column key places the few new rows by binary
+        search; any other key sorts it all."""
+        key = self.primary_key[0]
+        kind = survivors.schema.field(key).type
+        if len(self.primary_key) == 1 and (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                                           or pa.types.is_temporal(kind)):
+            held = survivors.column(key).to_numpy()
+            new = plus.column(key).to_numpy()
+            by_key = np.argsort(new, kind="stable")
+            at = np.searchsorted(held, new[by_key], side="right")
+            return np.insert(np.arange(len(held)), at, len(held) + by_key)
+        both = pa.concat_tables([survivors.select(self.primary_key),
+                                 plus.select(self.primary_key)])
+        return pc.sort_indices(both, sort_keys=[(c, "ascending")
+                                                for c in self.primary_key]).to_numpy()
 
     def _with_keys(self, table: pa.Table, keys: np.ndarray) -> pa.Table:
         return table.add_column(0, ROW_KEY, pa.array(keys, pa.int64()))

@@ -1,0 +1,170 @@
+"""Live tables over Arrow Flight: a 1M-row keyed table changing by 1,000 rows per transaction
+(500 updated, 250 deleted, 250 inserted), served to 1, 10 and 100 subscribers of the whole
+table. Prints one JSON object with, per subscriber count:
+
+* `updates_per_s`: updates delivered (summed over subscribers) per second of publishing and
+  delivering `--transactions` transactions, the snapshots already received;
+* `latency_ms` p50/p99: from the start of a transaction's publish (the server applying it)
+  to a subscriber having read the whole update;
+* `publish_ms` p50: the server applying one transaction and queueing its update;
+* `bytes_per_update`: Arrow body and metadata of one update, per subscriber;
+* `snapshot_s`: the subscribers' snapshots (1M rows each), before the clock starts.
+
+Subscribers are threads of a child process reading the raw Flight stream (no mirror: the
+client's `Mirror.apply` costs about 0.02 s per update at 1M rows, which would measure the
+client); one extra subscriber in this process keeps a mirror and checks it at the end.
+Viewports are not built yet, so there is no viewport figure.
+
+    .venv/bin/python bench/live.py [--rows 1000000] [--transactions 50] [--subscribers 1,10,100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from connectors.live.flight import LiveFlightServer
+from connectors.live.serving import LiveTables
+from connectors.live.table import LiveTable
+from txstream.client import LiveClient
+from txstream.updates import same_rows
+from txstream.wire import chunks_of
+
+SCHEMA = pa.schema([("id", pa.int64()), ("account", pa.string()), ("balance", pa.int64())])
+CHANGES = 1_000
+
+
+def subscribers(location: str, count: int, transactions: int, pipe: Connection) -> None:
+    """`count` raw readers; sends (snapshot seconds, receipts per transaction, bytes)."""
+    received: list[dict[int, float]] = [{} for _ in range(count)]
+    sizes: list[int] = []
+    ready = threading.Barrier(count + 1)
+
+    def read(i: int) -> None:
+        client = flight.FlightClient(location)
+        reader = client.do_get(flight.Ticket(b'{"table": "accounts", "mode": "subscribe"}'))
+        first = True
+        while True:
+            chunk = reader.read_chunk()
+            head = json.loads(chunk.app_metadata.to_pybytes())
+            size = chunk.data.nbytes + len(chunk.app_metadata.to_pybytes())
+            for _ in range(chunks_of(chunk.app_metadata.to_pybytes()) - 1):
+                size += reader.read_chunk().data.nbytes
+            if first:
+                first = False
+                ready.wait()
+                continue
+            received[i][head["transaction"]] = time.time()
+            if i == 0:
+                sizes.append(size)
+            if head["transaction"] == transactions + 1:
+                return
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(count)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    ready.wait()
+    pipe.send(time.monotonic() - started)
+    for t in threads:
+        t.join()
+    pipe.send((received, sizes))
+
+
+def transaction(table: LiveTable, rng: np.random.Generator, t: int, rows: int) -> pa.Table:
+    ids = table.table.column("id").to_numpy()
+    picked = np.sort(rng.choice(len(ids), CHANGES * 3 // 4, replace=False))
+    updated, deleted = picked[: CHANGES // 2], picked[CHANGES // 2:]
+    old = table.table.take(pa.array(updated))
+    new = old.set_column(2, "balance", pa.array(old.column("balance").to_numpy() + 1))
+    gone = table.table.take(pa.array(deleted))
+    fresh = np.arange(CHANGES // 4) + rows * 2 + t * CHANGES  # never used before
+    born = pa.table({"id": fresh, "account": [f"a{i}" for i in fresh],
+                     "balance": np.zeros(len(fresh), dtype=np.int64)})
+
+    def tagged(part: pa.Table, diff: int) -> pa.Table:
+        return part.append_column("time", pa.array(np.full(part.num_rows, t))).append_column(
+            "diff", pa.array(np.full(part.num_rows, diff)))
+
+    return pa.concat_tables([tagged(old, -1), tagged(new, 1), tagged(gone, -1),
+                             tagged(born, 1)])
+
+
+def loaded(rows: int) -> LiveTable:
+    table = LiveTable("accounts", SCHEMA, ["id"])
+    ids = np.arange(rows, dtype=np.int64) * 2
+    table.apply(pa.table({"id": ids, "account": [f"a{i}" for i in ids],
+                          "balance": np.zeros(rows, dtype=np.int64),
+                          "time": np.ones(rows, dtype=np.int64),
+                          "diff": np.ones(rows, dtype=np.int64)}), 1)
+    return table
+
+
+def run(rows: int, transactions: int, count: int) -> dict[str, object]:
+    print(f"live: {count} subscriber(s), {rows:,} rows, {transactions} transactions",
+          file=sys.stderr, flush=True)
+    # The transactions are made beforehand (on a twin of the table): the clock times
+    # publishing and delivering only.
+    twin, rng = loaded(rows), np.random.default_rng(7)
+    batches = []
+    for t in range(2, transactions + 2):
+        batches.append(transaction(twin, rng, t, rows))
+        twin.apply(batches[-1], t)
+    del twin
+    table = loaded(rows)
+    tables = LiveTables({"accounts": table}, capacity=transactions + 10)
+    server = LiveFlightServer(tables, "127.0.0.1", 0)
+    location = f"grpc+tcp://127.0.0.1:{server.port}"
+    try:
+        checker = LiveClient(location).subscribe("accounts")
+        next(checker)
+        ours, theirs = multiprocessing.get_context("spawn").Pipe()
+        child = multiprocessing.get_context("spawn").Process(
+            target=subscribers, args=(location, count, transactions, theirs))
+        child.start()
+        snapshot_s = ours.recv()
+        published: dict[int, float] = {}
+        publish_s: list[float] = []
+        started = time.monotonic()
+        for t, changes in enumerate(batches, start=2):
+            published[t] = time.time()
+            tables.publish("accounts", changes)
+            publish_s.append(time.time() - published[t])
+        received, sizes = ours.recv()
+        elapsed = time.monotonic() - started
+        child.join()
+        for _ in range(transactions):
+            next(checker)
+        assert same_rows(checker.mirror.rows(), tables.snapshot("accounts").rows)
+        checker.close()
+    finally:
+        server.shutdown()
+    latencies = sorted((r[t] - published[t]) * 1000 for r in received for t in published)
+    return {"subscribers": count, "snapshot_s": round(snapshot_s, 2),
+            "updates_per_s": round(count * transactions / elapsed),
+            "latency_ms": {"p50": round(statistics.median(latencies), 1),
+                           "p99": round(latencies[int(len(latencies) * 0.99) - 1], 1)},
+            "publish_ms_p50": round(statistics.median(publish_s) * 1000, 1),
+            "bytes_per_update": round(statistics.mean(sizes))}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--transactions", type=int, default=50)
+    parser.add_argument("--subscribers", default="1,10,100")
+    args = parser.parse_args()
+    print(json.dumps({
+        "rows": args.rows, "changes_per_transaction": CHANGES,
+        "runs": [run(args.rows, args.transactions, int(n))
+                 for n in args.subscribers.split(",")]}, indent=2))
