@@ -146,6 +146,8 @@ def _where(cfg: SinkConfig) -> str:
         return f"table {getattr(settings, 'db_schema', 'public')}.{table}"
     if (path := getattr(settings, "path", None)) is not None:
         return f"file {path}"
+    if settings.kind == "live":
+        return "its table saved in live.state_dir"
     return f"topic {getattr(settings, 'topic', '?')}"
 
 
