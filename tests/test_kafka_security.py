@@ -144,7 +144,7 @@ def test_every_client_of_a_configured_pipeline_gets_the_security_block(
     source.close()
 
     # The runner's own sink opening, without the Spark engine it takes output schemas from.
-    runner: Any = SimpleNamespace(config=config, engine=SimpleNamespace(
+    runner: Any = SimpleNamespace(config=config, live=None, engine=SimpleNamespace(
         outputs={"region_totals": SimpleNamespace(schema=REGION_TOTALS)}))
     for sinks in service.runner.PipelineRunner._open_sinks(runner, False).values():
         for _, sink in sinks:
