@@ -45,13 +45,22 @@ CHANGES = 1_000
 
 
 def subscribers(location: str, count: int, transactions: int, pipe: Connection) -> None:
-    """`count` raw readers; sends (snapshot seconds, receipts per transaction, bytes)."""
+    """`count` raw readers sharing one connection; sends (snapshot seconds, receipts per
+    transaction, bytes), or an error."""
     received: list[dict[int, float]] = [{} for _ in range(count)]
     sizes: list[int] = []
+    errors: list[str] = []
     ready = threading.Barrier(count + 1)
+    client = flight.FlightClient(location)
 
     def read(i: int) -> None:
-        client = flight.FlightClient(location)
+        try:
+            follow(i)
+        except BaseException as exc:
+            errors.append(f"subscriber {i}: {exc!r}")
+            ready.abort()
+
+    def follow(i: int) -> None:
         reader = client.do_get(flight.Ticket(b'{"table": "accounts", "mode": "subscribe"}'))
         first = True
         while True:
@@ -74,11 +83,26 @@ def subscribers(location: str, count: int, transactions: int, pipe: Connection) 
     started = time.monotonic()
     for t in threads:
         t.start()
-    ready.wait()
+    try:
+        ready.wait()
+    except threading.BrokenBarrierError:
+        pipe.send(("error", errors))
+        return
     pipe.send(time.monotonic() - started)
     for t in threads:
         t.join()
-    pipe.send((received, sizes))
+    pipe.send(("error", errors) if errors else (received, sizes))
+
+
+def receive(pipe: Connection, child: multiprocessing.process.BaseProcess) -> object:
+    """The child's next report; fails if it reported an error or died."""
+    while not pipe.poll(1):
+        if not child.is_alive():
+            raise SystemExit(f"the subscribers' process exited (code {child.exitcode})")
+    message = pipe.recv()
+    if isinstance(message, tuple) and message[0] == "error":
+        raise SystemExit(f"subscribers failed: {message[1][:3]}")
+    return message
 
 
 def transaction(table: LiveTable, rng: np.random.Generator, t: int, rows: int) -> pa.Table:
@@ -132,7 +156,7 @@ def run(rows: int, transactions: int, count: int) -> dict[str, object]:
         child = multiprocessing.get_context("spawn").Process(
             target=subscribers, args=(location, count, transactions, theirs))
         child.start()
-        snapshot_s = ours.recv()
+        snapshot_s = receive(ours, child)
         published: dict[int, float] = {}
         publish_s: list[float] = []
         started = time.monotonic()
@@ -140,7 +164,7 @@ def run(rows: int, transactions: int, count: int) -> dict[str, object]:
             published[t] = time.time()
             tables.publish("accounts", changes)
             publish_s.append(time.time() - published[t])
-        received, sizes = ours.recv()
+        received, sizes = receive(ours, child)  # type: ignore[misc]
         elapsed = time.monotonic() - started
         child.join()
         for _ in range(transactions):
