@@ -41,17 +41,9 @@ from connectors.postgres_rejects import (
 from connectors.sink import SinkBase, SinkSchemaError
 from schemas.sinks import RetryPolicy, TombstonePurge
 from schemas.tables import TableSchema
+from txstream.updates import same_values
 
 log = logging.getLogger(__name__)
-
-
-def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Row-wise equality as a unique key sees it: nulls equal nulls, NaN equals NaN."""
-    same = pc.or_(pc.fill_null(pc.equal(a, b), False),
-                  pc.and_(pc.is_null(a), pc.is_null(b)))
-    if pa.types.is_floating(a.type):
-        same = pc.or_(same, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
-    return same
 
 
 def last_change_per_key(changes: pa.Table, key: list[str]) -> pa.Table:
@@ -68,7 +60,7 @@ def last_change_per_key(changes: pa.Table, key: list[str]) -> pa.Table:
     same: pa.ChunkedArray | None = None
     for name in key:
         column = ordered[name]
-        equal = _same(column.slice(1), column.slice(0, ordered.num_rows - 1))
+        equal = same_values(column.slice(1), column.slice(0, ordered.num_rows - 1))
         same = equal if same is None else pc.and_(same, equal)
     assert same is not None  # a keyed table has at least one key column
     return ordered.filter(pa.chunked_array([pa.array([True]), *pc.invert(same).chunks]))

@@ -20,16 +20,9 @@ from connectors.change_json import json_columns
 from connectors.changes import check_unit_diffs, conform_changes
 from schemas.sinks import ModifiedRow, UpdateRecord
 from schemas.tables import TableSchema
+from txstream.updates import same_values
 
 _BEFORE = "before:"  # prefix of the old row's columns after the join; ':' is no identifier
-
-
-def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
-    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-    same = pc.or_(both_null, pc.fill_null(pc.equal(a, b), False))
-    if pa.types.is_floating(a.type):
-        same = pc.or_(same, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
-    return same
 
 
 def update_records(changes: pa.Table, table: str, schema: TableSchema) -> list[UpdateRecord]:
@@ -57,7 +50,7 @@ def update_records(changes: pa.Table, table: str, schema: TableSchema) -> list[U
     modified = pc.and_(has_after, has_before)
     # Per row and value column: does a modify change it? Then per time: does any?
     differs = pa.table({"time": joined["time"], **{
-        name: pc.and_(modified, pc.invert(_same(joined[name], joined[_BEFORE + name])))
+        name: pc.and_(modified, pc.invert(same_values(joined[name], joined[_BEFORE + name])))
         for name in values
     }})
     changed = {

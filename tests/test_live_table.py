@@ -205,3 +205,16 @@ def test_validate_refuses_updates_that_break_the_invariants() -> None:
     ]:
         with pytest.raises(UpdateError, match=message):
             bad.validate(before)
+
+
+def test_a_deleted_row_matches_the_held_one_with_nulls_and_nan() -> None:
+    schema = pa.schema([("k", pa.int64()), ("x", pa.float64())])
+    live = LiveTable("t", schema, ["k"])
+
+    def rows(values: list[tuple[int, float | None]], diff: int, t: int) -> pa.Table:
+        return pa.table({"k": [v[0] for v in values], "x": [v[1] for v in values],
+                         "time": [t] * len(values), "diff": [diff] * len(values)})
+
+    live.apply(rows([(1, float("nan")), (2, None)], 1, 1), 1)
+    update = live.apply(rows([(1, float("nan")), (2, None)], -1, 2), 2)
+    assert len(update.removed) == 2 and live.table.num_rows == 0

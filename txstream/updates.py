@@ -171,14 +171,18 @@ class Mirror:
         return self.table.add_column(0, ROW_KEY, pa.array(self.keys, pa.int64()))
 
 
+def same_values(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray
+                ) -> pa.Array | pa.ChunkedArray:
+    """Row-wise equality as a key sees it: null equals null, NaN equals NaN."""
+    same = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+    if pa.types.is_floating(a.type):
+        same = pc.or_(same, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+    return same
+
+
 def same_rows(a: pa.Table, b: pa.Table) -> bool:
-    """Whether two tables hold the same rows in the same order (nulls equal)."""
+    """Whether two tables hold the same rows in the same order."""
     if a.schema.names != b.schema.names or a.num_rows != b.num_rows:
         return False
-    for name in a.schema.names:
-        x, y = a.column(name), b.column(name).cast(a.schema.field(name).type)
-        equal = pc.fill_null(pc.equal(x, y), False)
-        both_null = pc.and_(pc.is_null(x), pc.is_null(y))
-        if not pc.all(pc.or_(equal, both_null)).as_py() and a.num_rows:
-            return False
-    return True
+    return all(pc.all(same_values(a.column(name), b.column(name).cast(a.schema.field(name).type))
+                      ).as_py() is not False for name in a.schema.names)

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.live.keyspace import allocate
-from txstream.updates import ROW_KEY, TableUpdate
+from txstream.updates import ROW_KEY, TableUpdate, same_values
 
 DIFF = "diff"
 TIME = "time"
@@ -162,10 +162,7 @@ class LiveTable:
         for c in self.schema.names:
             if c in self.primary_key:
                 continue
-            ours, theirs = found.column(c), found.column(f"{c}__deleted")
-            same = pc.or_(pc.fill_null(pc.equal(ours, theirs), False),
-                          pc.and_(pc.is_null(ours), pc.is_null(theirs)))
-            if not pc.all(same).as_py():
+            if not pc.all(same_values(found.column(c), found.column(f"{c}__deleted"))).as_py():
                 raise LiveTableError(f"output {self.name!r}: transaction {transaction} deletes "
                                      f"a row whose {c!r} differs from the one held")
         return pos.to_numpy()
@@ -216,9 +213,7 @@ class LiveTable:
         for c in self.schema.names:
             if c in self.primary_key:
                 continue
-            x, y = old.column(c), after.column(c)
-            same = pc.or_(pc.fill_null(pc.equal(x, y), False),
-                          pc.and_(pc.is_null(x), pc.is_null(y)))
+            same = same_values(old.column(c), after.column(c))
             differs = ~same.to_numpy(zero_copy_only=False)
             if differs.any():
                 changed[c] = keys[differs]
