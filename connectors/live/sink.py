@@ -32,6 +32,7 @@ class LiveSink(SinkBase):
         self._output = output
         self._path = state_dir / f"{output}.parquet"
         self._held: int | None = None
+        self._saved: int | None = None  # the transaction the file on disk is as of
         table = tables.table(output)
         if self._path.exists():
             try:
@@ -42,7 +43,7 @@ class LiveSink(SinkBase):
                 raise SinkSchemaError(f"the saved live table {self._path} cannot be read: {exc};"
                                       " move it away to rebuild it from a start from scratch"
                                       ) from exc
-            self._held = transaction
+            self._held = self._saved = transaction
             log.info("live table %s restored as of transaction #%d (%d rows)", output,
                      transaction, saved.num_rows)
 
@@ -57,12 +58,15 @@ class LiveSink(SinkBase):
 
     def on_checkpoint(self, transaction: int) -> None:
         snapshot = self._tables.snapshot(self._output)
+        if snapshot.transaction == self._saved:  # unchanged since the last save
+            return
         rows = snapshot.rows.replace_schema_metadata(
             {_TRANSACTION: str(snapshot.transaction).encode()})
         self._path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self._path.with_suffix(".parquet.tmp")
         pq.write_table(rows, temporary)
         os.replace(temporary, self._path)
+        self._saved = snapshot.transaction
 
     def close(self) -> None:
         """Nothing to release: the table stays served until the service stops."""
