@@ -19,6 +19,7 @@ from connectors.live.serving import LiveTables
 from connectors.live.table import LiveTable
 from txstream.client import LiveClient, LiveClientError
 from txstream.updates import TableUpdate, same_rows
+from txstream.viewports import Viewport
 
 SCHEMA = pa.schema([("k", pa.int64()), ("name", pa.string()), ("qty", pa.int64())])
 TOKEN = "s3cret"
@@ -102,6 +103,43 @@ def test_a_subscriber_mirrors_the_table_at_every_transaction(
     assert shifts  # spacing 2: gaps run out
     rows, transaction = client.snapshot("t")
     assert transaction == 80 and same_rows(rows, expected[80])
+
+
+def by_qty_descending(tables: LiveTables, viewport: Viewport) -> list[dict[str, object]]:
+    """The served rows at `viewport`'s positions, sorted here by qty (largest first) then k."""
+    rows = sorted(tables.snapshot("t").rows.drop_columns(["__row_key"]).to_pylist(),
+                  key=lambda r: (-r["qty"], r["k"]))
+    return rows[viewport.first:viewport.last + 1]
+
+
+def test_a_viewport_subscription_follows_its_positions_as_they_move(
+    served: tuple[LiveTables, str],
+) -> None:
+    tables, location = served
+    client = LiveClient(location, token=TOKEN)
+    with client.subscribe("t", Viewport.of(0, 9, [("qty", "desc")])) as subscription:
+        assert next(subscription).snapshot
+        for t, batch in enumerate(random_transactions(5, 40), start=1):
+            tables.publish("t", batch)
+            assert next(subscription).transaction == t
+            assert subscription.viewport is not None
+            assert subscription.mirror.table.to_pylist() == by_qty_descending(
+                tables, subscription.viewport), f"transaction {t}"
+            if t % 4 == 0:  # scroll down, then back up
+                first = t * 2 if t % 8 else 0
+                subscription.move(first, first + 9)
+                moved = next(subscription)
+                assert moved.transaction == t and not moved.snapshot
+                assert subscription.mirror.table.to_pylist() == by_qty_descending(
+                    tables, subscription.viewport), f"move at transaction {t}"
+    viewport = Viewport.of(3, 5, [("qty", "desc")])
+    rows, transaction = client.snapshot("t", viewport)
+    assert transaction == 40
+    assert rows.drop_columns(["__row_key"]).to_pylist() == by_qty_descending(tables, viewport)
+    with pytest.raises(LiveClientError, match="no column"):
+        client.snapshot("t", Viewport.of(0, 1, [("price", "asc")]))
+    with pytest.raises(LiveClientError, match="to the whole table"):
+        client.subscribe("t").move(0, 1)
 
 
 def test_calls_without_the_token_are_refused(served: tuple[LiveTables, str]) -> None:

@@ -2,6 +2,7 @@
 README's "Subscribing to live tables"):
 
     from txstream.client import LiveClient
+    from txstream.viewports import Viewport
 
     client = LiveClient("grpc+tcp://localhost:8815", token="...")
     print(client.tables())
@@ -11,14 +12,20 @@ README's "Subscribing to live tables"):
             print(update.transaction, len(update.added), len(update.removed))
             table = subscription.mirror.rows()   # the table as of that transaction
 
+    # Only the 50 largest totals, and what changes among them:
+    top = client.subscribe("customer_stats", Viewport.of(0, 49, [("total", "desc")]))
+    top.move(50, 99)                         # scroll: the next update brings rows 50-99
+
 Each update is a `txstream.updates.TableUpdate` (added, removed, modified, shifts, modified
 columns); the subscription applies it to its `Mirror` before handing it over, so the mirror
-always equals the served table as of `subscription.mirror.transaction`.
+always equals the served table as of `subscription.mirror.transaction` (for a viewport: the
+rows at its positions, in its sort order, keyed by the sorted view's row keys).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
@@ -27,6 +34,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from txstream.updates import ROW_KEY, Mirror, TableUpdate
+from txstream.viewports import Viewport
 from txstream.wire import chunks_of, decode
 
 
@@ -57,8 +65,13 @@ class Subscription:
     """A live table's updates as they come, applied to `mirror`; iterate to receive them,
     `close` (or leave the `with` block) to end it."""
 
-    def __init__(self, reader: flight.FlightStreamReader) -> None:
+    def __init__(self, reader: flight.FlightStreamReader, client: LiveClient, table: str,
+                 subscription: str, viewport: Viewport | None) -> None:
         self._reader = reader
+        self._client = client
+        self._table = table
+        self._id = subscription
+        self.viewport = viewport
         self._schema = reader.schema
         self._closed = False
         self.mirror = Mirror(_table_schema(self._schema))
@@ -79,6 +92,17 @@ class Subscription:
             raise StopIteration
         self.mirror.apply(update)
         return update
+
+    def move(self, first: int, last: int) -> None:
+        """Move the viewport to positions `first`..`last` (a viewport subscription only): a
+        later update removes the rows that left it and adds those that entered."""
+        if self.viewport is None:
+            raise LiveClientError("this subscription is to the whole table; subscribe with a "
+                                  "viewport to move one")
+        moved = self.viewport.moved(first, last)
+        self._client._action("viewport", {"table": self._table, "subscription": self._id,
+                                          "first": first, "last": last})
+        self.viewport = moved
 
     def close(self) -> None:
         """End the subscription; an iteration waiting in another thread stops."""
@@ -113,17 +137,26 @@ class LiveClient:
         except flight.FlightError as exc:
             raise LiveClientError(str(exc)) from exc
 
-    def _get(self, table: str, mode: str) -> flight.FlightStreamReader:
-        ticket = flight.Ticket(json.dumps({"table": table, "mode": mode}).encode())
+    def _get(self, table: str, mode: str, **extra: object) -> flight.FlightStreamReader:
+        ticket = flight.Ticket(json.dumps({"table": table, "mode": mode, **extra}).encode())
         try:
             return self._client.do_get(ticket, options=self._options)
         except flight.FlightError as exc:
             raise LiveClientError(str(exc)) from exc
 
-    def snapshot(self, table: str) -> tuple[pa.Table, int]:
-        """The table's rows (with `__row_key`, in key order) and the transaction they are
-        as of."""
-        reader = self._get(table, "snapshot")
+    def _action(self, name: str, body: dict[str, object]) -> None:
+        try:
+            for _ in self._client.do_action(flight.Action(name, json.dumps(body).encode()),
+                                            options=self._options):
+                pass
+        except flight.FlightError as exc:
+            raise LiveClientError(str(exc)) from exc
+
+    def snapshot(self, table: str, viewport: Viewport | None = None) -> tuple[pa.Table, int]:
+        """The table's rows (with `__row_key`, in key order), or those of `viewport`, and the
+        transaction they are as of."""
+        extra = {} if viewport is None else {"viewport": viewport.to_json()}
+        reader = self._get(table, "snapshot", **extra)
         try:
             update = _read_update(reader, reader.schema)
         except flight.FlightError as exc:
@@ -132,9 +165,15 @@ class LiveClient:
             raise LiveClientError(f"the snapshot of {table!r} came empty")
         return update.rows, update.transaction
 
-    def subscribe(self, table: str) -> Subscription:
-        """The table's snapshot, then its updates (see `Subscription`)."""
-        return Subscription(self._get(table, "subscribe"))
+    def subscribe(self, table: str, viewport: Viewport | None = None) -> Subscription:
+        """The table's snapshot, then its updates (see `Subscription`); with `viewport`, only
+        the rows at its positions and what changes among them."""
+        subscription = uuid.uuid4().hex
+        extra: dict[str, object] = {"subscription": subscription}
+        if viewport is not None:
+            extra["viewport"] = viewport.to_json()
+        return Subscription(self._get(table, "subscribe", **extra), self, table, subscription,
+                            viewport)
 
     def close(self) -> None:
         self._client.close()

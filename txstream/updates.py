@@ -94,7 +94,7 @@ class TableUpdate:
                 raise UpdateError(f"transaction {t}: {name} keys are not sorted and distinct")
         if self.snapshot and (len(self.removed) or self.shifts or len(self.modified)):
             raise UpdateError(f"transaction {t}: a snapshot only adds rows")
-        if not _within(self.removed, before).all():
+        if not within(self.removed, before).all():
             raise UpdateError(f"transaction {t}: removes keys the table lacks")
         keep = np.ones(len(before), dtype=bool)
         keep[np.searchsorted(before, self.removed)] = False
@@ -108,12 +108,12 @@ class TableUpdate:
         moved = shifted(before[keep], self.shifts)
         if len(moved) and not (np.diff(moved) > 0).all():
             raise UpdateError(f"transaction {t}: shifts reorder or collide rows")
-        if _within(self.added, moved).any():
+        if within(self.added, moved).any():
             raise UpdateError(f"transaction {t}: adds keys that exist")
-        if not _within(self.modified, moved).all():
+        if not within(self.modified, moved).all():
             raise UpdateError(f"transaction {t}: modifies keys the table lacks")
         for column, keys in self.modified_columns.items():
-            if not _within(keys, self.modified).all():
+            if not within(keys, self.modified).all():
                 raise UpdateError(f"transaction {t}: column {column!r} has modified keys "
                                   "outside `modified`")
         sent = self.rows.column(ROW_KEY).to_numpy()
@@ -125,7 +125,7 @@ class TableUpdate:
         return np.insert(moved, np.searchsorted(moved, self.added), self.added)
 
 
-def _within(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+def within(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
     """Which of `keys` are among `sorted_keys`, by binary search."""
     if not len(sorted_keys):
         return np.zeros(len(keys), dtype=bool)

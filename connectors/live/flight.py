@@ -6,6 +6,12 @@
 * `do_get` with ticket `{"table": name, "mode": "subscribe"}`: that snapshot, then one message
   per transaction until the client cancels (after an overflow of its queue, a fresh snapshot
   replaces the updates it missed; see `connectors.live.serving`).
+* The same with `"viewport": {"first": 0, "last": 49, "sort": [["total", "desc"]]}` and
+  `"subscription": <id>`: only the rows at those positions of the table so sorted, and what
+  changes among them (`connectors.live.viewport`).
+* `do_action` `viewport` with body `{"table": name, "subscription": <id>, "first": f,
+  "last": l}`: move that subscription's viewport; what enters and leaves it comes in its
+  stream.
 
 With a token configured, every call must carry `authorization: Bearer <token>`; with a
 certificate and key, the server speaks TLS (`grpc+tls://`)."""
@@ -21,7 +27,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from connectors.live.serving import LiveTables, UnknownTableError
+from connectors.live.serving import LiveTables, UnknownSubscriptionError, UnknownTableError
+from txstream.viewports import Viewport, ViewportError
 from txstream.wire import encode, stream_schema
 
 log = logging.getLogger(__name__)
@@ -61,17 +68,44 @@ class LiveFlightServer(flight.FlightServerBase):
         self.tables.close()
         super().shutdown()
 
-    def _ticket(self, ticket: flight.Ticket) -> tuple[str, str]:
+    def _ticket(self, ticket: flight.Ticket
+                ) -> tuple[str, str, Viewport | None, str | None]:
         try:
             request = json.loads(ticket.ticket)
             name, mode = request["table"], request.get("mode", "snapshot")
+            viewport = request.get("viewport")
+            subscription = request.get("subscription")
+            viewport = None if viewport is None else Viewport.from_json(viewport)
+        except ViewportError as exc:
+            raise flight.FlightServerError(str(exc)) from exc
         except (ValueError, KeyError, TypeError) as exc:
             raise flight.FlightServerError(
-                'a ticket is JSON: {"table": <name>, "mode": "snapshot" | "subscribe"}'
-            ) from exc
+                'a ticket is JSON: {"table": <name>, "mode": "snapshot" | "subscribe", '
+                '"viewport": {...} (optional), "subscription": <id> (optional)}') from exc
         if mode not in ("snapshot", "subscribe"):
             raise flight.FlightServerError(f"unknown mode {mode!r}; use snapshot or subscribe")
-        return name, mode
+        return name, mode, viewport, None if subscription is None else str(subscription)
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return [("viewport", "move a viewport subscription: "
+                             '{"table", "subscription", "first", "last"}')]
+
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action
+                  ) -> Iterator[bytes]:
+        if action.type != "viewport":
+            raise flight.FlightServerError(f"unknown action {action.type!r}; the only one is "
+                                           "viewport")
+        try:
+            body = json.loads(action.body.to_pybytes())
+            self.tables.move(str(body["table"]), str(body["subscription"]), int(body["first"]),
+                             int(body["last"]))
+        except (UnknownTableError, UnknownSubscriptionError, ViewportError) as exc:
+            raise flight.FlightServerError(exc.args[0] if exc.args else str(exc)) from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise flight.FlightServerError(
+                'a viewport action is JSON: {"table": <name>, "subscription": <id>, '
+                f'"first": <int>, "last": <int>}}: {exc}') from exc
+        return iter(())
 
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes
                      ) -> Iterator[flight.FlightInfo]:
@@ -94,15 +128,21 @@ class LiveFlightServer(flight.FlightServerBase):
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket
                ) -> flight.FlightDataStream:
-        name, mode = self._ticket(ticket)
+        name, mode, viewport, subscription = self._ticket(ticket)
         try:
             served = self.tables.served(name)
         except UnknownTableError as exc:
             raise flight.FlightServerError(str(exc)) from exc
         schema = stream_schema(served.table.schema)
-        if mode == "snapshot":
+        if mode == "snapshot" and viewport is None:
             return flight.GeneratorStream(schema, encode(served.snapshot(), schema))
-        snapshot, subscriber = self.tables.subscribe(name)
+        try:
+            snapshot, subscriber = self.tables.subscribe(name, viewport, subscription)
+        except ViewportError as exc:
+            raise flight.FlightServerError(str(exc)) from exc
+        if mode == "snapshot":
+            self.tables.unsubscribe(name, subscriber)
+            return flight.GeneratorStream(schema, encode(snapshot, schema))
 
         def messages() -> Iterator[tuple[pa.RecordBatch, bytes]]:
             try:

@@ -8,7 +8,11 @@ so a subscriber gets every update after its snapshot, none before it, none twice
 
 A subscriber that falls behind never slows the pipeline: its queue holds at most `capacity`
 updates; when it overflows the queued updates are dropped and the subscriber gets a fresh
-snapshot next instead (`Subscriber.next`)."""
+snapshot next instead (`Subscriber.next`).
+
+A viewport subscriber (`connectors.live.viewport`) reads a sorted view of the table, kept
+while some subscriber uses it and updated under the same lock, and is sent its window's part
+of each update; moving the window queues the change like any update."""
 
 from __future__ import annotations
 
@@ -20,7 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 from connectors.live.table import TIME, LiveTable, LiveTableError
+from connectors.live.viewport import Window, sorted_view
 from txstream.updates import TableUpdate
+from txstream.viewports import Viewport, ViewportError
 
 QUEUE_CAPACITY = 256
 
@@ -29,11 +35,16 @@ class UnknownTableError(KeyError):
     """A request names a table that is not served."""
 
 
-class Subscriber:
-    """One subscription's queue of updates."""
+class UnknownSubscriptionError(KeyError):
+    """A request names a subscription that is not open (or not a viewport's)."""
 
-    def __init__(self, capacity: int) -> None:
+
+class Subscriber:
+    """One subscription's queue of updates; `window` for a viewport's."""
+
+    def __init__(self, capacity: int, window: Window | None = None) -> None:
         self._capacity = capacity
+        self.window = window
         self._queue: deque[TableUpdate] = deque()
         self._ready = threading.Condition()
         self._resync = False
@@ -71,7 +82,20 @@ class Subscriber:
             with self._ready:
                 self._resync = False
                 self._queue.clear()
-            return served.table.snapshot()
+            return self.snapshot(served)
+
+    def snapshot(self, served: ServedTable) -> TableUpdate:
+        """What the subscriber sees now (call with the table's lock held)."""
+        return served.table.snapshot() if self.window is None else self.window.snapshot()
+
+    def follow(self, update: TableUpdate, views: dict[tuple[tuple[str, str], ...], TableUpdate]
+               ) -> None:
+        """Queue the subscriber's part of a transaction: `update` of the table, `views` the
+        updates of its sorted views."""
+        if self.window is None:
+            self.offer(update)
+        else:
+            self.offer(self.window.follow(views[self.window.sort]))
 
 
 class ServedTable:
@@ -81,6 +105,24 @@ class ServedTable:
         self.table = table
         self.lock = threading.Lock()
         self.subscribers: list[Subscriber] = []
+        self.by_id: dict[str, Subscriber] = {}
+        # Sorted views by sort order, each kept while a subscriber reads it; the empty order
+        # is the table's own.
+        self.views: dict[tuple[tuple[str, str], ...], LiveTable] = {}
+
+    def view(self, viewport: Viewport) -> LiveTable:
+        if not viewport.sort:
+            return self.table
+        if viewport.sort not in self.views:
+            self.views[viewport.sort] = sorted_view(self.table, viewport)
+        return self.views[viewport.sort]
+
+    def drop(self, subscriber: Subscriber) -> None:
+        if subscriber in self.subscribers:
+            self.subscribers.remove(subscriber)
+        self.by_id = {k: s for k, s in self.by_id.items() if s is not subscriber}
+        used = {s.window.sort for s in self.subscribers if s.window is not None}
+        self.views = {sort: v for sort, v in self.views.items() if sort in used}
 
     def snapshot(self) -> TableUpdate:
         with self.lock:
@@ -122,10 +164,12 @@ class LiveTables:
             for end in cuts:
                 if end == start:
                     continue
-                update = served.table.apply(changes.slice(start, end - start),
-                                            int(times[start]))
+                chunk, t = changes.slice(start, end - start), int(times[start])
+                update = served.table.apply(chunk, t)
+                views = {sort: view.apply(chunk, t) for sort, view in served.views.items()}
+                views[()] = update
                 for subscriber in served.subscribers:
-                    subscriber.offer(update)
+                    subscriber.follow(update, views)
                 updates.append(update)
                 start = end
         return updates
@@ -136,21 +180,38 @@ class LiveTables:
     def served(self, name: str) -> ServedTable:
         return self._get(name)
 
-    def subscribe(self, name: str) -> tuple[TableUpdate, Subscriber]:
-        """A snapshot and the queue of every later update."""
+    def subscribe(self, name: str, viewport: Viewport | None = None,
+                  subscription: str | None = None) -> tuple[TableUpdate, Subscriber]:
+        """A snapshot (of the whole table, or of `viewport`) and the queue of every later
+        update; `subscription` names it for `move`."""
         served = self._get(name)
-        subscriber = Subscriber(self._capacity)
         with served.lock:
-            snapshot = served.table.snapshot()
+            if subscription is not None and subscription in served.by_id:
+                raise ViewportError(f"subscription {subscription!r} is already open")
+            window = None if viewport is None else Window(served.view(viewport), viewport)
+            subscriber = Subscriber(self._capacity, window)
+            snapshot = subscriber.snapshot(served)
             served.subscribers.append(subscriber)
+            if subscription is not None:
+                served.by_id[subscription] = subscriber
         return snapshot, subscriber
+
+    def move(self, name: str, subscription: str, first: int, last: int) -> None:
+        """Move a viewport subscription to positions `first`..`last`: what enters and leaves
+        it is queued after the updates before it."""
+        served = self._get(name)
+        with served.lock:
+            subscriber = served.by_id.get(subscription)
+            if subscriber is None or subscriber.window is None:
+                raise UnknownSubscriptionError(
+                    f"no open viewport subscription {subscription!r} of table {name!r}")
+            subscriber.offer(subscriber.window.move(first, last))
 
     def unsubscribe(self, name: str, subscriber: Subscriber) -> None:
         served = self._get(name)
         subscriber.close()
         with served.lock:
-            if subscriber in served.subscribers:  # `close` may have dropped it
-                served.subscribers.remove(subscriber)
+            served.drop(subscriber)
 
     def subscriber_count(self) -> int:
         return sum(len(s.subscribers) for s in self._served.values())
@@ -164,3 +225,5 @@ class LiveTables:
                 for subscriber in served.subscribers:
                     subscriber.close()
                 served.subscribers.clear()
+                served.by_id.clear()
+                served.views.clear()

@@ -33,10 +33,14 @@ class LiveTableError(RuntimeError):
 
 
 class LiveTable:
-    """The rows of one keyed output, sorted by `primary_key`, with their row keys."""
+    """The rows of one keyed output with their row keys, sorted by `primary_key`, or by the
+    columns of `order` (those in `descending` from largest to smallest) then the primary key:
+    a sorted view of a served table (`connectors.live.viewport`). A row whose `order` values
+    change moves, so it is removed and added under a new key, not modified."""
 
     def __init__(self, name: str, schema: pa.Schema, primary_key: Sequence[str],
-                 spacing: int = SPACING) -> None:
+                 spacing: int = SPACING, order: Sequence[str] = (),
+                 descending: Sequence[str] = ()) -> None:
         if not primary_key:
             raise LiveTableError(f"output {name!r} has no primary key; only keyed outputs can "
                                  "be served live (give it primary_key=...)")
@@ -47,6 +51,8 @@ class LiveTable:
         self.name = name
         self.schema = schema
         self.primary_key = list(primary_key)
+        self.order = [*order, *[c for c in primary_key if c not in order]]
+        self.descending = frozenset(descending)
         self.spacing = spacing
         self.keys = np.zeros(0, dtype=np.int64)
         self.table = schema.empty_table()
@@ -90,6 +96,9 @@ class LiveTable:
                                  "row twice; changes must be consolidated")
         replaced = self._member(minus, plus)  # deletions whose key is inserted again
         inserted_again = self._member(plus, minus)
+        if self.order != self.primary_key:  # a row that moves in the order is not modified
+            replaced &= ~self._moves(minus, plus)
+            inserted_again &= ~self._moves(plus, minus)
         keep = np.ones(self.table.num_rows, dtype=bool)
         keep[at] = False
         survivors = self.table.filter(pa.array(keep))
@@ -125,22 +134,23 @@ class LiveTable:
     # ---- helpers -------------------------------------------------------------------------
 
     def _order(self, survivors: pa.Table, plus: pa.Table) -> np.ndarray:
-        """Indices into `survivors` followed by `plus` in primary key order. The survivors are
-        in that order already: a numeric one-column key places the few new rows by binary
-        search; any other key sorts it all."""
-        key = self.primary_key[0]
+        """Indices into `survivors` followed by `plus` in the table's order. The survivors are
+        in that order already: a numeric one-column ascending key places the few new rows by
+        binary search; any other order sorts it all."""
+        key = self.order[0]
         kind = survivors.schema.field(key).type
-        if len(self.primary_key) == 1 and (pa.types.is_integer(kind) or pa.types.is_floating(kind)
-                                           or pa.types.is_temporal(kind)):
+        if len(self.order) == 1 and not self.descending and (
+                pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                or pa.types.is_temporal(kind)):
             held = survivors.column(key).to_numpy()
             new = plus.column(key).to_numpy()
             by_key = np.argsort(new, kind="stable")
             at = np.searchsorted(held, new[by_key], side="right")
             return np.insert(np.arange(len(held)), at, len(held) + by_key)
-        both = pa.concat_tables([survivors.select(self.primary_key),
-                                 plus.select(self.primary_key)])
-        return pc.sort_indices(both, sort_keys=[(c, "ascending")
-                                                for c in self.primary_key]).to_numpy()
+        both = pa.concat_tables([survivors.select(self.order), plus.select(self.order)])
+        return pc.sort_indices(both, sort_keys=[
+            (c, "descending" if c in self.descending else "ascending")
+            for c in self.order]).to_numpy()
 
     def _with_keys(self, table: pa.Table, keys: np.ndarray) -> pa.Table:
         return table.add_column(0, ROW_KEY, pa.array(keys, pa.int64()))
@@ -179,6 +189,24 @@ class LiveTable:
         mask[hits.column(_NEW).to_numpy()] = True
         return mask
 
+    def _moves(self, rows: pa.Table, others: pa.Table) -> np.ndarray:
+        """Which of `rows` share their primary key with a row of `others` whose `order`
+        values differ (null equals null, NaN equals NaN)."""
+        moved = np.zeros(rows.num_rows, dtype=bool)
+        if not rows.num_rows or not others.num_rows:
+            return moved
+        sort_columns = [c for c in self.order if c not in self.primary_key]
+        tagged = rows.select([*self.primary_key, *sort_columns]).append_column(
+            _NEW, pa.array(np.arange(rows.num_rows)))
+        pairs = tagged.join(others.select([*self.primary_key, *sort_columns]),
+                            self.primary_key, join_type="inner", right_suffix="__other")
+        differs = np.zeros(pairs.num_rows, dtype=bool)
+        for c in sort_columns:
+            same = same_values(pairs.column(c), pairs.column(f"{c}__other"))
+            differs |= ~same.to_numpy(zero_copy_only=False)
+        moved[pairs.column(_NEW).to_numpy()[differs]] = True
+        return moved
+
     def _keys_of(self, rows: pa.Table, minus: pa.Table, at: np.ndarray) -> np.ndarray:
         """The row keys held for `rows`' primary keys (each among the deleted `minus`, held at
         positions `at`)."""
@@ -189,7 +217,8 @@ class LiveTable:
         return found.column(_POS).to_numpy()
 
     def _check_distinct(self, order: pa.Table, transaction: int) -> None:
-        """Sorted by primary key, no two neighbours share it."""
+        """In the table's order, no two neighbours share their primary key (the base table
+        catches a key inserted twice; a sorted view of it gets the same changes)."""
         if order.num_rows < 2:
             return
         same = None
