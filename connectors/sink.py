@@ -49,6 +49,18 @@ class Sink(Protocol):
         change with a `time` at or below it again."""
         ...
 
+    def before_checkpoint(self, transaction: int) -> None:
+        """A checkpoint through `transaction` (which every sink committed) is about to be
+        published, after which a recovery replays nothing at or below it: a sink that keeps
+        state of its own beside its destination saves it now. Called from the checkpoint's
+        thread while `write` may run."""
+        ...
+
+    def saved_through(self) -> int | None:
+        """For a sink that saves its state at `before_checkpoint`: the newest checkpoint it
+        saved it for (0: none). None for the others."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -74,6 +86,12 @@ class SinkBase(Closing):
     rejected_rows: int = 0
 
     def on_checkpoint(self, transaction: int) -> None:
+        return None
+
+    def before_checkpoint(self, transaction: int) -> None:
+        return None
+
+    def saved_through(self) -> int | None:
         return None
 
     def held_through(self) -> int | None:

@@ -209,7 +209,9 @@ class PipelineRunner:
                                         lambda: self._open_postgres_outputs(resuming))
         if not resuming:
             self._refuse_earlier_output()
-        elif self._postgres is not None:
+        else:
+            self._refuse_stale_saved_state()
+        if resuming and self._postgres is not None:
             committed = self._postgres.committed()
             if committed is not None and committed > self._logged_through:
                 self._close_sinks()
@@ -268,6 +270,21 @@ class PipelineRunner:
             commit=self.config.postgres_commit, retry=first.retry,
             start_over=not resuming and all(getattr(s, "mode", None) == "replace"
                                             for s in settings))
+
+    def _refuse_stale_saved_state(self) -> None:
+        """A sink that saves state of its own at checkpoints (a live table) must have saved it
+        for the checkpoint resumed from: the replay starts after it."""
+        stale = [f"output {cfg.output!r} ({cfg.settings.kind} {_where(cfg)}) was saved for "
+                 f"checkpoint #{saved}" for sinks in self.sinks.values() for cfg, sink in sinks
+                 if (saved := sink.saved_through()) is not None and saved < self._checkpointed]
+        if stale:
+            self._close_sinks()
+            raise CheckpointError(
+                f"{'; '.join(stale)}, older than the checkpoint resumed from (#"
+                f"{self._checkpointed} in {self.config.checkpoint_location}); the transactions "
+                "between cannot be replayed. Restore the state saved with that checkpoint, or "
+                "start over from the topics (an empty checkpoint location, the saved state "
+                "moved away)")
 
     def _refuse_earlier_output(self) -> None:
         """A run from scratch numbers its transactions from 1: a sink still holding an earlier
@@ -519,8 +536,12 @@ class PipelineRunner:
         started = time.monotonic()
         prepared = self.checkpoints.prepare(number, state)
         self.engine.save_state(self.checkpoints.engine_uri(prepared), version)
+        for sinks in self.sinks.values():
+            for _, sink in sinks:
+                sink.before_checkpoint(number)
         self._crash.reached("checkpoint")
         self.checkpoints.publish(prepared)
+        self._crash.reached("checkpointed")
         elapsed = time.monotonic() - started
         self._checkpointed = number
         self._last_checkpoint = time.monotonic()

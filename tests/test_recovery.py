@@ -1,8 +1,9 @@
 """Crash recovery: `txstream run` in a subprocess over 50,000 events, killed with SIGKILL at
-chosen points (mid sink write, mid checkpoint, before the offset commit, right after logging a
-batch) and at random moments, restarted each time, then stopped with SIGTERM. The PostgreSQL
-snapshots must equal a from-scratch computation of the inputs, the append stream must integrate
-to the same table, and no transaction number may have been given to different content.
+chosen points (mid sink write, mid checkpoint, right after a checkpoint, before the offset
+commit, right after logging a batch) and at random moments, restarted each time, then stopped
+with SIGTERM. The PostgreSQL snapshots and the saved live table must equal a from-scratch
+computation of the inputs, the append stream must integrate to the same table, and no
+transaction number may have been given to different content.
 
 Real parts only: the broker process and PostgreSQL of the session fixtures, Spark in the
 subprocess. Shared helpers (`ServiceProcess`, `scrape`) are used by test_service.py too.
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow.parquet as pq
 import yaml
 from confluent_kafka import Producer
 
@@ -224,7 +226,10 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
     # Spark, so few large batches keep the test within minutes.
     config = write_config(tmp_path / "pipeline.yaml", topics, pg_schema, group, checkpoints,
                           port, transactions={"max_events": 5000, "max_delay_ms": 1000},
-                          batch_transactions=5)
+                          batch_transactions=5, live={"host": "127.0.0.1", "port": 0})
+    with_live = yaml.safe_load(config.read_text())
+    with_live["sinks"].append({"output": "customer_stats", "kind": "live"})
+    config.write_text(yaml.safe_dump(with_live))
     env = {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "DATABASE_URL": postgres.url,
            # Overrides from the environment: a checkpoint after every batch, so lives resume
            # from checkpoints and one of them is killed while writing one.
@@ -233,9 +238,10 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
     # Crash points first, each reached in its life: after the first batch's PostgreSQL
     # transaction (every output table and the progress row; offsets not committed), the first
     # checkpoint (data written, manifest not), after the sinks of the second batch (offsets
-    # not committed). Then kills at random moments after a restore: during a replay, a batch,
-    # a PostgreSQL write or a checkpoint, wherever they fall.
-    lives: list[str | float] = ["sink_write:1", "checkpoint:1", "commit:2",
+    # not committed), right after the next checkpoint (the live table saved before it).
+    # Then kills at random moments after a restore: during a replay, a batch, a PostgreSQL
+    # write or a checkpoint, wherever they fall.
+    lives: list[str | float] = ["sink_write:1", "checkpoint:1", "commit:2", "checkpointed:1",
                                 rng.uniform(0, 40), rng.uniform(0, 40)]
     history: dict[int, str] = {}
     log_path = tmp_path / "txstream.log"
@@ -266,7 +272,11 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
 
     want = expected_tables(world)
     got = snapshot_tables(postgres.url, pg_schema)
-    for name in _COLUMNS:
+    live = pq.read_table(checkpoints / group / "live" / "customer_stats.parquet")
+    got["customer_stats (live)"] = {tuple(r.values()) for r in live.select(
+        ["customer_id", "name", "n_orders", "total"]).to_pylist()}
+    want["customer_stats (live)"] = want["customer_stats"]
+    for name in [*_COLUMNS, "customer_stats (live)"]:
         assert got[name] == want[name], f"{name}: snapshot differs from a from-scratch " \
             f"computation: missing {sorted(want[name] - got[name])[:5]}, extra " \
             f"{sorted(got[name] - want[name])[:5]}"
