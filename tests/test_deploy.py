@@ -164,6 +164,9 @@ def test_chart_passes_helm_lint_strict(case: str) -> None:
         ({"sprak": {"master": "local[2]"}}, "sprak"),
         ({"service": {"port": "8080"}}, "/service/port"),
         ({"pipeline": {"checkpoint_dir": "/data"}}, "/pipeline"),
+        ({"pipeline": {"pipeline": "examples.orders:pipeline", "sources": [{}], "sinks": [{}],
+                       "live": {"port": 1}}}, "/pipeline/live"),
+        ({"live": {"port": 8815, "token": "s3cret"}}, "/live/token"),
         ({"spark": {"conf": {"executor.memory": "2g"}}}, "executor.memory"),
     ],
 )
@@ -274,6 +277,30 @@ def test_chart_on_kubernetes_spark_with_object_store_and_service_monitor() -> No
         "labels"].items()
     assert {"port": "http", "path": "/metrics"}.items() <= monitor["spec"]["endpoints"][0].items()
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["http"] == 9100
+
+
+def test_chart_serves_live_tables_with_a_token_and_tls_from_secrets() -> None:
+    objects = render({"live": {"port": 9815, "token": {"existingSecret": "live-auth"},
+                               "tls": {"existingSecret": "live-cert"}},
+                      "pipeline": {**yaml.safe_load((CHART / "values.yaml").read_text())
+                                   ["pipeline"], "live": {"queue_updates": 64}}})
+    main = container(objects)
+    assert {"name": "flight", "containerPort": 9815} in main["ports"]
+    service_ports = by_kind(objects)["Service"]["spec"]["ports"]
+    assert {"name": "flight", "port": 9815, "targetPort": "flight"} in service_ports
+    assert env_of(objects)["TXSTREAM_LIVE__TOKEN"] == {
+        "secretKeyRef": {"name": "live-auth", "key": "token"}}
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    volumes = {v["name"]: v for v in by_kind(objects)["Deployment"]["spec"]["template"]
+               ["spec"]["volumes"]}
+    assert volumes["live-tls"]["secret"]["secretName"] == "live-cert"
+    config = yaml.safe_load(by_kind(objects)["ConfigMap"]["data"]["pipeline.yaml"])
+    assert config["live"] == {"port": 9815, "queue_updates": 64,
+                              "tls_cert_file": f"{mounts['live-tls']}/tls.crt",
+                              "tls_key_file": f"{mounts['live-tls']}/tls.key"}
+    without = render({})
+    assert "TXSTREAM_LIVE__TOKEN" not in env_of(without)
+    assert "live-tls" not in {m["name"] for m in container(without)["volumeMounts"]}
 
 
 def test_chart_on_a_standalone_cluster_with_an_existing_claim() -> None:

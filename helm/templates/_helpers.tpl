@@ -57,6 +57,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* Kafka TLS material (kafka.security.tls.existingSecret) is mounted here when TLS is on. */}}
 {{- define "txstream.kafkaTlsDir" -}}/etc/kafka-tls{{- end }}
 
+{{- define "txstream.liveTlsDir" -}}/etc/txstream-live-tls{{- end }}
+
 {{- define "txstream.kafkaTlsMounted" -}}
 {{- if and (hasSuffix "SSL" .Values.kafka.security.protocol) .Values.kafka.security.tls.existingSecret }}true{{ end }}
 {{- end }}
