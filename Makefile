@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml
 	  || { echo "openssl missing (the TLS tests make certificates): installing Debian's"; \
 	       (apt-get update -qq && apt-get install -y -qq openssl >/dev/null) \
 	       || { echo "could not install openssl"; exit 1; }; }
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	  || command -v google-chrome >/dev/null 2>&1 \
+	  || { echo "Chromium missing (the live table page is tested in it): installing Debian's"; \
+	       (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+	       || { echo "could not install chromium"; exit 1; }; }
 	touch $(STAMP)
 
 install: $(STAMP)

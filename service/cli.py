@@ -111,6 +111,9 @@ def _run(args: argparse.Namespace) -> int:
             runner.request_stop()
         if runner.live is not None:
             live = serve_live(config, runner.live)
+            if health is not None:
+                token = config.live.token
+                health.serve_live(runner.live, token.get_secret_value() if token else None)
         interval = args.progress_interval or config.status_interval_s
         try:
             runner.run(on_progress=_status_printer(config.log_format == "json"),

@@ -1,6 +1,8 @@
 """What a running pipeline reports: its progress and metrics (`Progress`), its liveness
 (`stall`), its readiness (`Readiness`), and the HTTP endpoint serving them: `/healthz`,
-`/readyz` and `/metrics` (Prometheus text format).
+`/readyz` and `/metrics` (Prometheus text format), and the live table page `/ui`
+(`connectors.live.page`; with a live token, only to a browser that gave it once as `?token=`,
+kept in a cookie, or a client sending `Authorization: Bearer`).
 
 The endpoint answers anyone who can reach the port, so its bodies name what is wrong, never
 the error text behind it (hosts, user names): that goes to the log, once per change."""
@@ -8,13 +10,21 @@ the error text behind it (hosts, user names): that goes to the log, once per cha
 from __future__ import annotations
 
 import bisect
+import hmac
+import json
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qsl, urlsplit
+
+from connectors.live.page import LivePage, PageRequestError
+from connectors.live.serving import LiveTables
 
 log = logging.getLogger(__name__)
+_COOKIE = "txstream_live_token"
 
 # Seconds: from a fast Spark job or PostgreSQL write to a slow checkpoint.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -314,9 +324,63 @@ class HealthServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                status, body, ctype = server.answer(self.path)
-                data = body.encode()
+                url = urlsplit(self.path)
+                query = dict(parse_qsl(url.query))
+                if url.path.startswith("/ui") and not self._allowed(query):
+                    return
+                if url.path == "/ui/events":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-store")
+                    self.end_headers()
+                    server.page.stream(query, self._push)
+                    return
+                status, body, ctype = server.answer(url.path)
+                self._reply(status, body.encode() if isinstance(body, str) else body, ctype)
+
+            def do_POST(self) -> None:
+                url = urlsplit(self.path)
+                if url.path != "/ui/move":
+                    self._reply(404, b"not found: POST /ui/move\n", "text/plain")
+                    return
+                if not self._allowed({}):
+                    return
+                try:
+                    server.page.move(dict(parse_qsl(url.query)))
+                except PageRequestError as exc:
+                    self._reply(400, f"{exc}\n".encode(), "text/plain; charset=utf-8")
+                    return
+                self._reply(204, b"", "text/plain")
+
+            def _allowed(self, query: dict[str, str]) -> bool:
+                """Whether the page may answer (answering 401 if not): no token configured,
+                or the token given as `?token=` (then kept in a cookie), in the cookie, or as a
+                bearer token."""
+                token = server.page_token
+                if token is None:
+                    return True
+                cookie = SimpleCookie(self.headers.get("Cookie", ""))
+                given = [query.get("token", ""), self.headers.get("Authorization", ""),
+                         cookie[_COOKIE].value if _COOKIE in cookie else ""]
+                if any(hmac.compare_digest(g.removeprefix("Bearer ").encode(), token.encode())
+                       for g in given if g):
+                    if query.get("token"):
+                        self._cookie = f"{_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/ui"
+                    return True
+                self._reply(401, b"the live tables need their token: open /ui?token=<token>\n",
+                            "text/plain; charset=utf-8")
+                return False
+
+            _cookie: str | None = None
+
+            def _push(self, data: bytes) -> None:
+                self.wfile.write(data)
+                self.wfile.flush()
+
+            def _reply(self, status: int, data: bytes, ctype: str) -> None:
                 self.send_response(status)
+                if self._cookie:
+                    self.send_header("Set-Cookie", self._cookie)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -325,13 +389,31 @@ class HealthServer:
             def log_message(self, format: str, *args: object) -> None:
                 return None  # probes every few seconds would drown the service's own log
 
+        self.page = LivePage(None, self.status)
+        self.page_token: str | None = None
         self._http = ThreadingHTTPServer((host, port), Handler)
         self.port = self._http.server_address[1]
         self._thread = threading.Thread(target=self._http.serve_forever, name="health",
                                         daemon=True)
 
-    def answer(self, path: str) -> tuple[int, str, str]:
+    def serve_live(self, tables: LiveTables, token: str | None = None) -> None:
+        """Show `tables` on the page at `/ui`, to those who give `token` if one is set."""
+        self.page.tables = tables
+        self.page_token = token
+
+    def status(self) -> dict[str, object]:
+        """The pipeline's status, as the page shows it."""
+        problems = self.readiness.public_problems(self.progress)
+        return {"ready": not problems, "problems": problems,
+                "last_transaction": self.progress.last_transaction,
+                "lag_records": self.progress.lag, "events": self.progress.events}
+
+    def answer(self, path: str) -> tuple[int, str | bytes, str]:
         text = "text/plain; charset=utf-8"
+        if path == "/ui":
+            return 200, self.page.html(), "text/html; charset=utf-8"
+        if path == "/ui/tables":
+            return 200, json.dumps(self.page.listing()), "application/json"
         if path == "/healthz":
             stalled = self._stall()
             if stalled is not None:
@@ -345,7 +427,7 @@ class HealthServer:
         if path == "/metrics":
             return 200, render_metrics(self.progress, self.readiness), \
                 "text/plain; version=0.0.4"
-        return 404, "not found: try /healthz, /readyz, /metrics\n", text
+        return 404, "not found: try /healthz, /readyz, /metrics, /ui\n", text
 
     def _stall(self) -> str | None:
         if self.stall_timeout_s is None:

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 import yaml
+from chromium import Browser
 from confluent_kafka import Producer
 from psycopg import sql
 from pydantic import SecretStr
@@ -716,3 +718,51 @@ def test_a_live_subscriber_follows_the_service_across_a_restart(  # type: ignore
     shutil.rmtree(config.live_state_dir)
     with pytest.raises(CheckpointError, match=r"output 'customer_stats' \(live .*checkpoint"):
         open_runner(config, spark=spark)
+
+
+def test_the_live_table_page_shows_a_produced_change_in_a_browser(  # type: ignore[no-untyped-def]
+    kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path
+) -> None:
+    """The service's /ui in headless Chromium: events produced to Kafka reach the rows the page
+    shows (those of the first viewport, compared with the from-scratch result), and a
+    screenshot is saved."""
+    config = _config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
+                     f"g-{topic_name}", tmp_path / "ck")
+    config = config.model_copy(update={"sinks": [
+        *config.sinks, SinkConfig.model_validate({"output": "customer_stats", "kind": "live"})]})
+    producer = _Producer(kafka.bootstrap_servers, topics)
+    producer.send(150)
+    runner = open_runner(config, spark=spark)
+    assert runner.live is not None
+    health = HealthServer(0, runner.progress, runner.readiness, "127.0.0.1").start()
+    health.serve_live(runner.live)
+    browser = Browser(tmp_path / "profile")
+    shown = "[...document.querySelectorAll('#grid .row')].map(r => r.innerText.split('\\n'))"
+
+    def page_matches() -> Callable[[], bool]:
+        """Whether the page shows the from-scratch rows of the customers it shows."""
+        want = {(str(cid), name, str(n), Decimal(total))
+                for cid, name, n, total in expected_tables(producer.world)["customer_stats"]}
+
+        def check() -> bool:
+            rows = browser.evaluate(shown) or []
+            return bool(rows) and all((cid, name, n, Decimal(total)) in want
+                                      for cid, name, n, total in rows)
+        return check
+
+    try:
+        with _Background(runner) as loop:
+            loop.wait("all events committed", loop.drained(150))
+            browser.open(f"http://127.0.0.1:{health.port}/ui")
+            loop.wait("the page shows the table", page_matches(), timeout=60)
+            before = {tuple(r) for r in browser.evaluate(shown)}
+            producer.send(60)
+            loop.wait("the page shows the new rows", page_matches(), timeout=60)
+            after = {tuple(r) for r in browser.evaluate(shown)}
+            assert after != before, "the events changed rows the page shows"
+            shot = browser.screenshot(tmp_path / "live_page.png")
+            assert shot.stat().st_size > 1000
+    finally:
+        browser.close()
+        health.stop()
+        runner.close()

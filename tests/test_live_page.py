@@ -1,0 +1,90 @@
+"""The live table page (`/ui`), in a real browser (headless Chromium over the DevTools
+protocol, tests/chromium.py): it lists the live tables, shows a viewport of one, shows a
+changed row when a transaction changes it (the row flashes), moves its viewport when scrolled,
+sorts by a clicked column, and is refused without the live token. Screenshots are saved in the
+test's temporary directory. The page fed by the running service from Kafka is tested in
+test_service.py."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from chromium import Browser
+
+from connectors.live.serving import LiveTables
+from connectors.live.table import LiveTable
+from service.health import HealthServer, Progress, Readiness
+
+SCHEMA = pa.schema([("k", pa.int64()), ("name", pa.string()), ("qty", pa.int64())])
+TOKEN = "pa9e"
+ROWS_SHOWN = "[...document.querySelectorAll('#grid .row')].map(r => r.innerText)"
+
+
+def changes(rows: list[tuple[tuple[int, str, int], int]], t: int) -> pa.Table:
+    return pa.table({"k": [r[0] for r, _ in rows], "name": [r[1] for r, _ in rows],
+                     "qty": [r[2] for r, _ in rows], "time": [t] * len(rows),
+                     "diff": [d for _, d in rows]})
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Iterator[tuple[LiveTables, str, Browser]]:
+    tables = LiveTables({"t": LiveTable("t", SCHEMA, ["k"])})
+    tables.publish("t", changes([((k, f"row{k}", k % 7), 1) for k in range(500)], 1))
+    health = HealthServer(0, Progress(), Readiness(1000), "127.0.0.1").start()
+    health.serve_live(tables, TOKEN)
+    browser = Browser(tmp_path / "profile")
+    try:
+        yield tables, f"http://127.0.0.1:{health.port}", browser
+    finally:
+        browser.close()
+        tables.close()
+        health.stop()
+
+
+def test_the_page_shows_changes_scrolls_and_sorts(page: tuple[LiveTables, str, Browser],
+                                                   tmp_path: Path) -> None:
+    tables, base, browser = page
+    browser.open(f"{base}/ui?token={TOKEN}")
+    shown = browser.wait_for(f"{ROWS_SHOWN}.length >= 20 && {ROWS_SHOWN}")
+    assert shown[0].split() == ["0", "row0", "0"]
+    assert "last transaction" in browser.evaluate("document.body.innerText")
+
+    tables.publish("t", changes([((3, "row3", 3), -1), ((3, "changed!", 3), 1)], 2))
+    browser.wait_for(f"{ROWS_SHOWN}.some(r => r.includes('changed!'))")
+    assert "transaction #2" in browser.evaluate("document.getElementById('info').innerText")
+    browser.screenshot(tmp_path / "changed.png")
+
+    browser.evaluate("document.getElementById('grid').scrollTop = 300 * 24")
+    rows = browser.wait_for(f"{ROWS_SHOWN}.some(r => r.startsWith('300')) && {ROWS_SHOWN}")
+    assert not any(r.split()[0] == "0" for r in rows), "the viewport moved away from the top"
+
+    tables.publish("t", changes([((301, "row301", 301 % 7), -1),
+                                 ((301, "seen after scrolling", 1), 1)], 3))
+    browser.wait_for(f"{ROWS_SHOWN}.some(r => r.includes('seen after scrolling'))")
+
+    browser.evaluate("document.getElementById('grid').scrollTop = 0; "
+                     "[...document.querySelectorAll('#head span')]"
+                     ".find(s => s.innerText.startsWith('qty')).click()")
+    # Largest qty first (6, as k % 7 is at most 6), ties by key.
+    top = browser.wait_for(f"{ROWS_SHOWN}[0] === '6\\nrow6\\n6' && {ROWS_SHOWN}")
+    assert [r.split()[-1] for r in top[:20]] == ["6"] * 20
+    assert "qty ▼" in browser.evaluate("document.getElementById('head').innerText")
+    shot = browser.screenshot(tmp_path / "sorted.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_page_needs_the_live_token(page: tuple[LiveTables, str, Browser]) -> None:
+    _, base, _ = page
+    for path in ("/ui", "/ui/tables", "/ui/events?table=t"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(base + path, timeout=5)
+        assert refused.value.code == 401
+    request = urllib.request.Request(base + "/ui/tables",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        assert b'"name": "t"' in reply.read()
