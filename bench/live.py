@@ -1,6 +1,7 @@
 """Live tables over Arrow Flight: a 1M-row keyed table changing by 1,000 rows per transaction
-(500 updated, 250 deleted, 250 inserted), served to 1, 10 and 100 subscribers of the whole
-table. Prints one JSON object with, per subscriber count:
+(500 balances raised by one, 250 rows deleted, 250 inserted), served to 1, 10 and 100
+subscribers of the whole table, and of a 50-row viewport (the 50 largest balances: a sorted
+view that the changes keep reordering). Prints one JSON object with, per run:
 
 * `updates_per_s`: updates delivered (summed over subscribers) per second of publishing and
   delivering `--transactions` transactions, the snapshots already received;
@@ -8,14 +9,16 @@ table. Prints one JSON object with, per subscriber count:
   to a subscriber having read the whole update;
 * `publish_ms` p50: the server applying one transaction and queueing its update;
 * `bytes_per_update`: Arrow body and metadata of one update, per subscriber;
-* `snapshot_s`: the subscribers' snapshots (1M rows each), before the clock starts.
+* `snapshot_s`: the subscribers' snapshots (1M rows each for the whole table), taken one
+  subscriber after the other before the clock starts.
 
 Subscribers are threads of a child process reading the raw Flight stream (no mirror: the
 client's `Mirror.apply` costs about 0.02 s per update at 1M rows, which would measure the
-client); one extra subscriber in this process keeps a mirror and checks it at the end.
-Viewports are not built yet, so there is no viewport figure.
+client); one extra subscriber in this process (of the same table or viewport) keeps a mirror
+and checks it at the end against the table (or its sort, sliced).
 
     .venv/bin/python bench/live.py [--rows 1000000] [--transactions 50] [--subscribers 1,10,100]
+        [--modes whole,viewport]
 """
 
 from __future__ import annotations
@@ -38,30 +41,36 @@ from connectors.live.serving import LiveTables
 from connectors.live.table import LiveTable
 from txstream.client import LiveClient
 from txstream.updates import same_rows
+from txstream.viewports import Viewport
 from txstream.wire import chunks_of
 
 SCHEMA = pa.schema([("id", pa.int64()), ("account", pa.string()), ("balance", pa.int64())])
 CHANGES = 1_000
+VIEWPORT = Viewport.of(0, 49, [("balance", "desc")])
 
 
-def subscribers(location: str, count: int, transactions: int, pipe: Connection) -> None:
+def subscribers(location: str, count: int, transactions: int, viewport: Viewport | None,
+                pipe: Connection) -> None:
     """`count` raw readers sharing one connection; sends (snapshot seconds, receipts per
     transaction, bytes), or an error."""
     received: list[dict[int, float]] = [{} for _ in range(count)]
     sizes: list[int] = []
     errors: list[str] = []
-    ready = threading.Barrier(count + 1)
+    snapshotted = threading.Semaphore(0)
     client = flight.FlightClient(location)
+    request: dict[str, object] = {"table": "accounts", "mode": "subscribe"}
+    if viewport is not None:
+        request["viewport"] = viewport.to_json()
 
     def read(i: int) -> None:
         try:
             follow(i)
         except BaseException as exc:
             errors.append(f"subscriber {i}: {exc!r}")
-            ready.abort()
+            snapshotted.release()
 
     def follow(i: int) -> None:
-        reader = client.do_get(flight.Ticket(b'{"table": "accounts", "mode": "subscribe"}'))
+        reader = client.do_get(flight.Ticket(json.dumps(request).encode()))
         first = True
         while True:
             chunk = reader.read_chunk()
@@ -71,7 +80,7 @@ def subscribers(location: str, count: int, transactions: int, pipe: Connection) 
                 size += reader.read_chunk().data.nbytes
             if first:
                 first = False
-                ready.wait()
+                snapshotted.release()
                 continue
             received[i][head["transaction"]] = time.time()
             if i == 0:
@@ -81,13 +90,12 @@ def subscribers(location: str, count: int, transactions: int, pipe: Connection) 
 
     threads = [threading.Thread(target=read, args=(i,)) for i in range(count)]
     started = time.monotonic()
-    for t in threads:
+    for t in threads:  # one snapshot at a time: 100 of 1M rows at once need GBs in flight
         t.start()
-    try:
-        ready.wait()
-    except threading.BrokenBarrierError:
-        pipe.send(("error", errors))
-        return
+        snapshotted.acquire()
+        if errors:
+            pipe.send(("error", errors))
+            return
     pipe.send(time.monotonic() - started)
     for t in threads:
         t.join()
@@ -134,9 +142,10 @@ def loaded(rows: int) -> LiveTable:
     return table
 
 
-def run(rows: int, transactions: int, count: int) -> dict[str, object]:
-    print(f"live: {count} subscriber(s), {rows:,} rows, {transactions} transactions",
-          file=sys.stderr, flush=True)
+def run(rows: int, transactions: int, count: int, viewport: Viewport | None
+        ) -> dict[str, object]:
+    print(f"live: {count} subscriber(s) of {'a viewport' if viewport else 'the table'}, "
+          f"{rows:,} rows, {transactions} transactions", file=sys.stderr, flush=True)
     # The transactions are made beforehand (on a twin of the table): the clock times
     # publishing and delivering only.
     twin, rng = loaded(rows), np.random.default_rng(7)
@@ -150,11 +159,11 @@ def run(rows: int, transactions: int, count: int) -> dict[str, object]:
     server = LiveFlightServer(tables, "127.0.0.1", 0)
     location = f"grpc+tcp://127.0.0.1:{server.port}"
     try:
-        checker = LiveClient(location).subscribe("accounts")
+        checker = LiveClient(location).subscribe("accounts", viewport)
         next(checker)
         ours, theirs = multiprocessing.get_context("spawn").Pipe()
         child = multiprocessing.get_context("spawn").Process(
-            target=subscribers, args=(location, count, transactions, theirs))
+            target=subscribers, args=(location, count, transactions, viewport, theirs))
         child.start()
         snapshot_s = receive(ours, child)
         published: dict[int, float] = {}
@@ -169,12 +178,19 @@ def run(rows: int, transactions: int, count: int) -> dict[str, object]:
         child.join()
         for _ in range(transactions):
             next(checker)
-        assert same_rows(checker.mirror.rows(), tables.snapshot("accounts").rows)
+        final = tables.snapshot("accounts").rows
+        if viewport is not None:  # the 50 largest balances, ties by id
+            final = final.sort_by([("balance", "descending"), ("id", "ascending")]).slice(
+                viewport.first, viewport.last - viewport.first + 1)
+            assert same_rows(checker.mirror.table, final.drop_columns(["__row_key"]))
+        else:
+            assert same_rows(checker.mirror.rows(), final)
         checker.close()
     finally:
         server.shutdown()
     latencies = sorted((r[t] - published[t]) * 1000 for r in received for t in published)
-    return {"subscribers": count, "snapshot_s": round(snapshot_s, 2),
+    return {"subscribers": count, "viewport": viewport.to_json() if viewport else None,
+            "snapshot_s": round(snapshot_s, 2),
             "updates_per_s": round(count * transactions / elapsed),
             "latency_ms": {"p50": round(statistics.median(latencies), 1),
                            "p99": round(latencies[int(len(latencies) * 0.99) - 1], 1)},
@@ -187,8 +203,11 @@ if __name__ == "__main__":
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--transactions", type=int, default=50)
     parser.add_argument("--subscribers", default="1,10,100")
+    parser.add_argument("--modes", default="whole,viewport")
     args = parser.parse_args()
+    modes = {"whole": None, "viewport": VIEWPORT}
     print(json.dumps({
         "rows": args.rows, "changes_per_transaction": CHANGES,
-        "runs": [run(args.rows, args.transactions, int(n))
-                 for n in args.subscribers.split(",")]}, indent=2))
+        "runs": [run(args.rows, args.transactions, int(n), modes[mode])
+                 for mode in args.modes.split(",") for n in args.subscribers.split(",")]},
+        indent=2))

@@ -18,7 +18,7 @@ from connectors.live.flight import LiveFlightServer
 from connectors.live.serving import LiveTables
 from connectors.live.table import LiveTable
 from txstream.client import LiveClient, LiveClientError
-from txstream.updates import TableUpdate, same_rows
+from txstream.updates import Mirror, TableUpdate, same_rows
 from txstream.viewports import Viewport
 
 SCHEMA = pa.schema([("k", pa.int64()), ("name", pa.string()), ("qty", pa.int64())])
@@ -132,9 +132,27 @@ def test_a_viewport_subscription_follows_its_positions_as_they_move(
                 assert moved.transaction == t and not moved.snapshot
                 assert subscription.mirror.table.to_pylist() == by_qty_descending(
                     tables, subscription.viewport), f"move at transaction {t}"
+    seen: list[int] = []
+    top = {40: by_qty_descending(tables, Viewport.of(0, 4))}
+
+    def check(update: TableUpdate, mirror: Mirror) -> None:  # called back per transaction
+        seen.append(update.transaction)
+        assert mirror.table.to_pylist() == top[update.transaction]
+        if update.transaction == 41:
+            subscription.close()
+
+    with client.subscribe("t", Viewport.of(0, 4, [("qty", "desc")])) as subscription:
+        check(next(subscription), subscription.mirror)  # subscribed: the snapshot came
+        row = tables.snapshot("t").rows.to_pylist()[-1]  # to the top: qty is at most 4
+        k, name, qty = row["k"], row["name"], row["qty"]
+        tables.publish("t", changes([((k, name, qty), -1), ((k, name, qty + 10), 1)], 41))
+        top[41] = by_qty_descending(tables, Viewport.of(0, 4))
+        assert top[41][0]["k"] == k
+        subscription.run(check)
+    assert seen == [40, 41]
     viewport = Viewport.of(3, 5, [("qty", "desc")])
     rows, transaction = client.snapshot("t", viewport)
-    assert transaction == 40
+    assert transaction == 41
     assert rows.drop_columns(["__row_key"]).to_pylist() == by_qty_descending(tables, viewport)
     with pytest.raises(LiveClientError, match="no column"):
         client.snapshot("t", Viewport.of(0, 1, [("price", "asc")]))

@@ -11,6 +11,7 @@ README's "Subscribing to live tables"):
         for update in subscription:          # one per transaction
             print(update.transaction, len(update.added), len(update.removed))
             table = subscription.mirror.rows()   # the table as of that transaction
+        # or: subscription.run(lambda update, mirror: ...), called back per transaction
 
     # Only the 50 largest totals, and what changes among them:
     top = client.subscribe("customer_stats", Viewport.of(0, 49, [("total", "desc")]))
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Self
 
@@ -65,12 +66,10 @@ class Subscription:
     """A live table's updates as they come, applied to `mirror`; iterate to receive them,
     `close` (or leave the `with` block) to end it."""
 
-    def __init__(self, reader: flight.FlightStreamReader, client: LiveClient, table: str,
-                 subscription: str, viewport: Viewport | None) -> None:
+    def __init__(self, reader: flight.FlightStreamReader, viewport: Viewport | None = None,
+                 move: Callable[[int, int], None] | None = None) -> None:
         self._reader = reader
-        self._client = client
-        self._table = table
-        self._id = subscription
+        self._move = move
         self.viewport = viewport
         self._schema = reader.schema
         self._closed = False
@@ -93,15 +92,20 @@ class Subscription:
         self.mirror.apply(update)
         return update
 
+    def run(self, callback: Callable[[TableUpdate, Mirror], None]) -> None:
+        """Call `callback(update, mirror)` per update, the mirror already updated, until the
+        subscription ends (`close`, from the callback or another thread)."""
+        for update in self:
+            callback(update, self.mirror)
+
     def move(self, first: int, last: int) -> None:
         """Move the viewport to positions `first`..`last` (a viewport subscription only): a
         later update removes the rows that left it and adds those that entered."""
-        if self.viewport is None:
+        if self.viewport is None or self._move is None:
             raise LiveClientError("this subscription is to the whole table; subscribe with a "
                                   "viewport to move one")
         moved = self.viewport.moved(first, last)
-        self._client._action("viewport", {"table": self._table, "subscription": self._id,
-                                          "first": first, "last": last})
+        self._move(first, last)
         self.viewport = moved
 
     def close(self) -> None:
@@ -168,12 +172,16 @@ class LiveClient:
     def subscribe(self, table: str, viewport: Viewport | None = None) -> Subscription:
         """The table's snapshot, then its updates (see `Subscription`); with `viewport`, only
         the rows at its positions and what changes among them."""
+        if viewport is None:
+            return Subscription(self._get(table, "subscribe"))
         subscription = uuid.uuid4().hex
-        extra: dict[str, object] = {"subscription": subscription}
-        if viewport is not None:
-            extra["viewport"] = viewport.to_json()
-        return Subscription(self._get(table, "subscribe", **extra), self, table, subscription,
-                            viewport)
+
+        def move(first: int, last: int) -> None:
+            self._action("viewport", {"table": table, "subscription": subscription,
+                                      "first": first, "last": last})
+
+        return Subscription(self._get(table, "subscribe", subscription=subscription,
+                                      viewport=viewport.to_json()), viewport, move)
 
     def close(self) -> None:
         self._client.close()

@@ -27,6 +27,12 @@ KEY_LIMIT = 1 << 62
 SPACING = 1 << 16
 
 
+def _frozen(keys: np.ndarray) -> np.ndarray:
+    """`keys`, read-only: snapshots and views share them."""
+    keys.flags.writeable = False
+    return keys
+
+
 class LiveTableError(RuntimeError):
     """Changes that do not fit the live table (a deletion of a row it lacks, an insertion of a
     key it holds): the engine's output and the live table disagree."""
@@ -54,9 +60,10 @@ class LiveTable:
         self.order = [*order, *[c for c in primary_key if c not in order]]
         self.descending = frozenset(descending)
         self.spacing = spacing
-        self.keys = np.zeros(0, dtype=np.int64)
+        self.keys = _frozen(np.zeros(0, dtype=np.int64))
         self.table = schema.empty_table()
         self.transaction = 0
+        self._snapshot: TableUpdate | None = None
 
     @property
     def nbytes(self) -> int:
@@ -68,15 +75,20 @@ class LiveTable:
         keys = rows.column(ROW_KEY).to_numpy()
         if len(keys) and not (np.diff(keys) > 0).all():
             raise LiveTableError(f"output {self.name!r}: saved row keys are not in order")
-        self.keys = keys.astype(np.int64)
+        self.keys = _frozen(keys.astype(np.int64))
         self.table = rows.select(self.schema.names).cast(self.schema)
         self.transaction = transaction
+        self._snapshot = None
 
     def snapshot(self) -> TableUpdate:
-        """The whole table as of its last transaction, as an update that only adds rows."""
-        empty = np.zeros(0, dtype=np.int64)
-        return TableUpdate(self.transaction, empty, (), self.keys.copy(), empty, {},
-                           self._with_keys(self.table, self.keys), snapshot=True)
+        """The whole table as of its last transaction, as an update that only adds rows: one
+        object per transaction, shared by every subscriber that asks (the keys and rows are
+        never changed in place)."""
+        if self._snapshot is None or self._snapshot.transaction != self.transaction:
+            empty = _frozen(np.zeros(0, dtype=np.int64))
+            self._snapshot = TableUpdate(self.transaction, empty, (), self.keys, empty, {},
+                                         self._with_keys(self.table, self.keys), snapshot=True)
+        return self._snapshot
 
     def apply(self, changes: pa.Table, transaction: int) -> TableUpdate:
         """Apply one transaction's consolidated `changes` (the output's columns, `time` and
@@ -117,10 +129,10 @@ class LiveTable:
         keys, shifts = allocate(slots, self.spacing)
         fresh = order.column(_NEW).to_numpy() >= -1  # rows from `plus`: added or modified
         table = order.drop_columns([_NEW, _POS])
-        old_keys, self.keys, self.table = self.keys, keys, table
+        old_keys, self.keys, self.table = self.keys, _frozen(keys), table
         self.transaction = transaction
         if len(keys) and keys[-1] > KEY_LIMIT:
-            self.keys = np.arange(len(keys), dtype=np.int64) * self.spacing
+            self.keys = _frozen(np.arange(len(keys), dtype=np.int64) * self.spacing)
             return self.snapshot()
         modified_mask = fresh & (slots >= 0)
         modified = keys[modified_mask]
