@@ -129,7 +129,7 @@ def test_a_viewport_subscription_follows_its_positions_as_they_move(
                 first = t * 2 if t % 8 else 0
                 subscription.move(first, first + 9)
                 moved = next(subscription)
-                assert moved.transaction == t and not moved.snapshot
+                assert moved.transaction == t and not moved.snapshot and moved.first == first
                 assert subscription.mirror.table.to_pylist() == by_qty_descending(
                     tables, subscription.viewport), f"move at transaction {t}"
     seen: list[int] = []

@@ -71,6 +71,9 @@ class Follower:
             self.updates.append(update)
 
     def check(self, state: dict[int, Row], when: str) -> None:
+        if self.updates:  # where the rows are, for a client that draws them
+            assert (self.updates[-1].first, self.updates[-1].size) == \
+                (self.viewport.first, len(state)), f"{self.name} {when}"
         got = self.mirror.table
         assert same_rows(got, window(state, self.viewport)), \
             f"{self.name} {self.viewport} {when}:\n{got.to_pylist()}\n" \

@@ -72,7 +72,8 @@ class TableUpdate:
     `added` and `modified` are post-shift keys, `removed` pre-shift keys, all sorted and
     distinct. `rows` holds the added and modified rows (`ROW_KEY` plus the table's columns),
     sorted by key. `modified_columns` maps each column to the modified keys whose value of it
-    changed."""
+    changed. For a viewport's update, `first` is the position of its first row in the sorted
+    table and `size` the table's row count (None for a whole table's)."""
 
     transaction: int
     removed: np.ndarray
@@ -82,6 +83,8 @@ class TableUpdate:
     modified_columns: dict[str, np.ndarray]
     rows: pa.Table
     snapshot: bool = False  # the whole table: no removes, shifts or modifies
+    first: int | None = None
+    size: int | None = None
 
     def validate(self, before: np.ndarray) -> np.ndarray:
         """Check the update against the keys the table had `before` it (sorted); returns the

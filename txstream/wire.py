@@ -4,7 +4,11 @@ first batch's app metadata:
 
     {"transaction": 12, "snapshot": false, "chunks": 1,
      "removed": [[lo, hi], ...], "added": [[lo, hi], ...], "modified": [[lo, hi], ...],
-     "shifts": [[start, end, delta], ...], "modified_columns": {"qty": [[lo, hi], ...]}}
+     "shifts": [[start, end, delta], ...], "modified_columns": {"qty": [[lo, hi], ...]},
+     "first": 0, "size": 1000}
+
+(`first` and `size` in a viewport's updates only: where its rows start in the sorted table, and
+how many rows that has.)
 
 Row sets are inclusive ranges of keys. A message of `chunks` batches carries metadata on the
 first only; an update with no rows is one empty batch.
@@ -43,6 +47,7 @@ def encode(update: TableUpdate, schema: pa.Schema) -> Iterator[tuple[pa.RecordBa
         "modified": to_ranges(update.modified),
         "shifts": [[s.start, s.end, s.delta] for s in update.shifts],
         "modified_columns": {c: to_ranges(k) for c, k in update.modified_columns.items()},
+        **({} if update.first is None else {"first": update.first, "size": update.size}),
     }).encode()
     for i, batch in enumerate(batches):
         yield batch, head if i == 0 else b""
@@ -61,6 +66,8 @@ def decode(metadata: bytes, batches: list[pa.RecordBatch], schema: pa.Schema) ->
             modified_columns={c: from_ranges(r) for c, r in head["modified_columns"].items()},
             rows=pa.Table.from_batches(batches, schema=schema),
             snapshot=bool(head["snapshot"]),
+            first=None if head.get("first") is None else int(head["first"]),
+            size=None if head.get("size") is None else int(head["size"]),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise WireError(f"not a txstream update message: {exc}") from exc

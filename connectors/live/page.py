@@ -53,8 +53,8 @@ def event(name: str, data: Mapping[str, Any]) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def message(update: TableUpdate, first: int, size: int) -> dict[str, Any]:
-    """An update as the page applies it."""
+def message(update: TableUpdate) -> dict[str, Any]:
+    """A viewport's update as the page applies it."""
     rows = [{k: (str(v) if k == ROW_KEY else _cell(v)) for k, v in row.items()}
             for row in update.rows.to_pylist()]
     return {
@@ -63,7 +63,7 @@ def message(update: TableUpdate, first: int, size: int) -> dict[str, Any]:
         "modified": _keys(update.modified),
         "shifts": [[str(s.start), str(s.end), str(s.delta)] for s in update.shifts],
         "modified_columns": {c: _keys(k) for c, k in update.modified_columns.items()},
-        "rows": rows, "first": first, "size": size,
+        "rows": rows, "first": update.first, "size": update.size,
     }
 
 
@@ -131,11 +131,9 @@ class LivePage:
             write(event("failure", {"error": str(exc.args[0] if exc.args else exc)}))
             return
         served = tables.served(name)
-        window = subscriber.window
-        assert window is not None
 
         def send(update: TableUpdate) -> None:
-            write(event("update", message(update, window.viewport.first, len(window.view.keys))))
+            write(event("update", message(update)))
 
         try:
             write(event("hello", {"subscription": identity}))

@@ -73,7 +73,10 @@ class Window:
         """The rows at the positions now, replacing whatever the subscriber held."""
         self.held = self._keys().copy()
         return TableUpdate(self.view.transaction, _EMPTY, (), self.held, _EMPTY, {},
-                           self._rows(self.held), snapshot=True)
+                           self._rows(self.held), snapshot=True, **self._where())
+
+    def _where(self) -> dict[str, int]:
+        return {"first": self.viewport.first, "size": len(self.view.keys)}
 
     def follow(self, update: TableUpdate) -> TableUpdate:
         """The subscriber's part of the view's `update` (just applied to the view)."""
@@ -104,4 +107,5 @@ class Window:
         sent = np.sort(np.concatenate([added, changed]))
         self.held = now.copy()
         return TableUpdate(transaction, held[~kept], sent_shifts, added, changed,
-                           {c: k for c, k in columns.items() if len(k)}, self._rows(sent))
+                           {c: k for c, k in columns.items() if len(k)}, self._rows(sent),
+                           **self._where())
