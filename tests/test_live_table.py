@@ -46,6 +46,23 @@ def expected(state: dict[int, tuple[int, str | None, int | None]],
                      "qty": [r[2] for r in rows]}, schema=SCHEMA)
 
 
+def change_row(state: dict[int, tuple[int, str | None, int | None]],
+               new: tuple[int, str | None, int | None], delete: bool,
+               batch: list[tuple[tuple[int, str | None, int | None], int]]) -> None:
+    """Delete the row held for `new`'s key (if `delete`), else update it to `new`, or insert
+    `new` if none is held: in `state`, and as changes appended to `batch`."""
+    k = new[0]
+    if k in state and delete:
+        batch.append((state.pop(k), -1))
+    elif k in state:
+        if new != state[k]:
+            batch += [(state[k], -1), (new, 1)]
+            state[k] = new
+    else:
+        batch.append((new, 1))
+        state[k] = new
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("spacing", [1, 3, 1 << 16])
 @pytest.mark.parametrize("key", [["k"], ["name", "k"]])
@@ -68,15 +85,7 @@ def test_a_mirror_follows_random_transactions(seed: int, spacing: int, key: list
             touched.add(k)
             name = rng.choice(["a", "b", None]) if key == ["k"] else k % 3 * "ab"
             new = (k, name, rng.choice([1, 2, None]))
-            if k in state and rng.random() < 0.4:
-                batch.append((state.pop(k), -1))
-            elif k in state:
-                if new != state[k]:
-                    batch += [(state[k], -1), (new, 1)]
-                    state[k] = new
-            else:
-                batch.append((new, 1))
-                state[k] = new
+            change_row(state, new, k in state and rng.random() < 0.4, batch)
         rng.shuffle(batch)
         update = live.apply(changes(batch, t), t)
         mirror.apply(update)

@@ -12,6 +12,7 @@ import random
 
 import pyarrow as pa
 import pytest
+from test_live_table import change_row
 
 from connectors.live.serving import LiveTables, UnknownSubscriptionError
 from connectors.live.table import LiveTable
@@ -84,15 +85,8 @@ def random_batch(rng: random.Random, state: dict[int, Row]) -> list[tuple[Row, i
     batch: list[tuple[Row, int]] = []
     for k in rng.sample(range(120), rng.randrange(0, 25)):
         new = (k, rng.choice(["a", "b", "c", None]), rng.choice([1, 2, 3, 4, None]))
-        if k in state and rng.random() < 0.35:
-            batch.append((state.pop(k), -1))
-        elif k in state:
-            if new != state[k]:  # often moves the row in a sorted view
-                batch += [(state[k], -1), (new, 1)]
-                state[k] = new
-        else:
-            batch.append((new, 1))
-            state[k] = new
+        # An update often moves the row in a sorted view.
+        change_row(state, new, k in state and rng.random() < 0.35, batch)
     rng.shuffle(batch)
     return batch
 
