@@ -98,7 +98,8 @@ class LiveServing(BaseModel):
     (PEM) together make it serve TLS. `queue_updates`: updates held per subscriber; one that
     falls further behind gets a fresh snapshot instead. `state_dir`: where live tables are
     kept across restarts (saved at every checkpoint); default `<checkpoint location>/live`,
-    which must then be a local path."""
+    which must then be a local path. `page`: show the tables at `/ui` on the HTTP port too
+    (plain HTTP: with a token, reach it through a TLS-terminating proxy or a port-forward)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -109,6 +110,7 @@ class LiveServing(BaseModel):
     tls_key_file: Path | None = None
     queue_updates: int = Field(default=256, ge=1)
     state_dir: Path | None = None
+    page: bool = True
 
     @model_validator(mode="after")
     def _tls_pair(self) -> LiveServing:

@@ -111,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
             runner.request_stop()
         if runner.live is not None:
             live = serve_live(config, runner.live)
-            if health is not None:
+            if health is not None and config.live.page:
                 token = config.live.token
                 health.serve_live(runner.live, token.get_secret_value() if token else None)
         interval = args.progress_interval or config.status_interval_s

@@ -18,13 +18,20 @@ import time
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from connectors.live.page import LivePage, PageRequestError
 from connectors.live.serving import LiveTables
 
 log = logging.getLogger(__name__)
 _COOKIE = "txstream_live_token"
+
+
+def _query(text: str) -> dict[str, str]:
+    """A query string's parameters, percent-decoded only: a `+` stays a `+` (a token's
+    base64 would otherwise lose it)."""
+    pairs = (part.partition("=") for part in text.split("&") if part)
+    return {unquote(k): unquote(v) for k, _, v in pairs}
 
 # Seconds: from a fast Spark job or PostgreSQL write to a slow checkpoint.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -325,7 +332,7 @@ class HealthServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
-                query = dict(parse_qsl(url.query))
+                query = _query(url.query)
                 if url.path.startswith("/ui") and not self._allowed(query):
                     return
                 if url.path == "/ui/events":
@@ -346,7 +353,7 @@ class HealthServer:
                 if not self._allowed({}):
                     return
                 try:
-                    server.page.move(dict(parse_qsl(url.query)))
+                    server.page.move(_query(url.query))
                 except PageRequestError as exc:
                     self._reply(400, f"{exc}\n".encode(), "text/plain; charset=utf-8")
                     return
@@ -398,8 +405,8 @@ class HealthServer:
 
     def serve_live(self, tables: LiveTables, token: str | None = None) -> None:
         """Show `tables` on the page at `/ui`, to those who give `token` if one is set."""
+        self.page_token = token  # first: the tables must never be shown without it
         self.page.tables = tables
-        self.page_token = token
 
     def status(self) -> dict[str, object]:
         """The pipeline's status, as the page shows it."""

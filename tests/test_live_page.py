@@ -8,6 +8,7 @@ test_service.py."""
 from __future__ import annotations
 
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +17,14 @@ import pyarrow as pa
 import pytest
 from chromium import Browser
 
+from connectors.live.page import message
 from connectors.live.serving import LiveTables
 from connectors.live.table import LiveTable
 from service.health import HealthServer, Progress, Readiness
+from txstream.viewports import Viewport
 
 SCHEMA = pa.schema([("k", pa.int64()), ("name", pa.string()), ("qty", pa.int64())])
-TOKEN = "pa9e"
+TOKEN = "pa+9e/="  # base64's characters: a `+` must survive the query string
 ROWS_SHOWN = "[...document.querySelectorAll('#grid .row')].map(r => r.innerText)"
 
 
@@ -33,8 +36,11 @@ def changes(rows: list[tuple[tuple[int, str, int], int]], t: int) -> pa.Table:
 
 @pytest.fixture
 def page(tmp_path: Path) -> Iterator[tuple[LiveTables, str, Browser]]:
-    tables = LiveTables({"t": LiveTable("t", SCHEMA, ["k"])})
+    wide = pa.schema([("id", pa.int64()), *[(f"c{i}", pa.int64()) for i in range(4)]])
+    tables = LiveTables({"t": LiveTable("t", SCHEMA, ["k"]), "u": LiveTable("u", wide, ["id"])})
     tables.publish("t", changes([((k, f"row{k}", k % 7), 1) for k in range(500)], 1))
+    tables.publish("u", pa.table({"id": [1, 2], **{f"c{i}": [i, 2**60 + i] for i in range(4)},
+                                  "time": [1, 1], "diff": [1, 1]}))
     health = HealthServer(0, Progress(), Readiness(1000), "127.0.0.1").start()
     health.serve_live(tables, TOKEN)
     browser = Browser(tmp_path / "profile")
@@ -49,10 +55,11 @@ def page(tmp_path: Path) -> Iterator[tuple[LiveTables, str, Browser]]:
 def test_the_page_shows_changes_scrolls_and_sorts(page: tuple[LiveTables, str, Browser],
                                                    tmp_path: Path) -> None:
     tables, base, browser = page
-    browser.open(f"{base}/ui?token={TOKEN}")
+    browser.open(f"{base}/ui?token={urllib.parse.quote(TOKEN, safe='')}#t")
     shown = browser.wait_for(f"{ROWS_SHOWN}.length >= 20 && {ROWS_SHOWN}")
     assert shown[0].split() == ["0", "row0", "0"]
     assert "last transaction" in browser.evaluate("document.body.innerText")
+    assert "token" not in browser.evaluate("location.href")  # kept in the cookie only
 
     tables.publish("t", changes([((3, "row3", 3), -1), ((3, "changed!", 3), 1)], 2))
     browser.wait_for(f"{ROWS_SHOWN}.some(r => r.includes('changed!'))")
@@ -77,10 +84,18 @@ def test_the_page_shows_changes_scrolls_and_sorts(page: tuple[LiveTables, str, B
     shot = browser.screenshot(tmp_path / "sorted.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # Another table, with more columns: its rows have its cells, none of the first table's.
+    browser.evaluate("document.querySelector('nav a[data-table=\"u\"]').click()")
+    rows = browser.wait_for(f"{ROWS_SHOWN}.length === 2 && {ROWS_SHOWN}")
+    assert rows[1].split() == ["2", *[str(2**60 + i) for i in range(4)]]  # exact, past 2^53
+    widths = browser.evaluate("[...document.querySelectorAll('#grid .row')]"
+                              ".map(r => r.style.gridTemplateColumns)")
+    assert all(w.startswith("repeat(5") for w in widths)
+
 
 def test_the_page_needs_the_live_token(page: tuple[LiveTables, str, Browser]) -> None:
     _, base, _ = page
-    for path in ("/ui", "/ui/tables", "/ui/events?table=t"):
+    for path in ("/ui", "/ui/tables", "/ui/events?table=t", "/ui?token=pa%209e/="):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(base + path, timeout=5)
         assert refused.value.code == 401
@@ -88,3 +103,13 @@ def test_the_page_needs_the_live_token(page: tuple[LiveTables, str, Browser]) ->
                                      headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(request, timeout=5) as reply:
         assert b'"name": "t"' in reply.read()
+    with urllib.request.urlopen(f"{base}/ui?token={TOKEN}", timeout=5) as reply:  # a raw `+`
+        assert reply.status == 200 and "HttpOnly" in reply.headers["Set-Cookie"]
+
+
+def test_update_messages_keep_large_integers_exact() -> None:
+    tables = LiveTables({"t": LiveTable("t", SCHEMA, ["k"])})
+    tables.publish("t", changes([((2**60, "big", 2**53 + 1), 1), ((1, "small", 7), 1)], 1))
+    snapshot, _ = tables.subscribe("t", Viewport.of(0, 9))
+    rows = message(snapshot)["rows"]
+    assert [(r["k"], r["qty"]) for r in rows] == [(1, 7), (str(2**60), str(2**53 + 1))]

@@ -141,7 +141,7 @@ def test_environment_override_problems_name_the_variable() -> None:
             "DATABASE_PASSWORD_FILE": "/nonexistent/secret"})
     assert [line.strip() for line in str(err.value).splitlines()[1:]] == [
         "DATABASE_PASSWORD_FILE: cannot read /nonexistent/secret: No such file or directory",
-        "TXSTREAM_SINKS__9__MODE: sinks has 5 item(s); '9' is not one of their indexes",
+        "TXSTREAM_SINKS__9__MODE: sinks has 4 item(s); '9' is not one of their indexes",
     ]
     with pytest.raises(ConfigError) as err:
         PipelineConfig.from_mapping(_deploy_config(), env={

@@ -44,6 +44,8 @@ def _keys(keys: np.ndarray) -> list[str]:
 def _cell(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # JSON has no NaN or infinities
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        return str(value)  # a JavaScript number would round it
     if isinstance(value, bool | int | float | str) or value is None:
         return value
     return str(value)  # decimals, timestamps, bytes
