@@ -336,8 +336,11 @@ class _Background:
         return self.runner.readiness.problems(self.runner.progress)
 
     def drained(self, events: int) -> Callable[[], bool]:
+        """`events` read, and every record of the topics in a committed transaction, measured
+        now (the lag in `progress` is measured every few seconds: it may predate the events)."""
         progress = self.runner.progress
-        return lambda: progress.events >= events and progress.lag == 0 and not self.problems()
+        return lambda: (progress.events >= events and not self.problems()
+                        and self.runner.lag() == 0)
 
 
 def _assert_snapshots(url: str, schema: str, world: OrderWorld) -> None:
