@@ -45,7 +45,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -257,8 +257,7 @@ class PipelineRunner:
         start from scratch that recreates every table deletes)."""
         tables = {name: [cast(PostgresTable, sink) for cfg, sink in sinks if _postgres(cfg)]
                   for name, sinks in self.sinks.items()}
-        settings = [cfg.settings for sinks in self.sinks.values() for cfg, _ in sinks
-                    if _postgres(cfg)]
+        settings = [cfg.settings for cfg, _ in self._each_sink() if _postgres(cfg)]
         if not settings:
             return None
         first = settings[0]
@@ -275,7 +274,7 @@ class PipelineRunner:
         """A sink that saves state of its own at checkpoints (a live table) must have saved it
         for the checkpoint resumed from: the replay starts after it."""
         stale = [f"output {cfg.output!r} ({cfg.settings.kind} {_where(cfg)}) was saved for "
-                 f"checkpoint #{saved}" for sinks in self.sinks.values() for cfg, sink in sinks
+                 f"checkpoint #{saved}" for cfg, sink in self._each_sink()
                  if (saved := sink.saved_through()) is not None and saved < self._checkpointed]
         if stale:
             self._close_sinks()
@@ -290,7 +289,7 @@ class PipelineRunner:
         """A run from scratch numbers its transactions from 1: a sink still holding an earlier
         run's transactions would ignore (snapshot) or duplicate (append) everything it gets."""
         stale = [f"output {cfg.output!r} ({cfg.settings.kind} {_where(cfg)}) holds transactions"
-                 f" up to #{through}" for sinks in self.sinks.values() for cfg, sink in sinks
+                 f" up to #{through}" for cfg, sink in self._each_sink()
                  if (through := sink.held_through())]
         committed = self._postgres.committed() if self._postgres is not None else None
         if committed:
@@ -536,9 +535,8 @@ class PipelineRunner:
         started = time.monotonic()
         prepared = self.checkpoints.prepare(number, state)
         self.engine.save_state(self.checkpoints.engine_uri(prepared), version)
-        for sinks in self.sinks.values():
-            for _, sink in sinks:
-                sink.before_checkpoint(number)
+        for _, sink in self._each_sink():
+            sink.before_checkpoint(number)
         self._crash.reached("checkpoint")
         self.checkpoints.publish(prepared)
         self._crash.reached("checkpointed")
@@ -558,9 +556,8 @@ class PipelineRunner:
         them)."""
         number = self._checkpointed
         if number > self._announced:
-            for sinks in self.sinks.values():
-                for _, sink in sinks:
-                    sink.on_checkpoint(number)
+            for _, sink in self._each_sink():
+                sink.on_checkpoint(number)
             self._announced = number
 
     def checkpoint(self) -> bool:
@@ -595,12 +592,15 @@ class PipelineRunner:
         self.input.close()
         self._close_sinks()
 
+    def _each_sink(self) -> Iterator[tuple[SinkConfig, Sink]]:
+        for sinks in self.sinks.values():
+            yield from sinks
+
     def _close_sinks(self) -> None:
         if self._postgres is not None:
             self._postgres.close()
-        for sinks in self.sinks.values():
-            for _, sink in sinks:
-                sink.close()
+        for _, sink in self._each_sink():
+            sink.close()
 
 
 @dataclass(frozen=True)

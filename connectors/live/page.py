@@ -105,9 +105,10 @@ class LivePage:
             raise PageRequestError("this service has no live tables: give an output a sink of "
                                    "kind live")
         name = query.get("table", "")
-        if name not in self.tables.names:
-            raise PageRequestError(f"no live table {name!r}; served: "
-                                   f"{', '.join(self.tables.names) or 'none'}")
+        try:
+            self.tables.served(name)
+        except UnknownTableError as exc:
+            raise PageRequestError(exc.args[0]) from exc
         return name
 
     def move(self, query: Mapping[str, str]) -> None:
@@ -129,7 +130,7 @@ class LivePage:
             tables = self.tables
             assert tables is not None
             snapshot, subscriber = tables.subscribe(name, viewport, identity)
-        except (PageRequestError, ViewportError, UnknownTableError) as exc:
+        except (PageRequestError, ViewportError) as exc:
             write(event("failure", {"error": str(exc.args[0] if exc.args else exc)}))
             return
         served = tables.served(name)
