@@ -6,7 +6,8 @@ Transaction boundaries (one rule per source, one numbering for the pipeline):
 
 * Sources without upstream transaction ids: their records, in consumption order, form
   mini-batches closed every `BatchPolicy.max_events` records or `max_delay_ms` after the
-  batch's first record (Pathway's autocommit).
+  batch's first record (Pathway's autocommit), and (`close_when_caught_up`) as soon as every
+  assigned partition has been read to its end.
 * Sources with upstream ids (`SourceSpec.upstream`, id in a field or a header): all records
   with one id, across every partition and topic, form one transaction. It closes when known
   complete, by the first rule the source configures:
@@ -280,6 +281,7 @@ class TransactionBuilder:
         self._next_number = first_number
         self._seq = 0
         self._positions: dict[_TP, int] = {}
+        self._assigned: set[_TP] = set()
         self._eof: set[_TP] = set()
         self._last_key: dict[_TP, str] = {}
         self._open: dict[str, _Open] = {}
@@ -320,6 +322,7 @@ class TransactionBuilder:
             else:
                 self._positions[(tp.topic, tp.partition)] = tp.offset
                 self._committed_offsets.setdefault(tp.topic, {})[tp.partition] = tp.offset
+        self._assigned = {(tp.topic, tp.partition) for tp in tps}
         self._consumer.assign(tps)
 
     def _partitions(self, topic: str) -> list[int]:
@@ -364,6 +367,7 @@ class TransactionBuilder:
         offsets = np.fromiter((m.offset() for m in records), np.int64, n)
         advance(self._positions, self._eof, topics, partitions, offsets, ends)
         if not records:
+            self._seal_if_caught_up()
             return self._close_ready(now)
         is_event = np.zeros(n, dtype=bool)
         for topic in self._collections:
@@ -376,11 +380,18 @@ class TransactionBuilder:
             self._announce([records[i] for i in np.flatnonzero(is_event)], now)
         else:
             self._ingest(records, topics, partitions, offsets, now)
+        self._seal_if_caught_up()
         return self._close_ready(now)
 
     def _seal_batch(self) -> None:
         self._batch_no += 1
         self._batch_fill = 0
+
+    def _seal_if_caught_up(self) -> None:
+        """Nothing more to read now: the open mini-batch need not wait for more records."""
+        if (self._batch_fill and self._policy.close_when_caught_up
+                and self._assigned <= self._eof):
+            self._seal_batch()
 
     def _ingest(self, records: list[Message], topics: np.ndarray, partitions: np.ndarray,
                  offsets: np.ndarray, now: float) -> None:

@@ -312,7 +312,12 @@ class BatchPolicy(BaseModel):
     """Transaction boundaries for the whole pipeline.
 
     Records of sources without upstream transaction ids form mini-batches: a batch closes after
-    `max_events` records or `max_delay_ms` after its first record, whichever comes first.
+    `max_events` records or `max_delay_ms` after its first record, whichever comes first, and,
+    with `close_when_caught_up`, as soon as the consumer has read every partition to its end.
+    That last rule makes the batches adapt to the load: a lone event is not held back
+    `max_delay_ms`, while a backlog still forms batches of `max_events` (or of what arrives
+    within `max_delay_ms`). Turn it off to keep boundaries at the count and the delay only
+    (fewer, larger transactions at a steady moderate rate, each visible later).
     An upstream transaction not complete `upstream_timeout_ms` after its first record (or its
     Debezium END event) is never emitted: its records go to the dead-letter topic (an aborted or
     lost upstream transaction). Emitting the part that arrived instead would break the
@@ -323,6 +328,7 @@ class BatchPolicy(BaseModel):
 
     max_events: int = Field(default=10_000, gt=0)
     max_delay_ms: int = Field(default=1_000, ge=0)
+    close_when_caught_up: bool = True
     upstream_timeout_ms: int = Field(default=60_000, gt=0)
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     # Upper bound of records taken from the consumer per `poll` call.

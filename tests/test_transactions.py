@@ -444,8 +444,10 @@ def test_replay_rebuilds_emitted_mini_batches_with_their_numbers(
     kafka.create_topic(topic_name, 1)
     spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
     group = uuid.uuid4().hex
-    first = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group,
-                               policy=FAST.model_copy(update={"max_events": 3}))
+    # Record 6 must stay in an open batch when the first builder stops.
+    held = FAST.model_copy(update={"max_events": 3, "max_delay_ms": 60_000,
+                                   "close_when_caught_up": False})
+    first = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=held)
     try:
         produce(kafka, topic_name, [(None, order(i)) for i in range(3)])
         (t1,) = poll_until(first, lambda ts: len(ts) == 1)
@@ -469,6 +471,35 @@ def test_replay_rebuilds_emitted_mini_batches_with_their_numbers(
         assert t3.number == 3 and integrate([t3], "orders") == expect([6])
     finally:
         second.close()
+
+
+@pytest.mark.parametrize("caught_up", [True, False])
+def test_a_mini_batch_closes_when_the_consumer_has_caught_up(
+    kafka: KafkaEndpoint, topic_name: str, caught_up: bool
+) -> None:
+    """A backlog is cut at `max_events`; its remainder, and then a lone record, close as soon
+    as every partition is read to its end, not `max_delay_ms` later. Without the rule they wait
+    for the delay."""
+    kafka.create_topic(topic_name, 2)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
+    policy = FAST.model_copy(update={"max_events": 4, "max_delay_ms": 60_000,
+                                     "close_when_caught_up": caught_up})
+    builder = make_builder(kafka, [spec], policy=policy)
+    try:
+        produce(kafka, topic_name, [(None, order(i)) for i in range(10)])
+        if not caught_up:
+            backlog = poll_until(builder, lambda ts: len(ts) == 2)
+            assert [len(rows(t)) for t in backlog] == [4, 4]
+            late = [t for _ in range(10) for t in builder.poll(0.2)]
+            assert late == [], "the remainder waits for max_delay_ms"
+            return
+        backlog = poll_until(builder, lambda ts: sum(len(rows(t)) for t in ts) == 10, 5)
+        assert [len(rows(t)) for t in backlog] == [4, 4, 2]
+        produce(kafka, topic_name, [(None, order(10))], partition=1)
+        (lone,) = poll_until(builder, lambda ts: len(ts) == 1, 5)
+        assert lone.number == 4 and rows(lone) == [order(10) | {"time": 4, "diff": 1}]
+    finally:
+        builder.close()
 
 
 def test_state_is_taken_through_the_last_committed_transaction(
