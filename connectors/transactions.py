@@ -389,9 +389,20 @@ class TransactionBuilder:
 
     def _seal_if_caught_up(self) -> None:
         """Nothing more to read now: the open mini-batch need not wait for more records."""
-        if (self._batch_fill and self._policy.close_when_caught_up
-                and self._assigned <= self._eof):
+        if self._batch_fill and self._policy.close_when_caught_up and self._caught_up():
             self._seal_batch()
+
+    def _caught_up(self) -> bool:
+        """Every assigned partition read to its end. The end is known from the high watermark
+        the client cached from the fetch that brought the records, or else from the client's
+        end-of-partition report, which comes one more fetch later (up to `fetch.wait.max.ms`).
+        A transactional topic's commit markers take offsets of their own, so there the
+        watermark stays past the last record and the report decides."""
+        for tp in self._assigned - self._eof:
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            if high < 0 or self._positions.get(tp, -1) < high:
+                return False
+        return True
 
     def _ingest(self, records: list[Message], topics: np.ndarray, partitions: np.ndarray,
                  offsets: np.ndarray, now: float) -> None:
