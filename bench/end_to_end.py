@@ -5,11 +5,14 @@ the `paid_orders` live snapshot: an event is committed when the snapshot's row c
 its position in the stream. Latency is measured from outside, from just before the event is
 produced (its Kafka timestamp) to the first poll of PostgreSQL that sees it (every 10 ms).
 
-* low load: one small transaction at a time (`--small` events, closed by count), the next one
-  produced once the previous is visible; one transaction per Spark job.
+* low load: `--small` events at a time, the next ones produced once the previous are visible.
 * saturation: `--events` events produced as fast as the producer goes while the service
-  consumes them (large transactions, several per Spark job): events/s from the first produce
-  to the last commit, and the latency each event saw in that backlog.
+  consumes them: events/s from the first produce to the last commit, and the latency each event
+  saw in that backlog.
+
+Both run with the default transaction policy and `batch_transactions`, as a user who sets
+neither would: transactions adapt to the load (closed when the consumer has caught up, else
+at 10,000 events or 1 s), and so does the number of transactions per Spark job.
 
 * groupby_saturation: Pathway's workload end to end (examples/groupby.py): a backlog of
   `--groupby-events` JSON events `{"k": i % 10000, "v": i % 1000}` in one partition (zstd: the
@@ -132,8 +135,7 @@ def _percentiles(latencies: list[float]) -> dict[str, float]:
             "max_ms": round(float(values.max()) * 1000, 1)}
 
 
-def _run(kafka: KafkaEndpoint, url: str, policy: BatchPolicy, batch_transactions: int,
-         measure: Measure) -> dict[str, object]:
+def _run(kafka: KafkaEndpoint, url: str, measure: Measure) -> dict[str, object]:
     """Start a runner on fresh topics in a fresh schema, then `measure(stream, watcher)`."""
     bootstrap = kafka.bootstrap_servers
     run_id = uuid.uuid4().hex[:8]
@@ -148,7 +150,6 @@ def _run(kafka: KafkaEndpoint, url: str, policy: BatchPolicy, batch_transactions
         sources=kafka_sources(topics["customers"], topics["orders"]),
         sinks=[SinkConfig.model_validate({"output": o, "db_schema": schema})
                for o in OUTPUTS],
-        transactions=policy, batch_transactions=batch_transactions,
         kafka_bootstrap_servers=bootstrap, consumer_group=f"bench-{run_id}",
         database_url=url, checkpoint_dir=tempfile.mkdtemp(prefix="txstream-bench-"),
     )
@@ -185,7 +186,7 @@ def low_load(rounds: int, small: int) -> Measure:
                           for i in range(first, first + small)]
         # The first transactions also pay for Spark's first jobs (code generation, caches).
         warm = latencies[small * 3:] if rounds > 5 else latencies
-        return {"events": len(stream.produced_at), "events_per_transaction": small,
+        return {"events": len(stream.produced_at), "events_at_a_time": small,
                 "latency": _percentiles(warm)}
     return measure
 
@@ -382,13 +383,9 @@ if __name__ == "__main__":
         get_spark()
         results: dict[str, object] = {}
         if "low_load" in only:
-            results["low_load"] = _run(kafka, postgres.url,
-                                       BatchPolicy(max_events=args.small, max_delay_ms=50), 1,
-                                       low_load(args.rounds, args.small))
+            results["low_load"] = _run(kafka, postgres.url, low_load(args.rounds, args.small))
         if "saturation" in only:
-            results["saturation"] = _run(kafka, postgres.url,
-                                         BatchPolicy(max_events=5000, max_delay_ms=500), 10,
-                                         saturation(args.events))
+            results["saturation"] = _run(kafka, postgres.url, saturation(args.events))
         if "groupby_saturation" in only:
             results["groupby_saturation"] = groupby_saturation(
                 kafka, postgres.url, args.groupby_events, peer=not args.no_peer)
