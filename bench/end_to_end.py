@@ -19,18 +19,19 @@ at 10,000 events or 1 s), and so does the number of transactions per Spark job.
   embedded broker keeps ~5 MiB per partition and would drop older records; the low watermark is
   checked), group-by count and sum into a PostgreSQL snapshot keyed by `k`: events/s from consumer
   start to the final snapshot and busy time per stage, for txstream with two transaction policies
-  (transactions of 10,000 events, each one's state visible; and transactions closed every 1,500 ms,
-  as Pathway's Kafka reader closes its times by default), and the same backlog read by Pathway into
-  a table of its own in the same run (bench/peers/pathway_kafka_pg.py, which reports how many times
-  Pathway closed and when its last output change was computed, before its PostgreSQL writer
-  finished), with the ratios. Pathway's consumer, and the bare consumer below, get the librdkafka
-  fetch settings of txstream's (`FETCH_SETTINGS`). Every final table is checked against numpy.
-  txstream's start (`start_seconds`, below) is outside its timer while Pathway's run, from building
-  its graph, is inside its own: `with_txstream_start` counts it too. `bare_consumer_events_per_s`: a
-  consumer reading the same backlog and doing nothing with it, the ceiling of the service's ingest.
-  `start_seconds` is the service's start before it consumes (the Spark session is already up):
-  connecting, and the engine's warm-up (`warm_up_rows`), which plans and compiles the pipeline on
-  made-up rows so that its first batches do not do it on a cold JVM.
+  (transactions of 10,000 events, each one's state visible; and transactions closed every 1,500
+  ms, as Pathway's Kafka reader closes its times by default; both also close a transaction when
+  the backlog is read to its end, as Pathway's static read ends there), and the same backlog read
+  by Pathway into a table of its own in the same run (bench/peers/pathway_kafka_pg.py, which
+  reports how many times Pathway closed and when its last output change was computed, before its
+  PostgreSQL writer finished), with the ratios. Pathway's consumer, and the bare consumer below,
+  get the librdkafka fetch settings of txstream's (`FETCH_SETTINGS`). Every final table is checked
+  against numpy. txstream's start (`start_seconds`, below) is outside its timer while Pathway's
+  run, from building its graph, is inside its own: `with_txstream_start` counts it too.
+  `bare_consumer_events_per_s`: a consumer reading the same backlog and doing nothing with it, the
+  ceiling of the service's ingest. `start_seconds` is the service's start before it consumes (the
+  Spark session is already up): connecting, and the engine's warm-up (`warm_up_rows`), which plans
+  and compiles the pipeline on made-up rows so that its first batches do not do it on a cold JVM.
 
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
