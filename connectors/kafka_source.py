@@ -398,7 +398,7 @@ class SourceDecoder:
         can only be one JSON object; the rest, usually none, are looked at one by one."""
         spec = self.spec
         upsert = spec.semantics == "upsert"
-        raw = [m.value() for m in messages]
+        raw = list(map(Message.value, messages))
         values = pa.array(raw, pa.binary())
         plain = pc.and_(pc.and_(pc.starts_with(values, b"{"), pc.ends_with(values, b"}")),
                         pc.less_equal(pc.binary_length(values), spec.max_value_bytes))

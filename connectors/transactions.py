@@ -362,9 +362,9 @@ class TransactionBuilder:
         records, ends = records_and_ends(messages)
         # Read once per record: each is a call into the client, and a backlog is millions.
         n = len(records)
-        topics = np.array([m.topic() for m in records], dtype=object)
-        partitions = np.fromiter((m.partition() for m in records), np.int64, n)
-        offsets = np.fromiter((m.offset() for m in records), np.int64, n)
+        topics = np.array(list(map(Message.topic, records)), dtype=object)
+        partitions = np.fromiter(map(Message.partition, records), np.int64, n)
+        offsets = np.fromiter(map(Message.offset, records), np.int64, n)
         advance(self._positions, self._eof, topics, partitions, offsets, ends)
         if not records:
             self._seal_if_caught_up()
@@ -399,7 +399,10 @@ class TransactionBuilder:
         A transactional topic's commit markers take offsets of their own, so there the
         watermark stays past the last record and the report decides."""
         for tp in self._assigned - self._eof:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            try:
+                _, high = self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            except KafkaException:  # nothing cached for it (yet): the report will tell
+                return False
             if high < 0 or self._positions.get(tp, -1) < high:
                 return False
         return True
@@ -424,7 +427,8 @@ class TransactionBuilder:
             if not len(idx):
                 continue
             spec = self._by_topic[topic]
-            batch = self._decoders[spec.name].decode([records[i] for i in idx], seq0 + idx)
+            of_topic = records if len(idx) == n else [records[i] for i in idx]
+            batch = self._decoders[spec.name].decode(of_topic, seq0 + idx)
             self._stats.ignored_tombstones += batch.ignored_tombstones
             local = batch.rows.column(SEQ).to_numpy() - seq0
             if spec.upstream is not None:
