@@ -55,7 +55,7 @@ import heapq
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -393,19 +393,10 @@ class TransactionBuilder:
             self._seal_batch()
 
     def _caught_up(self) -> bool:
-        """Every assigned partition read to its end. The end is known from the high watermark
-        the client cached from the fetch that brought the records, or else from the client's
-        end-of-partition report, which comes one more fetch later (up to `fetch.wait.max.ms`).
-        A transactional topic's commit markers take offsets of their own, so there the
-        watermark stays past the last record and the report decides."""
-        for tp in self._assigned - self._eof:
-            try:
-                _, high = self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
-            except KafkaException:  # nothing cached for it (yet): the report will tell
-                return False
-            if high < 0 or self._positions.get(tp, -1) < high:
-                return False
-        return True
+        def high_watermark(tp: _TP) -> int:
+            return self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]
+
+        return caught_up(self._assigned, self._eof, self._positions, high_watermark)
 
     def _ingest(self, records: list[Message], topics: np.ndarray, partitions: np.ndarray,
                  offsets: np.ndarray, now: float) -> None:
@@ -885,6 +876,7 @@ class TransactionBuilder:
         self._next_number = state.next_number + len(replay)
         self._committed_number = state.next_number - 1
         self._positions = {}
+        self._eof = set()  # reported before the restore, for positions it no longer holds
         self._committed_offsets = {}
         self._assign(state.offsets)
 
@@ -972,6 +964,18 @@ def advance(positions: dict[_TP, int], at_end: set[_TP], topics: np.ndarray,
         positions[tp] = int(offsets[index]) + 1
         at_end.discard(tp)
     at_end.update(tp for tp, before in ends.items() if last.get(tp, -1) < before)
+
+
+def caught_up(assigned: Iterable[_TP], at_end: set[_TP], positions: Mapping[_TP, int],
+              high_watermark: Callable[[_TP], int]) -> bool:
+    """Whether every `assigned` partition is read to its end: reported at its end by the client
+    (`at_end`), or read (`positions`: next offset) up to the high watermark the client holds from
+    its latest fetch of it (negative: none yet). The watermark answers with the records that
+    reach it; the report comes one fetch later (up to `fetch.wait.max.ms`). A transactional
+    producer's commit markers, and open or aborted transactions under read_committed, take
+    offsets below the watermark that no record reaches: there only the report tells."""
+    return all(tp in at_end or 0 <= high_watermark(tp) <= positions.get(tp, -1)
+               for tp in assigned)
 
 
 def _distinct(values: np.ndarray) -> list[Any]:

@@ -313,11 +313,13 @@ class BatchPolicy(BaseModel):
 
     Records of sources without upstream transaction ids form mini-batches: a batch closes after
     `max_events` records or `max_delay_ms` after its first record, whichever comes first, and,
-    with `close_when_caught_up`, as soon as the consumer has read every partition to its end.
-    That last rule makes the batches adapt to the load: a lone event is not held back
-    `max_delay_ms`, while a backlog still forms batches of `max_events` (or of what arrives
-    within `max_delay_ms`). Turn it off to keep boundaries at the count and the delay only
-    (fewer, larger transactions at a steady moderate rate, each visible later).
+    with `close_when_caught_up`, as soon as the consumer has read every assigned partition (of
+    every source and metadata topic) to its end. That last rule makes the batches follow the
+    load: a lone event is not held back `max_delay_ms`, a backlog is still cut at `max_events`
+    (or `max_delay_ms`), and at a steady rate the service keeps up with, a batch holds what was
+    read before the consumer caught up, so transactions come up to about 20 a second (the
+    service polls every 50 ms), each with its own output changes. Turn it off for fewer, larger
+    transactions, each visible up to `max_delay_ms` later.
     An upstream transaction not complete `upstream_timeout_ms` after its first record (or its
     Debezium END event) is never emitted: its records go to the dead-letter topic (an aborted or
     lost upstream transaction). Emitting the part that arrived instead would break the

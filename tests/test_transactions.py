@@ -29,7 +29,13 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
 )
 
 from connectors.kafka_source import DELETE, SEQ, KafkaSourceError
-from connectors.transactions import SourceState, TransactionBuilder, advance, records_and_ends
+from connectors.transactions import (
+    SourceState,
+    TransactionBuilder,
+    advance,
+    caught_up,
+    records_and_ends,
+)
 from connectors.upsert import UpsertState
 from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
 from schemas.tables import TableSchema
@@ -484,9 +490,10 @@ def test_a_mini_batch_closes_when_the_consumer_has_caught_up(
     spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
     policy = FAST.model_copy(update={"max_events": 4, "max_delay_ms": 60_000,
                                      "close_when_caught_up": caught_up})
+    # Written before the builder starts, so that its first fetch sees the whole backlog.
+    produce(kafka, topic_name, [(None, order(i)) for i in range(10)])
     builder = make_builder(kafka, [spec], policy=policy)
     try:
-        produce(kafka, topic_name, [(None, order(i)) for i in range(10)])
         if not caught_up:
             backlog = poll_until(builder, lambda ts: len(ts) == 2)
             assert [len(rows(t)) for t in backlog] == [4, 4]
@@ -500,6 +507,34 @@ def test_a_mini_batch_closes_when_the_consumer_has_caught_up(
         assert lone.number == 4 and rows(lone) == [order(10) | {"time": 4, "diff": 1}]
     finally:
         builder.close()
+
+
+def test_a_transactional_producers_lone_record_closes_its_batch_at_the_end_report(
+    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
+) -> None:
+    """The commit marker after the record keeps the partition's watermark past it, so the
+    client's end-of-partition report closes the batch, long before `max_delay_ms`."""
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
+    policy = FAST.model_copy(update={"max_delay_ms": 60_000})
+    builders.append(b := make_builder(kafka, [spec], policy=policy))
+    writer = UpstreamProducer(kafka, topic_name, "t1", 1)
+    writer.send(1, partition=0)
+    writer.commit()
+    (t,) = poll_until(b, lambda ts: len(ts) == 1, 10)
+    assert rows(t) == [order(1) | {"time": 1, "diff": 1}]
+
+
+def test_caught_up_by_the_end_report_or_the_cached_watermark() -> None:
+    a, b = ("t", 0), ("t", 1)
+    watermarks = {a: 7, b: -1001}  # -1001: the client holds none for b yet
+    high = watermarks.__getitem__
+    assert caught_up([a, b], {b}, {a: 7}, high), "a read up to its watermark, b reported"
+    assert not caught_up([a, b], {b}, {a: 6}, high), "a record of a not read yet"
+    assert not caught_up([a, b], set(), {a: 7, b: 3}, high), "nothing known of b's end"
+    assert caught_up([a], {a}, {}, high), "reported at its end before any record"
+    assert not caught_up([a], set(), {}, {a: 0}.__getitem__), "empty, but no position known"
+    assert caught_up([], set(), {}, high)
 
 
 def test_state_is_taken_through_the_last_committed_transaction(
