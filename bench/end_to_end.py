@@ -18,20 +18,21 @@ at 10,000 events or 1 s), and so does the number of transactions per Spark job.
   `--groupby-events` JSON events `{"k": i % 10000, "v": i % 1000}` in one partition (zstd: the
   embedded broker keeps ~5 MiB per partition and would drop older records; the low watermark is
   checked), group-by count and sum into a PostgreSQL snapshot keyed by `k`: events/s from consumer
-  start to the final snapshot and busy time per stage, for txstream with two transaction policies
-  (transactions of 10,000 events, each one's state visible; and transactions closed every 1,500
-  ms, as Pathway's Kafka reader closes its times by default; both also close a transaction when
-  the backlog is read to its end, as Pathway's static read ends there), and the same backlog read
-  by Pathway into a table of its own in the same run (bench/peers/pathway_kafka_pg.py, which
-  reports how many times Pathway closed and when its last output change was computed, before its
-  PostgreSQL writer finished), with the ratios. Pathway's consumer, and the bare consumer below,
-  get the librdkafka fetch settings of txstream's (`FETCH_SETTINGS`). Every final table is checked
-  against numpy. txstream's start (`start_seconds`, below) is outside its timer while Pathway's
-  run, from building its graph, is inside its own: `with_txstream_start` counts it too.
-  `bare_consumer_events_per_s`: a consumer reading the same backlog and doing nothing with it, the
-  ceiling of the service's ingest. `start_seconds` is the service's start before it consumes (the
-  Spark session is already up): connecting, and the engine's warm-up (`warm_up_rows`), which plans
-  and compiles the pipeline on made-up rows so that its first batches do not do it on a cold JVM.
+  start to the final snapshot and busy time per stage (the busiest named), for txstream with two
+  transaction policies (transactions of 10,000 events, each one's state visible; and transactions
+  closed every 1,500 ms, as Pathway's Kafka reader closes its times by default; both also close a
+  transaction when the backlog is read to its end, as Pathway's static read ends there), and the
+  same backlog read by Pathway into a table of its own in the same run
+  (bench/peers/pathway_kafka_pg.py, which reports how many times Pathway closed and when its last
+  output change was computed, before its PostgreSQL writer finished), with the ratios. Pathway's
+  consumer, and the bare consumer below, get the librdkafka fetch settings of txstream's
+  (`FETCH_SETTINGS`). Every final table is checked against numpy. txstream's start
+  (`start_seconds`, below) is outside its timer while Pathway's run, from building its graph, is
+  inside its own: `with_txstream_start` counts it too. `bare_consumer_events_per_s`: a consumer
+  reading the same backlog and doing nothing with it, the ceiling of the service's ingest.
+  `start_seconds` is the service's start before it consumes (the Spark session is already up):
+  connecting, and the engine's warm-up (`warm_up_rows`), which plans and compiles the pipeline on
+  made-up rows so that its first batches do not do it on a cold JVM.
 
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
@@ -171,9 +172,14 @@ def _run(kafka: KafkaEndpoint, url: str, measure: Measure) -> dict[str, object]:
     return result | {
         "spark_batches": runner.progress.batches,
         "transactions": runner.progress.transactions,
-        "stage_busy_seconds": {stage: round(seconds, 1) for stage, seconds
-                               in runner.progress.stage_seconds.items()},
+        **_stage_busy(runner.progress.stage_seconds),
     }
+
+
+def _stage_busy(seconds: dict[str, float]) -> dict[str, object]:
+    """Busy seconds per stage, and the busiest one: the stage that sets the pace."""
+    return {"stage_busy_seconds": {stage: round(s, 1) for stage, s in seconds.items()},
+            "slowest_stage": max(seconds, key=seconds.__getitem__, default=None)}
 
 
 def low_load(rounds: int, small: int) -> Measure:
@@ -287,8 +293,7 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
             "start_seconds": round(start_s, 2),
             "events_per_s_with_start": round(events / (elapsed + start_s)), "verified": True,
             "spark_batches": progress.batches, "transactions": progress.transactions,
-            "stage_busy_seconds": {stage: round(seconds, 1) for stage, seconds
-                                   in progress.stage_seconds.items()}}
+            **_stage_busy(progress.stage_seconds)}
 
 
 def bare_read_events_per_s(bootstrap: str, topic: str, events: int) -> int:
