@@ -479,9 +479,9 @@ def test_replay_rebuilds_emitted_mini_batches_with_their_numbers(
         second.close()
 
 
-@pytest.mark.parametrize("caught_up", [True, False])
+@pytest.mark.parametrize("rule_on", [True, False])
 def test_a_mini_batch_closes_when_the_consumer_has_caught_up(
-    kafka: KafkaEndpoint, topic_name: str, caught_up: bool
+    kafka: KafkaEndpoint, topic_name: str, rule_on: bool
 ) -> None:
     """A backlog is cut at `max_events`; its remainder, and then a lone record, close as soon
     as every partition is read to its end, not `max_delay_ms` later. Without the rule they wait
@@ -489,12 +489,12 @@ def test_a_mini_batch_closes_when_the_consumer_has_caught_up(
     kafka.create_topic(topic_name, 2)
     spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
     policy = FAST.model_copy(update={"max_events": 4, "max_delay_ms": 60_000,
-                                     "close_when_caught_up": caught_up})
+                                     "close_when_caught_up": rule_on})
     # Written before the builder starts, so that its first fetch sees the whole backlog.
     produce(kafka, topic_name, [(None, order(i)) for i in range(10)])
     builder = make_builder(kafka, [spec], policy=policy)
     try:
-        if not caught_up:
+        if not rule_on:
             backlog = poll_until(builder, lambda ts: len(ts) == 2)
             assert [len(rows(t)) for t in backlog] == [4, 4]
             late = [t for _ in range(10) for t in builder.poll(0.2)]
