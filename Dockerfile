@@ -31,10 +31,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && rm /tmp/requirements.txt
 
 COPY README.md ./
-COPY service ./service
-COPY connectors ./connectors
-COPY schemas ./schemas
-COPY examples ./examples
+COPY txstream ./txstream
 RUN pip install --no-deps .
 
 # The event generator of docker-compose.yml, the entrypoint of Spark executor pods (Helm chart

@@ -14,7 +14,7 @@ Both run with the default transaction policy and `batch_transactions`, as a user
 neither would: transactions adapt to the load (closed when the consumer has caught up, else
 at 10,000 events or 1 s), and so does the number of transactions per Spark job.
 
-* groupby_saturation: Pathway's workload end to end (examples/groupby.py): a backlog of
+* groupby_saturation: Pathway's workload end to end (txstream/examples/groupby.py): a backlog of
   `--groupby-events` JSON events `{"k": i % 10000, "v": i % 1000}` in one partition (zstd: the
   embedded broker keeps ~5 MiB per partition and would drop older records; the low watermark is
   checked), group-by count and sum into a PostgreSQL snapshot keyed by `k`: events/s from consumer
@@ -59,16 +59,16 @@ import numpy as np
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from connectors.transactions import FETCH_SETTINGS
-from examples import groupby
-from examples.order_events import REGIONS
-from examples.orders import OUTPUTS, kafka_sources
-from schemas.config import PipelineConfig, SinkConfig
-from schemas.sources import BatchPolicy
-from service.compose import open_runner
-from service.embedded.kafka import KafkaEndpoint, kafka_from_env
-from service.embedded.postgres import postgres_from_env
-from service.spark import get_spark
+from txstream.examples import groupby
+from txstream.examples.order_events import REGIONS
+from txstream.examples.orders import OUTPUTS, kafka_sources
+from txstream.schemas.config import PipelineConfig, SinkConfig
+from txstream.schemas.sources import BatchPolicy
+from txstream.service.compose import open_runner
+from txstream.service.embedded.kafka import KafkaEndpoint, kafka_from_env
+from txstream.service.embedded.postgres import postgres_from_env
+from txstream.service.spark import get_spark
+from txstream.sources.transactions import FETCH_SETTINGS
 
 CUSTOMER_COUNT = 200
 
@@ -148,7 +148,7 @@ def _run(kafka: KafkaEndpoint, url: str, measure: Measure) -> dict[str, object]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     config = PipelineConfig(
-        pipeline="examples.orders:pipeline",
+        pipeline="txstream.examples.orders:pipeline",
         sources=kafka_sources(topics["customers"], topics["orders"]),
         sinks=[SinkConfig.model_validate({"output": o, "db_schema": schema})
                for o in OUTPUTS],
@@ -260,7 +260,7 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
         conn.execute(f'CREATE SCHEMA "{schema}"')
     table = f'"{schema}".sums_live'
     config = PipelineConfig(
-        pipeline="examples.groupby:pipeline", sources=groupby.sources(topic),
+        pipeline="txstream.examples.groupby:pipeline", sources=groupby.sources(topic),
         sinks=[SinkConfig.model_validate({"output": "sums", "db_schema": schema})],
         transactions=policy,
         kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"bench-{run_id}",

@@ -1,6 +1,6 @@
 """Engine benchmark. Prints one JSON document (progress goes to stderr):
 
-0. latency: the example pipeline (examples/orders.py), lone 10-event transactions after
+0. latency: the example pipeline (txstream/examples/orders.py), lone 10-event transactions after
    warm-up, against state built from 20k and from 1M order events: p50/p99 engine seconds split
    into driver planning and execution, Spark jobs and stages per batch, and the time of a
    trivial Spark job measured in the same run (batch time / trivial job travels between
@@ -46,13 +46,13 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from examples.order_events import as_changes, events
-from examples.orders import pipeline as orders_pipeline
-from schemas.tables import TableSchema
-from service.engine import Engine, Pipeline
-from service.engine import __file__ as engine_module
-from service.engine import reducers as r
-from service.spark import get_spark
+from txstream.engine import Engine, Pipeline
+from txstream.engine import __file__ as engine_module
+from txstream.engine import reducers as r
+from txstream.examples.order_events import as_changes, events
+from txstream.examples.orders import pipeline as orders_pipeline
+from txstream.schemas.tables import TableSchema
+from txstream.service.spark import get_spark
 
 EVENTS = TableSchema.of({"k": "bigint", "v": "double"})
 # `a` is the changing table: grouped by `g` (S/10 groups) and joined with `b` on `k`.
@@ -442,9 +442,9 @@ def git(*args: str) -> str:
 
 
 def engine_version() -> str:
-    """The last commit of the imported service/engine, `+dirty` when the working tree differs."""
-    dirty = "+dirty" if git("status", "--porcelain", "service/engine") else ""
-    return git("log", "-1", "--format=%h %cd", "--date=format:%H:%M", "--", "service/engine") \
+    """The last commit of the imported txstream/engine/, `+dirty` when the working tree differs."""
+    dirty = "+dirty" if git("status", "--porcelain", "txstream/engine/") else ""
+    return git("log", "-1", "--format=%h %cd", "--date=format:%H:%M", "--", "txstream/engine/") \
         + dirty
 
 

@@ -24,12 +24,12 @@ import pandas  # noqa: F401 (pyarrow's to_numpy imports it once: keep that out o
 import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from connectors.kafka_source import DIFF, SourceDecoder
-from connectors.transactions import TransactionBuilder, consolidate
-from connectors.upsert import UpsertState
-from schemas.sources import BatchPolicy, SourceSpec
-from schemas.tables import TableSchema
-from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker, kafka_from_env
+from txstream.schemas.sources import BatchPolicy, SourceSpec
+from txstream.schemas.tables import TableSchema
+from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker, kafka_from_env
+from txstream.sources.kafka_source import DIFF, SourceDecoder
+from txstream.sources.transactions import TransactionBuilder, consolidate
+from txstream.sources.upsert import UpsertState
 
 SCHEMA = TableSchema.of(
     {"id": "bigint", "customer": "text", "item": "text", "qty": "int", "price": "double",

@@ -36,10 +36,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from connectors.live.flight import LiveFlightServer
-from connectors.live.serving import LiveTables
-from connectors.live.table import LiveTable
 from txstream.client import LiveClient
+from txstream.sinks.live.flight import LiveFlightServer
+from txstream.sinks.live.serving import LiveTables
+from txstream.sinks.live.table import LiveTable
 from txstream.updates import same_rows
 from txstream.viewports import Viewport
 from txstream.wire import chunks_of

@@ -23,10 +23,10 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from connectors.postgres_common import copy_into
-from connectors.postgres_snapshot import PostgresSnapshotSink, last_change_per_key
-from schemas.tables import TableSchema
-from service.embedded.postgres import postgres_from_env
+from txstream.schemas.tables import TableSchema
+from txstream.service.embedded.postgres import postgres_from_env
+from txstream.sinks.postgres_common import copy_into
+from txstream.sinks.postgres_snapshot import PostgresSnapshotSink, last_change_per_key
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text", "score": "double", "qty": "int"},
                         primary_key=["id"])

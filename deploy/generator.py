@@ -19,7 +19,7 @@ import time
 
 from confluent_kafka import KafkaError, Producer
 
-from examples.order_events import encode, events
+from txstream.examples.order_events import encode, events
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from service.embedded.kafka import KafkaEndpoint, kafka_from_env
-from service.embedded.postgres import PostgresEndpoint, postgres_from_env
+from txstream.service.embedded.kafka import KafkaEndpoint, kafka_from_env
+from txstream.service.embedded.postgres import PostgresEndpoint, postgres_from_env
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,7 +58,7 @@ def topic_name() -> str:
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    from service.spark import get_spark
+    from txstream.service.spark import get_spark
 
     session = get_spark()
     yield session

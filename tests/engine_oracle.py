@@ -20,11 +20,11 @@ import duckdb
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from schemas.tables import ColumnType, TableSchema
-from service.engine import Engine, Pipeline, Table
-from service.engine import reducers as r
-from service.engine.engine import INDEX_ROWS, INTERPRETED_ROWS
-from service.engine.reducers import Reducer
+from txstream.engine import Engine, Pipeline, Table
+from txstream.engine import reducers as r
+from txstream.engine.engine import INDEX_ROWS, INTERPRETED_ROWS
+from txstream.engine.reducers import Reducer
+from txstream.schemas.tables import ColumnType, TableSchema
 
 Row = tuple[object, ...]
 Changes = list[tuple[Row, int]]

@@ -3,8 +3,7 @@ what the service does then."""
 
 from __future__ import annotations
 
-from schemas.tables import TableSchema
-from service.engine import Pipeline
+from txstream import Pipeline, TableSchema
 
 EVENTS = TableSchema.of({"k": "bigint", "v": "bigint"}, primary_key=["k"])
 

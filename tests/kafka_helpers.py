@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from connectors.transactions import Transaction, TransactionBuilder
-from schemas.sources import BatchPolicy, SourceSpec
-from schemas.tables import TableSchema
-from service.embedded.kafka import KafkaEndpoint
+from txstream.schemas.sources import BatchPolicy, SourceSpec
+from txstream.schemas.tables import TableSchema
+from txstream.service.embedded.kafka import KafkaEndpoint
+from txstream.sources.transactions import Transaction, TransactionBuilder
 
 ORDERS = TableSchema.of({"id": "bigint", "item": "text", "qty": "int"}, primary_key=["id"])
 FAST = BatchPolicy(max_events=1000, max_delay_ms=200, upstream_timeout_ms=3000)

@@ -3,8 +3,8 @@ visible in the output, for the tests of transaction boundaries end to end."""
 
 from __future__ import annotations
 
-from examples.orders import CUSTOMERS, ORDERS
-from service.engine import Pipeline
+from txstream import Pipeline
+from txstream.examples.orders import CUSTOMERS, ORDERS
 
 
 def pipeline() -> Pipeline:

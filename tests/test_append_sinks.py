@@ -30,18 +30,18 @@ from pg_proxy import CommitCutter
 from psycopg import sql
 from pydantic import TypeAdapter, ValidationError
 
-from connectors.change_json import ChangeDecodeError, decode_changes
-from connectors.change_topic_snapshot import ChangeTopicSnapshot
-from connectors.factory import open_sink
-from connectors.file_sink import FileSink
-from connectors.kafka_sink import KafkaSink
-from connectors.postgres_append import PostgresAppendSink
-from connectors.postgres_snapshot import PostgresSnapshotSink
-from connectors.sink import Sink, SinkSchemaError, SinkWriteError
-from schemas.sinks import RetryPolicy, SinkSettings, UpdateRecord
-from schemas.tables import TableSchema
-from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
-from service.embedded.postgres import PostgresEndpoint
+from txstream.schemas.sinks import RetryPolicy, SinkSettings, UpdateRecord
+from txstream.schemas.tables import TableSchema
+from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from txstream.service.embedded.postgres import PostgresEndpoint
+from txstream.sinks.change_json import ChangeDecodeError, decode_changes
+from txstream.sinks.change_topic_snapshot import ChangeTopicSnapshot
+from txstream.sinks.factory import open_sink
+from txstream.sinks.file_sink import FileSink
+from txstream.sinks.kafka_sink import KafkaSink
+from txstream.sinks.postgres_append import PostgresAppendSink
+from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
+from txstream.sinks.sink import Sink, SinkSchemaError, SinkWriteError
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text", "score": "double", "at": "timestamp"},
                         primary_key=["id"])

@@ -29,12 +29,12 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
 )
 from test_recovery import ROOT, ServiceProcess
 
-from connectors.transactions import TransactionBuilder
-from examples import orders as example
-from examples.order_events import Event, OrderWorld, encode, events
-from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
-from service.embedded.kafka import KafkaEndpoint
-from service.embedded.postgres import free_port
+from txstream.examples import orders as example
+from txstream.examples.order_events import Event, OrderWorld, encode, events
+from txstream.schemas.sources import RecordField, SourceSpec, UpstreamTransactions
+from txstream.service.embedded.kafka import KafkaEndpoint
+from txstream.service.embedded.postgres import free_port
+from txstream.sources.transactions import TransactionBuilder
 
 TABLES = {"customers": "public.customers", "orders": "public.orders", "items": "public.items"}
 

@@ -164,8 +164,8 @@ def test_chart_passes_helm_lint_strict(case: str) -> None:
         ({"sprak": {"master": "local[2]"}}, "sprak"),
         ({"service": {"port": "8080"}}, "/service/port"),
         ({"pipeline": {"checkpoint_dir": "/data"}}, "/pipeline"),
-        ({"pipeline": {"pipeline": "examples.orders:pipeline", "sources": [{}], "sinks": [{}],
-                       "live": {"port": 1}}}, "/pipeline/live"),
+        ({"pipeline": {"pipeline": "txstream.examples.orders:pipeline", "sources": [{}],
+                       "sinks": [{}], "live": {"port": 1}}}, "/pipeline/live"),
         ({"live": {"port": 8815, "token": "s3cret"}}, "/live/token"),
         ({"spark": {"conf": {"executor.memory": "2g"}}}, "executor.memory"),
     ],
@@ -317,7 +317,7 @@ def test_chart_on_a_standalone_cluster_with_an_existing_claim() -> None:
 
 def test_pipeline_config_is_a_pipeline_config() -> None:
     """deploy/pipeline.yaml is what `txstream run` accepts, with connections from the env."""
-    from schemas.config import PipelineConfig
+    from txstream.schemas.config import PipelineConfig
 
     config = PipelineConfig.from_mapping(
         yaml.safe_load(PIPELINE.read_text()),
@@ -400,9 +400,10 @@ def test_dockerfile_runs_txstream_as_non_root_with_java_17() -> None:
 
 def test_dockerfile_entrypoint_is_the_packages_console_script() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["txstream"] == "service.cli:main"
+    assert scripts["txstream"] == "txstream.service.cli:main"
     (entry,) = importlib.metadata.entry_points(group="console_scripts", name="txstream")
-    assert callable(entry.load()), "txstream's entry point service.cli:main is not callable"
+    assert callable(entry.load()), \
+        "txstream's entry point txstream.service.cli:main is not callable"
     # `txstream run` is the image's command: the subcommand must exist.
     txstream = Path(sys.executable).with_name("txstream")
     result = subprocess.run([str(txstream), "run", "--help"], capture_output=True, text=True,
@@ -558,8 +559,8 @@ def test_generator_feeds_the_pipelines_sources(kafka: Any) -> None:
     input with deploy/pipeline.yaml's source specs, is all valid upserts and deletes."""
     from confluent_kafka import Consumer
 
-    from connectors.kafka_source import DELETE, SourceDecoder
-    from schemas.sources import SourceSpec
+    from txstream.schemas.sources import SourceSpec
+    from txstream.sources.kafka_source import DELETE, SourceDecoder
 
     sys.path.insert(0, str(ROOT / "deploy"))
     try:

@@ -12,11 +12,11 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from examples.orders import kafka_sources
-from schemas.config import PipelineConfig, SinkConfig
-from schemas.sources import BatchPolicy
-from service.compose import open_runner
-from service.runner import PipelineRunner
+from txstream.examples.orders import kafka_sources
+from txstream.schemas.config import PipelineConfig, SinkConfig
+from txstream.schemas.sources import BatchPolicy
+from txstream.service.compose import open_runner
+from txstream.service.runner import PipelineRunner
 
 Row = dict[str, Any]
 
@@ -40,7 +40,7 @@ def runner(kafka, postgres, spark, pg_schema, topic_name, tmp_path):  # type: ig
     kafka.create_topic(topics["customers"], 1)
     kafka.create_topic(topics["orders"], 2)
     config = PipelineConfig(
-        pipeline="examples.orders:pipeline",
+        pipeline="txstream.examples.orders:pipeline",
         sources=kafka_sources(topics["customers"], topics["orders"]),
         sinks=[SinkConfig.model_validate({"output": o, "db_schema": pg_schema})
                for o in ("customer_stats", "region_totals", "statuses")],

@@ -29,11 +29,11 @@ from engine_oracle import (
 )
 from pyspark.sql import SparkSession
 
-from examples.orders import CUSTOMERS, ORDERS
-from examples.orders import pipeline as orders_pipeline
-from schemas.tables import TableSchema
-from service.engine import Engine, Pipeline, PipelineDefinitionError, Table
-from service.engine import reducers as r
+from txstream.engine import Engine, Pipeline, PipelineDefinitionError, Table
+from txstream.engine import reducers as r
+from txstream.examples.orders import CUSTOMERS, ORDERS
+from txstream.examples.orders import pipeline as orders_pipeline
+from txstream.schemas.tables import TableSchema
 
 DAYS = [dt.date(2026, 1, 1), dt.date(2026, 1, 2), dt.date(2026, 1, 3), None]
 VALUES = [-1.5, 0.5, 1.0, 2.5, None]  # halves: sums are exact, so only avg needs a tolerance
@@ -89,7 +89,7 @@ EVERY_SIZE = (1, 7, ONE_BATCH)
 # each batch of a DAG costs seconds of Spark jobs, so only one DAG runs at every batch size.
 DEFAULT_RUNS = {
     # Seed 6's DAG runs a few dozen hash operators in one task: it ran out of execution
-    # memory with Spark's default page size (see service.spark).
+    # memory with Spark's default page size (see txstream.service.spark).
     "test_random_dag": ((2, EVERY_SIZE), (4, (7,)), (5, (ONE_BATCH,)), (6, (1,))),
     "test_example_pipeline": ((1, EVERY_SIZE),),
 }
@@ -150,7 +150,7 @@ def test_example_pipeline(spark: SparkSession, seed: int, sizes: tuple[int, ...]
     transactions = random_transactions(random.Random(seed), EXAMPLE_SOURCES, TRANSACTIONS)
 
     def describe(name: str) -> str:
-        return f"seed {seed}, examples/orders.py, transactions:\n{_show(transactions)}"
+        return f"seed {seed}, txstream/examples/orders.py, transactions:\n{_show(transactions)}"
 
     _check(spark, orders_pipeline(), EXAMPLE_SOURCES, EXAMPLE_OUTPUTS, EXAMPLE_VIEWS,
            transactions, sizes, describe)

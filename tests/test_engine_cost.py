@@ -14,13 +14,13 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from examples.groupby import pipeline as groupby_pipeline
-from examples.order_events import as_changes, events
-from examples.orders import pipeline as orders_pipeline
-from schemas.tables import TableSchema
-from service.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError
-from service.engine import engine as engine_module
-from service.engine import reducers as r
+from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError
+from txstream.engine import engine as engine_module
+from txstream.engine import reducers as r
+from txstream.examples.groupby import pipeline as groupby_pipeline
+from txstream.examples.order_events import as_changes, events
+from txstream.examples.orders import pipeline as orders_pipeline
+from txstream.schemas.tables import TableSchema
 
 
 def test_a_lone_transaction_of_the_example_runs_one_spark_job(spark: SparkSession) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from examples.orders import pipeline
-from schemas.tables import TableSchema
-from service.engine import Engine, EngineStateError, Pipeline
-from service.engine import reducers as r
+from txstream.engine import Engine, EngineStateError, Pipeline
+from txstream.engine import reducers as r
+from txstream.examples.orders import pipeline
+from txstream.schemas.tables import TableSchema
 
 
 def _orders(rows: list[tuple[int, int, float, str, int, int]]) -> pa.Table:

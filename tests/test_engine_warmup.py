@@ -12,12 +12,12 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from examples.order_events import as_changes, events
-from examples.orders import pipeline as orders_pipeline
-from schemas.tables import TableSchema
-from service.engine import Engine, EngineStateError, Pipeline
-from service.engine import reducers as r
-from service.engine.warmup import synthetic_changes
+from txstream.engine import Engine, EngineStateError, Pipeline
+from txstream.engine import reducers as r
+from txstream.engine.warmup import synthetic_changes
+from txstream.examples.order_events import as_changes, events
+from txstream.examples.orders import pipeline as orders_pipeline
+from txstream.schemas.tables import TableSchema
 
 EVERY_TYPE = TableSchema.of({"a": "bigint", "b": "int", "c": "double", "d": "text",
                              "e": "boolean", "f": "timestamp", "g": "date",
@@ -81,7 +81,7 @@ def test_a_failed_warm_up_is_logged_and_leaves_the_engine_fresh(
     p.output("out", p.source("events", schema).filter(predicate)
              .groupby("k").reduce(n=r.count()), primary_key=["k"])
     engine = Engine(p, spark)
-    with caplog.at_level("INFO", logger="service.engine.engine"):
+    with caplog.at_level("INFO", logger="txstream.engine.engine"):
         engine.warm_up(600)
     assert logged in caplog.text, caplog.text
     assert engine.last_batch is None

@@ -29,18 +29,18 @@ import yaml
 from pydantic import SecretStr, ValidationError
 from test_deploy import CHART, _require, by_kind, container, env_of, render
 
-import service.cli
-import service.runner
-from connectors.change_topic_snapshot import ChangeTopicSnapshot
-from connectors.kafka_client import client_settings
-from connectors.kafka_input import KafkaInput
-from connectors.kafka_monitor import KafkaMonitor
-from connectors.transactions import SourceState
-from schemas.config import ConfigError, PipelineConfig
-from schemas.kafka import OWNED_SETTING_PREFIXES, KafkaSecurity
-from schemas.tables import TableSchema
-from service.embedded.kafka import KafkaEndpoint
-from service.health import HealthServer, Progress, Readiness
+import txstream.service.cli
+import txstream.service.runner
+from txstream.kafka_client import client_settings
+from txstream.schemas.config import ConfigError, PipelineConfig
+from txstream.schemas.kafka import OWNED_SETTING_PREFIXES, KafkaSecurity
+from txstream.schemas.tables import TableSchema
+from txstream.service.embedded.kafka import KafkaEndpoint
+from txstream.service.health import HealthServer, Progress, Readiness
+from txstream.sinks.change_topic_snapshot import ChangeTopicSnapshot
+from txstream.sources.kafka_input import KafkaInput
+from txstream.sources.kafka_monitor import KafkaMonitor
+from txstream.sources.transactions import SourceState
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = ROOT / "deploy" / "pipeline.yaml"
@@ -140,21 +140,21 @@ def test_every_client_of_a_configured_pipeline_gets_the_security_block(
         s.name: s.table_schema.arrow_schema().empty_table() for s in config.sources})
     progress, readiness = Progress(), Readiness(config.ready_max_lag)
     source = KafkaInput(config, state, [],
-                        service.runner._Reports(progress, readiness, KafkaInput.name))
+                        txstream.service.runner._Reports(progress, readiness, KafkaInput.name))
     source.close()
 
     # The runner's own sink opening, without the Spark engine it takes output schemas from.
     runner: Any = SimpleNamespace(config=config, live=None, engine=SimpleNamespace(
         outputs={"region_totals": SimpleNamespace(schema=REGION_TOTALS)}))
-    for sinks in service.runner.PipelineRunner._open_sinks(runner, False).values():
+    for sinks in txstream.service.runner.PipelineRunner._open_sinks(runner, False).values():
         for _, sink in sinks:
             sink.close()
 
     def no_spark(*_: object, **__: object) -> None:
         raise RuntimeError("no Spark in this test")
 
-    monkeypatch.setattr("service.spark.get_spark", no_spark)
-    checks = {name: (ok, detail) for name, ok, detail in service.cli.run_checks(config)}
+    monkeypatch.setattr("txstream.service.spark.get_spark", no_spark)
+    checks = {name: (ok, detail) for name, ok, detail in txstream.service.cli.run_checks(config)}
     assert checks["kafka"][0], checks["kafka"]
 
     reader = ChangeTopicSnapshot(config.kafka_bootstrap_servers or "", topics_of(config)[-1],
@@ -351,7 +351,7 @@ def test_validation_errors_never_echo_secrets() -> None:
     assert PASSWORD not in str(failure.value) and PASSWORD not in repr(failure.value)
     with pytest.raises(ValidationError) as failure:
         PipelineConfig.model_validate({
-            "pipeline": "examples.orders", "sources": [], "sinks": [],
+            "pipeline": "txstream.examples.orders", "sources": [], "sinks": [],
             "kafka_security": {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
                                "sasl_password": PASSWORD}})
     assert "needs sasl_username" in str(failure.value)
@@ -464,7 +464,7 @@ def test_a_broker_refusing_the_credentials_shows_no_secret_in_readiness_metrics_
     the failure reaches readiness, metrics and the logs as an authentication failure would."""
     caplog.set_level(logging.DEBUG)
     config = pipeline_config(kafka.bootstrap_servers, SCRAM, {"KAFKA_SASL_PASSWORD": PASSWORD})
-    reports = service.runner._Reports(health.progress, health.readiness, KafkaInput.name)
+    reports = txstream.service.runner._Reports(health.progress, health.readiness, KafkaInput.name)
     # interval_s: the next measurement waits a second, so closing right after the first
     # failure does not wait for a second one.
     monitor = KafkaMonitor(config.kafka_bootstrap_servers or "", config.consumer_group,

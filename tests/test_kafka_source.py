@@ -27,11 +27,11 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     rows,
 )
 
-from connectors.kafka_source import KafkaSourceError, _Letter
-from connectors.transactions import TransactionBuilder
-from schemas.sources import SourceSpec, UpstreamTransactions
-from schemas.tables import TableSchema
-from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from txstream.schemas.sources import SourceSpec, UpstreamTransactions
+from txstream.schemas.tables import TableSchema
+from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from txstream.sources.kafka_source import KafkaSourceError, _Letter
+from txstream.sources.transactions import TransactionBuilder
 
 # ---- append_only and mini-batches ---------------------------------------------------------
 
@@ -154,7 +154,7 @@ def test_bad_records_are_dead_lettered_and_the_rest_flows(
         ("17", b""),  # empty value
     ]
     produce(kafka, topic_name, [good[0], *bad[:4], good[1], good[2], *bad[4:], good[3], good[4]])
-    with caplog.at_level(logging.WARNING, logger="connectors.transactions"):
+    with caplog.at_level(logging.WARNING, logger="txstream.sources.transactions"):
         txs = poll_until(b, n_events(5))
     assert integrate(txs, "orders") == {
         (("id", i), ("item", "ok"), ("qty", i)): 1 for i in range(5)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from connectors.live.flight import LiveFlightServer
-from connectors.live.serving import LiveTables
-from connectors.live.table import LiveTable
 from txstream.client import LiveClient, LiveClientError
+from txstream.sinks.live.flight import LiveFlightServer
+from txstream.sinks.live.serving import LiveTables
+from txstream.sinks.live.table import LiveTable
 from txstream.updates import Mirror, TableUpdate, same_rows
 from txstream.viewports import Viewport
 

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pytest
 from chromium import Browser
 
-from connectors.live.page import message
-from connectors.live.serving import LiveTables
-from connectors.live.table import LiveTable
-from service.health import HealthServer, Progress, Readiness
+from txstream.service.health import HealthServer, Progress, Readiness
+from txstream.sinks.live.page import message
+from txstream.sinks.live.serving import LiveTables
+from txstream.sinks.live.table import LiveTable
 from txstream.viewports import Viewport
 
 SCHEMA = pa.schema([("k", pa.int64()), ("name", pa.string()), ("qty", pa.int64())])

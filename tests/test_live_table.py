@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.live.keyspace import allocate
-from connectors.live.table import LiveTable, LiveTableError
+from txstream.sinks.live.keyspace import allocate
+from txstream.sinks.live.table import LiveTable, LiveTableError
 from txstream.updates import (
     ROW_KEY,
     Mirror,
@@ -151,7 +151,7 @@ def test_outputs_without_a_primary_key_cannot_be_live() -> None:
 def test_keys_past_the_limit_are_renumbered_and_sent_as_a_snapshot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("connectors.live.table.KEY_LIMIT", 100)
+    monkeypatch.setattr("txstream.sinks.live.table.KEY_LIMIT", 100)
     live = LiveTable("t", SCHEMA, ["k"], spacing=60)
     mirror = Mirror(SCHEMA)
     updates = []

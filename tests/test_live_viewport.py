@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 from test_live_table import change_row
 
-from connectors.live.serving import LiveTables, UnknownSubscriptionError
-from connectors.live.table import LiveTable
+from txstream.sinks.live.serving import LiveTables, UnknownSubscriptionError
+from txstream.sinks.live.table import LiveTable
 from txstream.updates import ROW_KEY, Mirror, TableUpdate, same_rows
 from txstream.viewports import Viewport, ViewportError
 

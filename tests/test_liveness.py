@@ -38,18 +38,18 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
 from psycopg import sql
 from pyspark.sql import SparkSession
 
-from connectors.kafka_sink import KafkaSink, KafkaSinkFatalError, KafkaSinkFencedError
-from connectors.sink import SinkWriteError
-from connectors.transactions import TransactionBuilder
-from schemas.config import PipelineConfig, SinkConfig
-from schemas.sinks import RetryPolicy
-from schemas.sources import BatchPolicy, SourceSpec
-from schemas.tables import TableSchema
-from service.compose import open_runner
-from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
-from service.embedded.postgres import PostgresEndpoint
-from service.engine import Pipeline
-from service.health import HealthServer, Progress, Readiness, stall
+from txstream.engine import Pipeline
+from txstream.schemas.config import PipelineConfig, SinkConfig
+from txstream.schemas.sinks import RetryPolicy
+from txstream.schemas.sources import BatchPolicy, SourceSpec
+from txstream.schemas.tables import TableSchema
+from txstream.service.compose import open_runner
+from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from txstream.service.embedded.postgres import PostgresEndpoint
+from txstream.service.health import HealthServer, Progress, Readiness, stall
+from txstream.sinks.kafka_sink import KafkaSink, KafkaSinkFatalError, KafkaSinkFencedError
+from txstream.sinks.sink import SinkWriteError
+from txstream.sources.transactions import TransactionBuilder
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text"}, primary_key=["id"])
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN = 22, 24  # Kafka protocol API keys
@@ -95,7 +95,7 @@ def test_a_fenced_kafka_sink_reopens_once_and_stops_when_fenced_again(
                      transactional_id=f"txn-{topic_name}", retry=FAST_RETRY)
     sink.write(changes(1, 1))
     broker.fail_requests(ADD_PARTITIONS_TO_TXN, KafkaError.PRODUCER_FENCED, 1)
-    with caplog.at_level(logging.WARNING, logger="connectors.kafka_sink"):
+    with caplog.at_level(logging.WARNING, logger="txstream.sinks.kafka_sink"):
         sink.write(changes(2, 2))  # on a new producer: the fenced one cannot be used again
     assert any("was fenced" in r.getMessage() for r in caplog.records)
     assert written_ids(kafka, topic_name, 2) == [1, 2]
@@ -226,7 +226,7 @@ def test_healthz_fails_while_stalled_and_logs_it_once(
     now = time.monotonic()
     progress = progress_at(closed=5, committed=2, delivered_at=now - 100, waiting_since=now - 100)
     server = health(progress, Readiness(max_lag=10), stall_timeout_s=30.0)
-    with caplog.at_level(logging.INFO, logger="service.health"):
+    with caplog.at_level(logging.INFO, logger="txstream.service.health"):
         for _ in range(3):
             status, body = scrape(server.port, "/healthz")
             assert status == 503
@@ -254,7 +254,7 @@ def test_readyz_names_the_dependency_and_only_the_log_has_the_error(
     progress, readiness = Progress(lag=50), Readiness(max_lag=10)
     readiness.started.set()
     server = health(progress, readiness)
-    with caplog.at_level(logging.INFO, logger="service.health"):
+    with caplog.at_level(logging.INFO, logger="txstream.service.health"):
         for observer in ("stages", "monitor", "stages"):  # every retry and probe reports it
             readiness.fail("kafka", detail, observer=observer)
             assert scrape(server.port, "/readyz") == (
@@ -284,7 +284,7 @@ def test_bad_record_logs_quote_values_only_when_the_source_says_so(
     produce(kafka, topic_name, [("1", {"id": 1, "item": "x", "qty": secret}),
                                 (f'{{"card": "{secret}"}}', None),  # a tombstone without id
                                 ("2", {"id": 2, "item": "ok", "qty": 2})])
-    with caplog.at_level(logging.WARNING, logger="connectors.transactions"):
+    with caplog.at_level(logging.WARNING, logger="txstream.sources.transactions"):
         txs = poll_until(b, n_events(1))
     warnings = [r.getMessage() for r in caplog.records if "bad record" in r.getMessage()]
     assert len(warnings) == 2

@@ -13,13 +13,13 @@ import pytest
 from pg_proxy import CommitCutter
 from psycopg import sql
 
-from connectors.postgres_append import PostgresAppendSink
-from connectors.postgres_outputs import Mark, PostgresOutputs
-from connectors.postgres_snapshot import PostgresSnapshotSink
-from connectors.sink import SinkWriteError
-from schemas.sinks import RetryPolicy
-from schemas.tables import TableSchema
-from service.embedded.postgres import PostgresEndpoint
+from txstream.schemas.sinks import RetryPolicy
+from txstream.schemas.tables import TableSchema
+from txstream.service.embedded.postgres import PostgresEndpoint
+from txstream.sinks.postgres_append import PostgresAppendSink
+from txstream.sinks.postgres_outputs import Mark, PostgresOutputs
+from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
+from txstream.sinks.sink import SinkWriteError
 
 KEYED = TableSchema.of({"id": "bigint", "v": "bigint"}, primary_key=["id"])
 LOG = TableSchema.of({"id": "bigint", "v": "bigint"})
@@ -45,7 +45,7 @@ def outputs(url: str, db_schema: str, pipeline: str = "p", **options: Any
     snapshot = PostgresSnapshotSink(url, "totals", KEYED, db_schema=db_schema)
     log = PostgresAppendSink(url, "log", LOG, db_schema=db_schema)
     return PostgresOutputs(url, {"totals": [snapshot], "log": [log]}, pipeline=pipeline,
-                           definition="examples.orders:pipeline", db_schema=db_schema,
+                           definition="txstream.examples.orders:pipeline", db_schema=db_schema,
                            **options), snapshot, log
 
 
@@ -65,7 +65,7 @@ def test_a_batch_is_one_postgresql_transaction_across_tables_with_its_progress(
         group.write(batch(1, 3), [mark(1, ("tx-a",)), mark(2), mark(3, ("tx-b",))])
         [row] = query(postgres.url, 'SELECT pipeline, definition, "transaction", upstream_ids,'
                       " offsets FROM {}", pg_schema, "txstream_progress")
-        assert row == ("p", "examples.orders:pipeline", 3, ["tx-a", "tx-b"],
+        assert row == ("p", "txstream.examples.orders:pipeline", 3, ["tx-a", "tx-b"],
                        {"orders": {"0": 30, "1": 15}})
         assert group.committed() == 3
         # All or nothing: a table that fails takes the others and the progress row with it.

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from connectors import postgres_common
-from connectors.postgres_snapshot import PostgresSnapshotSink
-from connectors.sink import Sink, SinkDataError, SinkSchemaError
-from schemas.sinks import RetryPolicy, TombstonePurge
-from schemas.tables import TableSchema
-from service.embedded.postgres import PostgresEndpoint
+from txstream.schemas.sinks import RetryPolicy, TombstonePurge
+from txstream.schemas.tables import TableSchema
+from txstream.service.embedded.postgres import PostgresEndpoint
+from txstream.sinks import postgres_common
+from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
+from txstream.sinks.sink import Sink, SinkDataError, SinkSchemaError
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text", "score": "double"}, primary_key=["id"])
 

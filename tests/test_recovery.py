@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 import yaml
 from confluent_kafka import Producer
 
-from examples.order_events import OrderWorld, encode, events
-from service.embedded.postgres import free_port
+from txstream.examples.order_events import OrderWorld, encode, events
+from txstream.service.embedded.postgres import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = 50_000
@@ -67,7 +67,8 @@ class ServiceProcess:
         self._log_start = self._log.tell()
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "run", str(config), "--progress-interval", "5"],
+            [sys.executable, "-m", "txstream.service.cli", "run", str(config),
+             "--progress-interval", "5"],
             cwd=ROOT, env={**os.environ, "SPARK_DRIVER_MEMORY": "2g",
                            **({} if warm_up else {"TXSTREAM_WARM_UP_ROWS": "0"}), **env},
             stdout=self._log, stderr=subprocess.STDOUT)
@@ -177,7 +178,7 @@ def snapshot_tables(url: str, schema: str) -> dict[str, set[tuple[Any, ...]]]:
 def write_config(path: Path, topics: dict[str, str], schema: str, group: str,
                  checkpoint_dir: Path, port: int, **extra: Any) -> Path:
     config = {
-        "pipeline": "examples.orders:pipeline",
+        "pipeline": "txstream.examples.orders:pipeline",
         "consumer_group": group,
         "http_port": port,
         "checkpoint_dir": str(checkpoint_dir),

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import main
-from service.pipelines import load_pipeline
-from service.replay import ReplayInputError, read_batches
+from txstream.service.cli import main
+from txstream.service.pipelines import load_pipeline
+from txstream.service.replay import ReplayInputError, read_batches
 
 LOG = [
     {"source": "customers", "time": 1, "diff": 1,
@@ -34,7 +34,7 @@ def _write(path: Path, lines: list[dict]) -> Path:  # type: ignore[type-arg]
 def _replay(tmp_path: Path, batch: int) -> list[dict]:  # type: ignore[type-arg]
     src = _write(tmp_path / "in.jsonl", LOG)
     out = tmp_path / f"out-{batch}.jsonl"
-    assert main(["replay", "examples.orders:pipeline", "--input", str(src), "--output",
+    assert main(["replay", "txstream.examples.orders:pipeline", "--input", str(src), "--output",
                  str(out), "--batch-transactions", str(batch)]) == 0
     return [json.loads(line) for line in out.read_text().splitlines()]
 
@@ -85,11 +85,11 @@ def test_bad_lines_name_the_line_and_reason(tmp_path: Path, line: str, reason: s
     path = tmp_path / "bad.jsonl"
     path.write_text(first + "\n" + line + "\n")
     with open(path) as src, pytest.raises(ReplayInputError, match=reason):
-        list(read_batches(src, load_pipeline("examples.orders:pipeline"), 10))
+        list(read_batches(src, load_pipeline("txstream.examples.orders:pipeline"), 10))
 
 
 def test_decreasing_time_is_refused(tmp_path: Path) -> None:
     later = {**LOG[2], "time": 5}
     path = _write(tmp_path / "t.jsonl", [later, LOG[0]])
     with open(path) as src, pytest.raises(ReplayInputError, match="line 2: time 1 after time 5"):
-        list(read_batches(src, load_pipeline("examples.orders:pipeline"), 10))
+        list(read_batches(src, load_pipeline("txstream.examples.orders:pipeline"), 10))

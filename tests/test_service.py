@@ -43,18 +43,18 @@ from test_recovery import (
     write_config,
 )
 
-from connectors.transactions import SourceState, TransactionLogEntry
-from examples.order_events import OrderWorld, encode, events
-from examples.orders import OUTPUTS, kafka_sources
-from schemas.config import ConfigError, LiveServing, PipelineConfig, SinkConfig
-from schemas.sources import BatchPolicy
-from service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
-from service.cli import main, run_checks, serve_live
-from service.compose import open_runner
-from service.embedded.postgres import EmbeddedPostgres, free_port
-from service.health import HealthServer, Progress, Readiness, render_metrics, stall
-from service.runner import EarlierOutputError, PipelineRunner
 from txstream.client import LiveClient
+from txstream.examples.order_events import OrderWorld, encode, events
+from txstream.examples.orders import OUTPUTS, kafka_sources
+from txstream.schemas.config import ConfigError, LiveServing, PipelineConfig, SinkConfig
+from txstream.schemas.sources import BatchPolicy
+from txstream.service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
+from txstream.service.cli import main, run_checks, serve_live
+from txstream.service.compose import open_runner
+from txstream.service.embedded.postgres import EmbeddedPostgres, free_port
+from txstream.service.health import HealthServer, Progress, Readiness, render_metrics, stall
+from txstream.service.runner import EarlierOutputError, PipelineRunner
+from txstream.sources.transactions import SourceState, TransactionLogEntry
 from txstream.updates import same_rows
 
 DEPLOY = ROOT / "deploy" / "pipeline.yaml"
@@ -273,7 +273,7 @@ def test_transaction_log_damage_is_reported(spark, tmp_path: Path) -> None:  # t
 def _config(bootstrap: str, database_url: str, schema: str, topics: dict[str, str],
             group: str, checkpoint_dir: Path, **extra: Any) -> PipelineConfig:
     return PipelineConfig(
-        pipeline="examples.orders:pipeline",
+        pipeline="txstream.examples.orders:pipeline",
         sources=kafka_sources(topics["customers"], topics["orders"]),
         sinks=[SinkConfig.model_validate({"output": o, "db_schema": schema})
                for o in OUTPUTS],
@@ -469,7 +469,7 @@ def test_halted_and_rejected_rows_are_reported() -> None:
 @pytest.fixture
 def paused_broker() -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """A broker process of this test's own, so pausing it disturbs no other test."""
-    proc = subprocess.Popen([sys.executable, "-m", "service.embedded.kafka"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "txstream.service.embedded.kafka"], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
     assert proc.stdout is not None and proc.stdin is not None
     bootstrap = proc.stdout.readline().strip()

@@ -115,7 +115,7 @@ def _replay(events_path: Path, output: Path, cluster: StandaloneCluster, master:
     not part of the contract.
     """
     result = subprocess.run(
-        [str(TXSTREAM), "replay", "examples.orders:pipeline",
+        [str(TXSTREAM), "replay", "txstream.examples.orders:pipeline",
          "--input", str(events_path), "--output", str(output), "--batch-transactions", "20"],
         env={**cluster.driver_env(), "SPARK_MASTER": master},
         capture_output=True, text=True, timeout=600,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from connectors.transaction_batch import TransactionBatch, TransactionBatchError
-from connectors.transactions import Transaction
+from txstream.sources.transaction_batch import TransactionBatch, TransactionBatchError
+from txstream.sources.transactions import Transaction
 
 
 def _txn(number: int, rows: int, ranges: dict[str, dict[int, tuple[int, int]]],

@@ -28,18 +28,18 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     rows,
 )
 
-from connectors.kafka_source import DELETE, SEQ, KafkaSourceError
-from connectors.transactions import (
+from txstream.schemas.sources import RecordField, SourceSpec, UpstreamTransactions
+from txstream.schemas.tables import TableSchema
+from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from txstream.sources.kafka_source import DELETE, SEQ, KafkaSourceError
+from txstream.sources.transactions import (
     SourceState,
     TransactionBuilder,
     advance,
     caught_up,
     records_and_ends,
 )
-from connectors.upsert import UpsertState
-from schemas.sources import RecordField, SourceSpec, UpstreamTransactions
-from schemas.tables import TableSchema
-from service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from txstream.sources.upsert import UpsertState
 
 COUNTED = UpstreamTransactions(id=RecordField(header="txid"), count=RecordField(header="txn"))
 BY_ID_CHANGE = UpstreamTransactions(id=RecordField(field="tx"), id_type="bigint")
@@ -175,7 +175,7 @@ def test_upstream_ids_closed_by_id_change_and_end_of_partition(
     kafka.create_topic(topic_name, 2)
     spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, upstream=BY_ID_CHANGE)
     # Written before the builder starts, so that one fetch brings both partitions: this rule
-    # trusts the fetch order (see the limits in connectors.transactions).
+    # trusts the fetch order (see the limits in txstream.sources.transactions).
     produce(kafka, topic_name, [(None, order(1, tx=7)), (None, order(2, tx=8)),
                                 (None, order(3, tx=9))], partition=0)
     produce(kafka, topic_name, [(None, order(4, tx=7)), (None, order(5, tx=8))], partition=1)

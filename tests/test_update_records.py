@@ -9,9 +9,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.update_records import update_records
-from schemas.sinks import ModifiedRow, UpdateRecord
-from schemas.tables import TableSchema
+from txstream.schemas.sinks import ModifiedRow, UpdateRecord
+from txstream.schemas.tables import TableSchema
+from txstream.sinks.update_records import update_records
 
 SCHEMA = TableSchema.of({"k": "bigint", "a": "text", "b": "double", "c": "int"},
                         primary_key=["k"])

@@ -1,0 +1,26 @@
+"""The incremental engine: a Table API over a DAG, compiled to Spark plans over delta
+DataFrames carrying `time` and `diff`."""
+
+from txstream.engine import reducers
+from txstream.engine.engine import Engine, EngineVersion, OutputTable
+from txstream.engine.errors import (
+    EngineInputError,
+    EngineStateError,
+    ExpressionError,
+    PipelineDefinitionError,
+)
+from txstream.engine.table import GroupedTable, Pipeline, Table
+
+__all__ = [
+    "Engine",
+    "EngineInputError",
+    "EngineStateError",
+    "EngineVersion",
+    "ExpressionError",
+    "GroupedTable",
+    "OutputTable",
+    "Pipeline",
+    "PipelineDefinitionError",
+    "Table",
+    "reducers",
+]

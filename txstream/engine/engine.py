@@ -1,0 +1,520 @@
+"""The engine: compiles a pipeline once into incremental operators, then turns batches of input
+changes (many consecutive transactions at once) into the output tables' changes.
+
+A batch runs in two phases. First every operator builds its delta plan and stages its state's
+next version (`BatchPlan`), running nothing. Then the engine computes it all with one Spark
+action: the outputs, tagged and unioned, are collected as Arrow, and the same job computes the
+staged state runs (lazy local checkpoints it reads but filters out). Only then are the new state
+versions installed, so a failed batch leaves the engine as it was. The first phase runs the
+operators only for the first batch of each shape; later batches of that shape rebind its
+recorded plans to their own inputs and state (`txstream.engine.templates`).
+
+Every frame of a batch lives in a single Spark partition: deltas enter through a narrow
+`coalesce(1)` and state runs are built from them, so no join, aggregate or window needs an
+exchange and a batch is one Spark job of a single stage, whatever the DAG (see
+`txstream.engine.frames.join` for what keeps Spark from adding exchanges). The price is that one
+batch uses one core: a large batch is not split across executors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from py4j.java_gateway import JavaObject
+from pyspark.errors import AnalysisException, PySparkException
+from pyspark.sql import Column as PyColumn
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from txstream.engine.batch import BatchPlan
+from txstream.engine.columns import DIFF, PART, TIME
+from txstream.engine.consolidation import consolidate_arrow
+from txstream.engine.errors import (
+    EngineInputError,
+    EngineStateError,
+    ExpressionError,
+    PipelineDefinitionError,
+)
+from txstream.engine.frames import col, union_all
+from txstream.engine.leaves import analyzed, local_rows_of, rdd_leaf
+from txstream.engine.operators import OPERATORS, Operator, SourceOp
+from txstream.engine.operators.base import first_line
+from txstream.engine.sparkjobs import JobCount, call_site, counted
+from txstream.engine.state import Runs, StagedRuns, ZSetState
+from txstream.engine.table import (
+    DistinctNode,
+    FilterNode,
+    JoinNode,
+    NegateNode,
+    Node,
+    Pipeline,
+    ReduceNode,
+    SelectNode,
+    SourceNode,
+)
+from txstream.engine.templates import Template, instantiate, record
+from txstream.engine.warmup import synthetic_changes
+from txstream.schemas.tables import Column, ColumnType, TableSchema
+
+log = logging.getLogger(__name__)
+
+# From this many rows on, a source's changes enter Spark as Arrow batches (see Engine._input).
+ARROW_INPUT_ROWS = 50_000
+# Below this size, createDataFrame converts Arrow data to rows on the driver.
+_LOCAL_RELATION_BYTES = "spark.sql.execution.arrow.localRelationThreshold"
+# A batch that rewrites fewer rows than this (input plus the state runs it merges) evaluates its
+# expressions interpreted. Spark otherwise canonicalizes and looks up the generated code of
+# every projection and predicate of the plan in each task, which costs a lone transaction
+# 0.1-0.2 s of its 0.3 s of execution; generated code pays off from a few hundred rows on
+# (a 1M-event batch takes 2.8 times as long interpreted).
+INTERPRETED_ROWS = 500
+# A state run holding at least this many rows gets a hash index, so lookups probe it instead
+# of streaming it (see `txstream.engine.state`): streaming costs ~0.1 s per million rows per
+# lookup, an index one job of ~1 s per million rows when the run is made, and a copy of its
+# rows in the driver's memory.
+INDEX_ROWS = 1_000_000
+# Plan templates kept (one per batch shape seen; the oldest goes first).
+_TEMPLATES = 64
+# SQLSTATE class 22: the data made an expression fail (division by zero, invalid cast, overflow).
+_DATA_EXCEPTION = "22"
+
+
+def _expressions(node: Node) -> list[str]:
+    """The user's SQL text in a node."""
+    if isinstance(node, SelectNode):
+        return [expr for _, expr in node.exprs]
+    if isinstance(node, FilterNode):
+        return [node.predicate]
+    return []
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What the last batch cost: driver time building and planning its Spark plans, time
+    executing them, time indexing the state runs it made (see INDEX_ROWS; the jobs and stages
+    include the indexes'), and the Spark jobs and stages that ran; `rebound` when its plans
+    came from the template of an earlier batch of the same shape (see
+    `txstream.engine.templates`); `interpreted` when its expressions were (see
+    INTERPRETED_ROWS)."""
+
+    planning_s: float
+    execution_s: float
+    jobs: int
+    stages: int
+    rebound: bool = False
+    interpreted: bool = False
+    indexing_s: float = 0.0
+    indexes: int = 0  # indexed state runs its lookups probed
+
+
+@dataclass(frozen=True)
+class EngineVersion:
+    """The engine's state as of a batch: immutable, so it can be saved while later batches run.
+    """
+
+    states: Mapping[str, tuple[ZSetState, Runs]]
+
+
+@dataclass(frozen=True)
+class OutputTable:
+    name: str
+    schema: TableSchema
+    node: Node
+
+
+class Engine:
+    """Runs one pipeline. Not thread-safe: one batch at a time, in transaction order."""
+
+    def __init__(self, pipeline: Pipeline, spark: SparkSession, *,
+                 interpreted_rows: int = INTERPRETED_ROWS, index_rows: int = INDEX_ROWS) -> None:
+        if not pipeline.outputs:
+            raise PipelineDefinitionError("the pipeline has no outputs: call pipeline.output(...)")
+        self.spark = spark
+        self.pipeline = pipeline
+        self.interpreted_rows = interpreted_rows
+        self.index_rows = index_rows
+        self._ops: list[Operator] = []
+        by_id: dict[int, Operator] = {}
+        for node in pipeline.nodes():
+            op_type = OPERATORS[type(node)]
+            op = op_type(spark, node, [by_id[i.id].schema for i in node.inputs])
+            by_id[node.id] = op
+            self._ops.append(op)
+        self._by_id = by_id
+        # A delta read by several operators or outputs is computed once (BatchPlan.shared).
+        self._consumers = Counter(i.id for op in self._ops for i in op.node.inputs)
+        self._consumers.update(out.node.id for out in pipeline.outputs.values())
+        self.last_batch: BatchStats | None = None
+        self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
+        self.index_bytes = 0  # driver memory the state indexes hold
+        self.outputs = {
+            name: OutputTable(name, self._table_schema(name, by_id[out.node.id].schema,
+                                                       out.primary_key, out.node), out.node)
+            for name, out in pipeline.outputs.items()
+        }
+        self.sources = {
+            op.node.name: op for op in self._ops
+            if isinstance(op, SourceOp) and isinstance(op.node, SourceNode)
+        }
+        self._part_of = {name: i for i, name in enumerate(self.outputs)}
+        self._tagging = self._tag_columns()
+        self._templates: dict[tuple[object, ...], Template] = {}
+
+    def _tag_columns(self) -> dict[str | None, list[PyColumn]]:
+        """The columns that lay each output's changes out in the batch's one result (and, for
+        `None`, the rows that only make Spark compute the state): the part number, then one
+        struct per output, null except on the output's own rows. Made once: each is several
+        round trips to the JVM."""
+        outputs = list(self.outputs.values())
+        structs = [StructType([StructField(f.name, f.dataType, True) for f in StructType.fromDDL(
+            out.schema.spark_ddl(with_changes=True)).fields]) for out in outputs]
+
+        def layout(part: int) -> list[PyColumn]:
+            names = outputs[part].schema.names if part >= 0 else []
+            return [F.lit(part).alias(PART), *[
+                (F.struct(*[col(c) for c in [*names, TIME, DIFF]]) if i == part
+                 else F.lit(None)).cast(s).alias(f"__out{i}") for i, s in enumerate(structs)]]
+
+        return {None: layout(-1), **{name: layout(i) for name, i in self._part_of.items()}}
+
+    def _table_schema(self, name: str, schema: StructType, key: tuple[str, ...] | None,
+                      node: Node) -> TableSchema:
+        inferred = self._key_of(node)
+        primary_key = key if key is not None else (inferred or ())
+        missing = [k for k in primary_key if k not in schema.names]
+        if missing:
+            raise PipelineDefinitionError(
+                f"output {name!r}: primary key column(s) {', '.join(missing)} not in "
+                f"{', '.join(schema.names)}"
+            )
+        # Every column may hold nulls, keys too: a group-by key or a distinct row can be null.
+        return TableSchema(
+            columns=tuple(
+                Column(name=f.name, type=ColumnType.from_spark(f.dataType.simpleString()))
+                for f in schema.fields
+            ),
+            primary_key=tuple(primary_key),
+        )
+
+    def _key_of(self, node: Node) -> tuple[str, ...] | None:
+        """A set of columns that is unique in the table, when the DAG shows one."""
+        if isinstance(node, SourceNode):
+            return (node.schema.primary_key or None) if node.schema else None
+        if isinstance(node, FilterNode | NegateNode):
+            return self._key_of(node.inputs[0])
+        if isinstance(node, SelectNode):
+            key = self._key_of(node.inputs[0])
+            plain = {name for name, expr in node.exprs if expr == f"`{name}`"}
+            return key if key is not None and set(key) <= plain else None
+        if isinstance(node, JoinNode):
+            left, right = (self._key_of(i) for i in node.inputs)
+            on = set(node.on)
+            if left is not None and right is not None and set(right) <= on:
+                return left
+            if left is not None and right is not None and set(left) <= on:
+                return right
+            if left is not None and right is not None:
+                return tuple(dict.fromkeys(left + right))
+            return None
+        if isinstance(node, DistinctNode):
+            return tuple(self._by_id[node.id].schema.names)
+        if isinstance(node, ReduceNode):
+            return node.keys
+        return None
+
+    def _prepared(self, op: SourceOp, changes: pa.Table) -> pa.Table:
+        """The source's changes of a batch, checked against its schema and consolidated."""
+        name = op.node.label
+        want = [*op.columns, TIME, DIFF]
+        missing = [c for c in want if c not in changes.column_names]
+        if missing:
+            raise EngineInputError(f"{name}: changes lack column(s) {', '.join(missing)}")
+        assert isinstance(op.node, SourceNode) and op.node.schema is not None
+        arrow_schema = op.node.schema.arrow_schema(with_changes=True)
+        try:
+            typed = changes.select(want).cast(arrow_schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise EngineInputError(f"{name}: changes do not fit the schema: {exc}") from exc
+        return consolidate_arrow(typed, op.columns)
+
+    def _input(self, op: SourceOp, changes: pa.Table) -> tuple[JavaObject, JavaObject]:
+        """The source's changes of a batch as an RDD of rows, with no Spark job, and the
+        attributes of a leaf over it (a leaf a template can rebind). Small ones are the
+        driver's rows, converted on the driver and shipped in the task; from ARROW_INPUT_ROWS
+        rows on, Arrow record batches the batch's task converts, columnar until then: driver
+        rows of a 500k-row batch made it a quarter slower."""
+        assert isinstance(op.node, SourceNode) and op.node.schema is not None
+        spark_schema = StructType.fromDDL(op.node.schema.spark_ddl(with_changes=True))
+        prepared = self._prepared(op, changes)
+        if changes.num_rows < ARROW_INPUT_ROWS:
+            local = analyzed(self.spark.createDataFrame(prepared, schema=spark_schema))
+            return local.output(), local_rows_of(self.spark, local)
+        conf = self.spark.conf
+        previous = conf.get(_LOCAL_RELATION_BYTES, None)
+        conf.set(_LOCAL_RELATION_BYTES, "0")  # Spark otherwise converts them on the driver
+        try:
+            batches = analyzed(self.spark.createDataFrame(prepared, schema=spark_schema))
+        finally:
+            if previous is None:
+                conf.unset(_LOCAL_RELATION_BYTES)
+            else:
+                conf.set(_LOCAL_RELATION_BYTES, previous)
+        return batches.output(), batches.rdd()
+
+    def _shape(self, changes: Mapping[str, pa.Table]) -> tuple[object, ...]:
+        """What decides every plan of a batch (see `txstream.engine.templates`)."""
+        return tuple(sorted(changes)), tuple(s.shape() for s in self._states().values())
+
+    def process(self, changes: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
+        """Run one batch: `changes` maps source names to their columns plus `time` and `diff`
+        (any number of consecutive transactions, all later than those already processed).
+        Returns every output's consolidated changes, sorted by time, and within a time the
+        deletions (-1) before the insertions (+1)."""
+        unknown = sorted(set(changes) - set(self.sources))
+        if unknown:
+            raise EngineInputError(
+                f"unknown source(s) {', '.join(unknown)}; the pipeline has "
+                f"{', '.join(sorted(self.sources))}"
+            )
+        started = time.perf_counter()
+        present = {name: t for name, t in changes.items() if t.num_rows}
+        weight = sum(t.num_rows for t in present.values())
+        shape = self._shape(present)
+        indexes = sum(state_shape[1] for state_shape in shape[1])
+        template = self._templates.get(shape)
+        recorded: Template | None = None
+        with call_site(self.spark.sparkContext, "txstream engine batch"):
+            if template is not None:
+                rows = {name: self._input(self.sources[name], t)[1]
+                        for name, t in present.items()}
+                final, staged = instantiate(self.spark, template, rows, weight)
+                outputs: tuple[str, ...] = template.outputs
+            else:
+                final, outputs, staged, recorded = self._build(present, weight)
+            rewritten = max([weight, *(s.runs[-1].weight for s in staged)])
+            interpreted = rewritten < self.interpreted_rows
+            result, execution_s, count = self._execute(final, outputs, interpreted)
+        for staged_runs in staged:
+            staged_runs.state.install(staged_runs.runs)
+        indexing_started = time.perf_counter()
+        _, indexing = counted(self.spark.sparkContext, lambda: self._index(
+            [s.state for s in staged]))
+        indexing_s = time.perf_counter() - indexing_started
+        count = JobCount(count.jobs + indexing.jobs, count.stages + indexing.stages)
+        if recorded is not None:
+            if len(self._templates) >= _TEMPLATES:
+                del self._templates[next(iter(self._templates))]
+            self._templates[shape] = recorded
+        self.last_batch = BatchStats(
+            planning_s=round(time.perf_counter() - started - execution_s - indexing_s, 4),
+            execution_s=round(execution_s, 4), jobs=count.jobs, stages=count.stages,
+            rebound=template is not None, interpreted=interpreted,
+            indexing_s=round(indexing_s, 4), indexes=indexes)
+        self.totals = JobCount(self.totals.jobs + count.jobs, self.totals.stages + count.stages)
+        return result
+
+    def warm_up(self, rows: int) -> float:
+        """Run made-up changes through the pipeline, then forget them: Spark plans, compiles
+        and JIT-compiles the pipeline's plans now, not on the first real batches (see
+        `txstream.engine.warmup`). Three batches of every source: `rows` insertions into empty
+        state; half of them deleted and as many inserted; then ten insertions (a lone
+        transaction's path). Only for a fresh engine, before it loads state or runs a batch:
+        its state is emptied afterwards. The plans it recorded (for batches with changes of
+        every source, into empty and non-empty state) stay until `load_state` replaces the
+        state; the compiled code stays in any case. It never fails: it is only an
+        optimization, and what went wrong is logged. The seconds it took."""
+        if any(s.runs for s in self._states().values()) or self.last_batch is not None:
+            raise EngineStateError("warm_up: only a fresh engine warms up, before it loads "
+                                   "state or processes a batch")
+        started = time.perf_counter()
+        half = rows // 2
+        batches = [(np.arange(rows), (1, 5), 1),
+                   (np.arange(half), (6, 10), -1), (np.arange(rows, rows + half), (6, 10), 1),
+                   (np.arange(rows + half, rows + half + 10), (11, 11), 1)]
+        schemas = {name: op.node.schema for name, op in self.sources.items()
+                   if isinstance(op.node, SourceNode) and op.node.schema is not None}
+
+        def changes(parts: list[tuple[np.ndarray, tuple[int, int], int]]) -> dict[str, pa.Table]:
+            return {name: pa.concat_tables([synthetic_changes(schema, *part) for part in parts])
+                    for name, schema in schemas.items()}
+
+        try:
+            for parts in (batches[:1], batches[1:3], batches[3:]):
+                self.process(changes(parts))
+        except ExpressionError as exc:
+            # Made-up values may fail an expression real data never fails (a cast of text):
+            # what ran so far is warm, and the real batches plan the rest.
+            log.info("warm-up stopped early: %s", first_line(exc))
+        except Exception as exc:  # an optimization must not stop the start
+            log.warning("warm-up failed, the service starts without it (the first batches plan "
+                        "and compile their code): %s", first_line(exc))
+        finally:
+            for state in self._states().values():
+                state.install(())
+            self._index(list(self._states().values()))
+            self.last_batch = None
+            self.totals = JobCount(0, 0)
+        return time.perf_counter() - started
+
+    def _index(self, states: list[ZSetState]) -> None:
+        """Index the states' large runs, and drop the indexes of runs merged away."""
+        with call_site(self.spark.sparkContext, "txstream state index"):
+            for state in states:
+                state.refresh_indexes(self.index_rows)
+        self.index_bytes = sum(s.index_bytes for s in self._states().values())
+
+    def _build(self, changes: Mapping[str, pa.Table], weight: int
+               ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:
+        """Plan a batch through the operators: its final frame (None: nothing to compute), the
+        outputs it holds, the staged runs, and its template."""
+        batch = BatchPlan(self.spark, weight)
+        deltas: dict[int, DataFrame | None] = {}
+        sources: dict[str, DataFrame] = {}
+        for op in self._ops:
+            if isinstance(op, SourceOp):
+                name = op.node.name  # type: ignore[attr-defined]
+                table = changes.get(name)
+                delta = None
+                if table is not None:
+                    output, rows = self._input(op, table)
+                    delta = sources[name] = rdd_leaf(self.spark, output, rows).coalesce(1)
+            else:
+                delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
+            if delta is not None and self._consumers[op.node.id] > 1:
+                delta = batch.shared(delta)
+            deltas[op.node.id] = delta
+        outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
+        final, present = self._final_frame(outputs, batch)
+        template = None
+        if final is not None:
+            template = record(self.spark, batch, sources, list(self._states().values()), final,
+                              present)
+        return final, present, batch.staged, template
+
+    def _final_frame(self, outputs: Mapping[str, DataFrame | None], batch: BatchPlan
+                     ) -> tuple[DataFrame | None, tuple[str, ...]]:
+        """The batch's one frame to compute, and the outputs it holds. Each output becomes a
+        struct column of its own, filled on that output's rows only; the staged state runs are
+        read by the same job through a filter no row passes, which Spark cannot fold away (it
+        depends on the partition), so they are computed and kept without reaching the
+        driver."""
+        present = tuple(name for name, frame in outputs.items() if frame is not None)
+        if not present and not batch.frames:
+            return None, present
+        parts = [outputs[name].select(*self._tagging[name]) for name in present]  # type: ignore[union-attr]
+        if batch.frames:
+            hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames])
+            parts.append(hidden.where(F.spark_partition_id() < 0).select(*self._tagging[None]))
+        return union_all(parts), present
+
+    def _execute(self, final: DataFrame | None, present: tuple[str, ...], interpreted: bool
+                 ) -> tuple[dict[str, pa.Table], float, JobCount]:
+        """Compute the batch's frame with one Spark action (its expressions `interpreted`, see
+        INTERPRETED_ROWS); every output's changes."""
+        results = {name: out.schema.arrow_schema(with_changes=True).empty_table()
+                   for name, out in self.outputs.items()}
+        if final is None:
+            return results, 0.0, JobCount(0, 0)
+        final._jdf.queryExecution().executedPlan()  # planned here, so execution is timed alone
+        # A session setting, read when the job starts: set for every batch, whichever engine.
+        self.spark.conf.set("spark.sql.codegen.factoryMode",
+                            "NO_CODEGEN" if interpreted else "FALLBACK")
+        # Spark cuts the lineage of the first checkpointed frames it meets, not of the runs
+        # below them: those would drag every earlier batch's lineage along.
+        self.spark.sparkContext.setLocalProperty(
+            "spark.checkpoint.checkpointAllMarkedAncestors", "true")
+        started = time.perf_counter()
+        try:
+            table, count = counted(self.spark.sparkContext, final.toArrow)
+        except PySparkException as exc:
+            if not (exc.getSqlState() or "").startswith(_DATA_EXCEPTION):
+                raise
+            raise self._expression_error(exc) from exc
+        executed = time.perf_counter() - started
+        tags = table.column(PART)
+        for name in present:
+            i = self._part_of[name]
+            rows = table.filter(pc.equal(tags, i)).column(f"__out{i}").combine_chunks()
+            changes = pa.Table.from_struct_array(rows)
+            schema = self.outputs[name].schema.arrow_schema(with_changes=True)
+            results[name] = changes.cast(schema).sort_by([(TIME, "ascending"),
+                                                          (DIFF, "ascending")])
+        return results, executed, count
+
+    def _expression_error(self, exc: PySparkException) -> ExpressionError:
+        """The failure of a batch's data in terms of the pipeline: Spark's query context gives
+        the failing fragment of SQL, which is found in the expressions of the tables."""
+        fragments = [c.fragment() for c in exc.getQueryContext() if c.fragment()]
+        tables = [op.node.label for op in self._ops if any(
+            f in text for f in fragments for text in _expressions(op.node))]
+        where = f"table {' / '.join(tables)}" if tables else "an expression of the pipeline"
+        failing = f" (expression `{fragments[0]}`)" if fragments else ""
+        return ExpressionError(
+            f"{where}{failing} failed on this batch's data: "
+            f"{first_line(exc)}. Spark evaluates with ANSI SQL semantics, so the same input "
+            "fails again on every retry: make the expression total with the same result type "
+            "(CASE WHEN <divisor> = 0 THEN NULL ELSE ... END, try_cast, try_add) or keep such "
+            "records out upstream, then redeploy; processing resumes at this batch (a new "
+            "table or a changed type changes the pipeline, whose saved state then no longer "
+            "fits: that needs a start from scratch)")
+
+    def _fingerprint(self) -> list[str]:
+        """What a saved state must match: every operator, in order, with its output schema."""
+        return [f"{op.node.label} -> {op.schema.simpleString()}" for op in self._ops]
+
+    def _states(self) -> dict[str, ZSetState]:
+        # Operators are numbered in DAG order, which is stable for one pipeline definition.
+        return {f"{i:03d}-{type(op).__name__}-{name}": state
+                for i, op in enumerate(self._ops) for name, state in op.states().items()}
+
+    def version(self) -> EngineVersion:
+        """The state as of the last batch; it stays valid (and saveable) while later batches
+        run."""
+        return EngineVersion({name: (state, state.runs) for name, state in self._states().items()})
+
+    def save_state(self, path: str, version: EngineVersion | None = None) -> None:
+        """Write every operator's state (as of `version`, by default now) under `path`, a new
+        directory (local or any Hadoop-compatible URI). The manifest is written last: a state
+        without it is incomplete."""
+        version = version or self.version()
+        saved = []
+        for name, (state, runs) in version.states.items():
+            if runs:
+                state.save(f"{path}/{name}", runs)
+                saved.append(name)
+        manifest = json.dumps({"format": 1, "operators": self._fingerprint(), "states": saved})
+        self.spark.createDataFrame([(manifest,)], "manifest STRING").coalesce(1) \
+            .write.text(f"{path}/_manifest")
+
+    def load_state(self, path: str) -> None:
+        """Replace the engine's state with the one `save_state` wrote at `path`."""
+        try:
+            text = self.spark.read.text(f"{path}/_manifest").first()
+        except AnalysisException as exc:
+            raise EngineStateError(f"no complete engine state at {path}: {exc}") from exc
+        if text is None:
+            raise EngineStateError(f"no complete engine state at {path}: empty manifest")
+        manifest = json.loads(text[0])
+        mine = self._fingerprint()
+        if manifest.get("operators") != mine:
+            theirs = manifest.get("operators", [])
+            diff = next((f"{a!r} vs now {b!r}" for a, b in zip(theirs, mine, strict=False)
+                         if a != b), f"{len(theirs)} operators vs now {len(mine)}")
+            raise EngineStateError(
+                f"the state at {path} was saved by a different pipeline definition "
+                f"(first difference: {diff}); start from empty state instead"
+            )
+        saved = set(manifest.get("states", []))
+        self._templates.clear()
+        for name, state in self._states().items():
+            state.load(self.spark, f"{path}/{name}" if name in saved else None)
+        self._index(list(self._states().values()))

@@ -1,0 +1,34 @@
+"""The incremental operators, one module per kind of DAG node; each owns its node's schema
+rule and its delta rule (in the module's doc comment)."""
+
+from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.operators.distinct import DistinctOp
+from txstream.engine.operators.join import JoinOp, PadOp
+from txstream.engine.operators.reduce import ReduceOp
+from txstream.engine.operators.rowwise import ConcatOp, FilterOp, NegateOp, SelectOp, SourceOp
+from txstream.engine.table import (
+    ConcatNode,
+    DistinctNode,
+    FilterNode,
+    JoinNode,
+    NegateNode,
+    Node,
+    PadNode,
+    ReduceNode,
+    SelectNode,
+    SourceNode,
+)
+
+OPERATORS: dict[type[Node], type[Operator]] = {
+    SourceNode: SourceOp,
+    SelectNode: SelectOp,
+    FilterNode: FilterOp,
+    NegateNode: NegateOp,
+    ConcatNode: ConcatOp,
+    JoinNode: JoinOp,
+    PadNode: PadOp,
+    DistinctNode: DistinctOp,
+    ReduceNode: ReduceOp,
+}
+
+__all__ = ["OPERATORS", "Delta", "Operator", "SourceOp"]

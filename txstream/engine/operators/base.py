@@ -1,0 +1,119 @@
+"""What every operator is: a node's output schema, checked at build, and its incremental rule.
+
+An operator's `plan` maps its inputs' delta DataFrames (the node's columns plus `time`, `diff`;
+a batch may hold many consecutive transactions) to its own delta, and stages the state changes
+it needs into the batch. It runs nothing: the engine decides when Spark computes. A delta of
+`None` is known to be empty, so work is skipped without a Spark job to find out. The output of
+each transaction in a batch is exactly what processing that transaction alone would emit:
+operators order by `time` wherever the result depends on history.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructField, StructType
+
+from txstream.engine.batch import BatchPlan
+from txstream.engine.columns import INTERNAL_PREFIX
+from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.state import ZSetState
+from txstream.engine.table import Node
+from txstream.schemas.tables import RESERVED_COLUMNS, ColumnType, TableSchemaError
+
+Delta = DataFrame | None
+
+# Functions whose value depends on when a batch runs: a retraction would not match its insertion.
+_TIME_DEPENDENT = ("current_timestamp", "current_date", "now(", "localtimestamp",
+                   "unix_timestamp()", "current_time")
+
+
+def first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0]
+
+
+def _check_columns(node: Node, schema: StructType) -> StructType:
+    """Every column of a table: a supported type, not a reserved name, unique ignoring case
+    (Spark resolves names case-insensitively)."""
+    seen: dict[str, str] = {}
+    for f in schema.fields:
+        if f.name.lower() in RESERVED_COLUMNS:
+            raise PipelineDefinitionError(
+                f"{node.label}: column {f.name!r} is reserved for change metadata; rename it")
+        if f.name.startswith(INTERNAL_PREFIX):
+            raise PipelineDefinitionError(
+                f"{node.label}: column {f.name!r}: names starting with {INTERNAL_PREFIX!r} are "
+                "reserved for the engine; rename it")
+        other = seen.setdefault(f.name.lower(), f.name)
+        if other != f.name:
+            raise PipelineDefinitionError(
+                f"{node.label}: columns {other!r} and {f.name!r} differ only in case, which "
+                "Spark does not tell apart; rename one")
+        try:
+            ColumnType.from_spark(f.dataType.simpleString())
+        except TableSchemaError as exc:
+            raise PipelineDefinitionError(f"{node.label}: column {f.name!r}: {exc}") from exc
+    return StructType([StructField(f.name, f.dataType, True) for f in schema.fields])
+
+
+def check_row_wise(node: Node, frame: DataFrame, exprs: Sequence[str], operator: str) -> None:
+    """An expression must map each row on its own, the same way in every batch: changes are
+    processed a batch at a time and retractions must cancel their insertions exactly.
+
+    Spark's analyzed plan shows it: exactly one `operator` (Project, Filter) over the input,
+    and deterministic."""
+    plan = frame._jdf.queryExecution().analyzed()
+    shown = "; ".join(exprs)
+    if plan.nodeName() != operator or plan.apply(2) is not None:
+        raise PipelineDefinitionError(
+            f"{node.label}: {shown}: aggregate and window functions are not row-wise; use "
+            "groupby(...).reduce(...) instead")
+    if not plan.deterministic():
+        raise PipelineDefinitionError(
+            f"{node.label}: {shown}: non-deterministic expressions (rand(), uuid(), ...) cannot "
+            "be maintained incrementally")
+    text = shown.lower().replace(" ", "")
+    used = [f for f in _TIME_DEPENDENT if f in text]
+    if used:
+        raise PipelineDefinitionError(
+            f"{node.label}: {shown}: {used[0].rstrip('(')} depends on when a batch runs, so a "
+            "deletion would not retract its insertion; carry the time in a source column")
+
+
+class Operator(ABC):
+    def __init__(self, spark: SparkSession, node: Node, inputs: Sequence[StructType]) -> None:
+        self.spark = spark
+        self.node = node
+        self.input_schemas = list(inputs)
+        self.schema = _check_columns(node, self._resolve())
+
+    @property
+    def columns(self) -> list[str]:
+        return self.schema.names
+
+    def _empty(self, schema: StructType) -> DataFrame:
+        return self.spark.createDataFrame([], schema)
+
+    def _require(self, schema: StructType, names: Sequence[str], what: str) -> None:
+        missing = [n for n in names if n not in schema.names]
+        if missing:
+            raise PipelineDefinitionError(
+                f"{self.node.label}: {what} column(s) {', '.join(missing)} not found; "
+                f"available: {', '.join(schema.names)}"
+            )
+
+    def states(self) -> dict[str, ZSetState]:
+        """The operator's state by stable name (for checkpoints); empty when stateless."""
+        return {name: value for name, value in vars(self).items()
+                if isinstance(value, ZSetState)}
+
+    @abstractmethod
+    def _resolve(self) -> StructType:
+        """The output schema, checked against the inputs' schemas (raises on a bad definition)."""
+
+    @abstractmethod
+    def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
+        """The output delta of one batch, given the inputs' deltas; stages state changes into
+        `batch`."""

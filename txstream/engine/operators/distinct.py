@@ -1,0 +1,49 @@
+"""Distinct: a row is in the output while its multiplicity is positive.
+
+Delta rule: for each row the batch touches, its multiplicity before the batch (from state) plus
+the running sum of its diffs in time order; emit +1 where it rises above 0, -1 where it falls
+to 0. State: the input's Z-set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from txstream.engine.batch import BatchPlan
+from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
+from txstream.engine.frames import col
+from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.state import ZSetState
+
+
+class DistinctOp(Operator):
+    def _resolve(self) -> StructType:
+        names = self.input_schemas[0].names
+        self.state = ZSetState(names, [DIFF], lookup=names)
+        return self.input_schemas[0]
+
+    def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
+        d = deltas[0]
+        if d is None:
+            return None
+        cols = self.columns
+        before = self.state.lookup(d, cols)
+        timeline = d.select(*[col(c) for c in cols], col(TIME), col(DIFF))
+        if before is not None:
+            timeline = timeline.unionByName(before.withColumn(TIME, F.lit(BEFORE_BATCH)))
+        w = (Window.partitionBy(*[col(c) for c in cols]).orderBy(col(TIME))
+             .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+        counted = timeline.withColumn("__after", F.sum(col(DIFF)).over(w))
+        crossings = counted.where(
+            (col(TIME) != BEFORE_BATCH)
+            & ((col("__after") > 0) != ((col("__after") - col(DIFF)) > 0))
+        ).select(
+            *[col(c) for c in cols], col(TIME),
+            F.when(col("__after") > 0, F.lit(1)).otherwise(F.lit(-1)).cast("long").alias(DIFF),
+        )
+        batch.append(self.state, d)
+        return crossings

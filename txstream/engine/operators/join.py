@@ -1,0 +1,129 @@
+"""Inner equi-join, and the padding that builds outer joins from it.
+
+Delta rule: d(A join B) = dA join (B + dB) + A join dB, where A and B are the states before the
+batch; a pair's time is the later of its two times and its diff the product of their diffs.
+State: both sides' Z-sets, looked up by the join key. The hash table is built from the deltas;
+state's small runs are streamed past it, its large runs probed through their indexes (see
+`txstream.engine.state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import reduce
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from txstream.engine.batch import BatchPlan
+from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
+from txstream.engine.consolidation import consolidate
+from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.frames import build_side, col, join, prefixed, union_all
+from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.state import ZSetState
+from txstream.engine.table import JoinNode, PadNode
+
+
+class JoinLayout:
+    """Column layout of an equi-join: keys, left's other columns, right's other columns."""
+
+    def __init__(self, op: Operator, left: StructType, right: StructType, on: Sequence[str]
+                 ) -> None:
+        op._require(left, on, "left join key")
+        op._require(right, on, "right join key")
+        for k in on:
+            lt, rt = left[k].dataType.simpleString(), right[k].dataType.simpleString()
+            if lt != rt:
+                raise PipelineDefinitionError(
+                    f"{op.node.label}: key {k!r} is {lt} on the left but {rt} on the right; "
+                    "cast one side with select"
+                )
+        self.on = list(on)
+        self.left_rest = [c for c in left.names if c not in on]
+        self.right_rest = [c for c in right.names if c not in on]
+        clash = sorted(set(self.left_rest) & set(self.right_rest))
+        if clash:
+            raise PipelineDefinitionError(
+                f"{op.node.label}: column(s) {', '.join(clash)} exist on both sides; "
+                "rename them with select before joining"
+            )
+        self.schema = StructType(
+            [left[k] for k in on] + [left[c] for c in self.left_rest]
+            + [right[c] for c in self.right_rest]
+        )
+
+
+class JoinOp(Operator):
+    node: JoinNode
+
+    def _resolve(self) -> StructType:
+        self.layout = JoinLayout(self, self.input_schemas[0], self.input_schemas[1], self.node.on)
+        self.left_state = ZSetState(self.input_schemas[0].names, [DIFF], lookup=self.node.on)
+        self.right_state = ZSetState(self.input_schemas[1].names, [DIFF], lookup=self.node.on)
+        return self.layout.schema
+
+    def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
+        lay = self.layout
+        r = prefixed(right, "__r_")
+        # SQL join semantics: a null key matches nothing.
+        cond = [left[f"`{k}`"] == r[f"`__r_{k}`"] for k in lay.on]
+        return join(left, r, reduce(lambda a, b: a & b, cond), "inner").select(
+            *[left[f"`{c}`"] for c in lay.on + lay.left_rest],
+            *[r[f"`__r_{c}`"].alias(c) for c in lay.right_rest],
+            F.greatest(left[TIME], r[f"__r_{TIME}"]).alias(TIME),
+            (left[DIFF] * r[f"__r_{DIFF}"]).alias(DIFF),
+        )
+
+    @staticmethod
+    def _before(state: ZSetState, probe: DataFrame) -> list[DataFrame]:
+        """The state's rows that may pair with `probe`'s: its streamed runs whole, and its
+        indexed runs' rows with `probe`'s keys."""
+        frames = [state.frame(), *state.matches(probe)]
+        return [f.withColumn(TIME, F.lit(BEFORE_BATCH).cast("long")) for f in frames
+                if f is not None]
+
+    def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
+        d_left, d_right = deltas
+        if d_left is None and d_right is None:
+            return None
+        terms: list[DataFrame] = []
+        if d_left is not None:
+            right_all = self._before(self.right_state, d_left)
+            if d_right is not None:
+                right_all.append(d_right)
+            if right_all:
+                terms.append(self._pairs(build_side(d_left), union_all(right_all)))
+            batch.append(self.left_state, d_left)
+        if d_right is not None:
+            left_before = self._before(self.left_state, d_right)
+            if left_before:
+                terms.append(self._pairs(union_all(left_before), build_side(d_right)))
+            batch.append(self.right_state, d_right)
+        if not terms:
+            return None
+        return consolidate(union_all(terms), self.columns)
+
+
+class PadOp(Operator):
+    """Rows of one join side with the other side's columns null (the outer part of a join)."""
+
+    node: PadNode
+
+    def _resolve(self) -> StructType:
+        side, other = self.input_schemas
+        left, right = (side, other) if self.node.side == "left" else (other, side)
+        self.layout = JoinLayout(self, left, right, self.node.on)
+        return self.layout.schema
+
+    def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
+        d = deltas[0]
+        if d is None:
+            return None
+        own = set(self.input_schemas[0].names)
+        return d.select(
+            *[col(f.name) if f.name in own else F.lit(None).cast(f.dataType).alias(f.name)
+              for f in self.schema.fields],
+            col(TIME), col(DIFF),
+        )

@@ -1,0 +1,296 @@
+"""Group-by/reduce: one row per group, the key columns then one column per reducer.
+
+Delta rule: for each group and transaction the batch touches, retract the group's row as it
+was before the transaction and insert its row after it, unless the two are equal.
+
+State (each a Z-set, see `txstream.engine.state`):
+- `acc_state`: per group, the row count and the reducers' linear accumulators (sums, non-null
+  counts), so a group's new accumulators are its old ones plus the batch's running sums;
+- `value_states`: per column that `min`, `max` or `count_distinct` read, each group's multiset
+  of non-null values.
+A group's row is a function of these, so the row to retract before the batch's first
+transaction is computed from the state as it was before the batch (time `BEFORE_BATCH`), the
+same way every later row is: no trace of the emitted rows is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from txstream.engine.batch import BatchPlan
+from txstream.engine.columns import BEFORE_BATCH, DIFF, ROW_COUNT, TIME
+from txstream.engine.consolidation import consolidate
+from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.frames import (
+    build_side,
+    col,
+    join,
+    null_safe_on,
+    prefixed,
+    semi_join,
+)
+from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.reducers import Reducer, ReducerError, ValueStats
+from txstream.engine.state import ZSetState
+from txstream.engine.table import ReduceNode
+from txstream.schemas.tables import ColumnType
+
+# Open end of a value's presence interval: later than every transaction.
+_FOREVER = 2**62
+# Prefix of a group's accumulators summed over the rows before each row of its timeline.
+_BEFORE = "__b"
+
+
+class ReduceOp(Operator):
+    node: ReduceNode
+
+    def _resolve(self) -> StructType:
+        src = self.input_schemas[0]
+        keys = list(self.node.keys)
+        self._require(src, keys, "group-by")
+        self.keys = keys
+        fields = [src[k] for k in keys]
+        self.column_types: dict[str, ColumnType | None] = {}
+        accumulators: dict[str, Column] = {}
+        value_columns: list[str] = []
+        for name, red in self.node.reducers:
+            ctype = self._column_type(name, red, src)
+            self.column_types[name] = ctype
+            spark_type = src[red.column].dataType if red.column is not None else None
+            fields.append(StructField(name, red.result_type(ctype, spark_type), True))
+            accumulators.update(red.accumulators(ctype))
+            if red.needs_values and red.column not in value_columns:
+                value_columns.append(red.column)  # type: ignore[arg-type]
+        # Accumulator ids name columns of the user's; state columns get internal names.
+        self.acc_names = {acc: f"__acc{i}" for i, acc in enumerate(accumulators)}
+        self.acc_exprs = {self.acc_names[acc]: e for acc, e in accumulators.items()}
+        self.acc_cols = [ROW_COUNT, *self.acc_exprs]
+        self.acc_state = ZSetState(keys, self.acc_cols, empty_when=f"`{ROW_COUNT}` = 0",
+                                   lookup=keys)
+        self.value_index = {c: i for i, c in enumerate(value_columns)}
+        self.value_states = {c: ZSetState([*keys, "__v"], [DIFF], lookup=keys)
+                             for c in value_columns}
+        return StructType(fields)
+
+    def _column_type(self, name: str, red: Reducer, src: StructType) -> ColumnType | None:
+        if red.column is not None:
+            self._require(src, [red.column], f"reducer {name}={red}")
+        ctype = (ColumnType.from_spark(src[red.column].dataType.simpleString())
+                 if red.column is not None else None)
+        try:
+            red.check(ctype)
+        except ReducerError as exc:
+            raise PipelineDefinitionError(f"{self.node.label}: {name}={exc}") from exc
+        return ctype
+
+    def states(self) -> dict[str, ZSetState]:
+        values = {f"value_states.{self.value_index[c]}": state
+                  for c, state in self.value_states.items()}
+        return {**super().states(), **values}
+
+    def _key_window(self, extra: Sequence[str] = ()) -> Window:
+        return Window.partitionBy(*[col(c) for c in [*self.keys, *extra]]).orderBy(col(TIME))
+
+    # Expressions that depend only on the node, made once: each costs round trips to the JVM,
+    # and a batch's plans would otherwise build them all again.
+
+    @cached_property
+    def _accumulate(self) -> list[Column]:
+        return [F.sum(col(DIFF)).alias(ROW_COUNT),
+                *[F.sum(e).alias(name) for name, e in self.acc_exprs.items()]]
+
+    @cached_property
+    def _value_names(self) -> list[str]:
+        """The row's columns besides the group's keys: what a change of the group changes."""
+        return [n for n in self.columns if n not in self.keys]
+
+    @cached_property
+    def _linear(self) -> bool:
+        """Whether a group's row is a function of its summed accumulators alone (no min, max
+        or count_distinct): then the row before each transaction comes from the sums over the
+        rows before it, computed by the window that computes the running sums. Otherwise it
+        is the previous row of a second window."""
+        return not self.value_states
+
+    @cached_property
+    def _running(self) -> list[Column]:
+        window = self._key_window()
+        running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        sums = [F.sum(col(a)).over(running).alias(a) for a in self.acc_cols]
+        if self._linear:
+            # Spark adds the same rows in the same order as for the previous row's running
+            # sums: the same value, to the last bit of a double.
+            before = window.rowsBetween(Window.unboundedPreceding, -1)
+            sums += [F.sum(col(a)).over(before).alias(f"{_BEFORE}{a}") for a in self.acc_cols]
+        return [*[col(k) for k in self.keys], col(TIME), *sums]
+
+    @cached_property
+    def _previous(self) -> Column:
+        """Each row of a group's timeline with the row before it, as `__prev` (the changes
+        below read it field by field; Spark would evaluate a window function once per
+        reference): a group with no row before has a row count of 0, or none at all."""
+        if self._linear:
+            count = F.coalesce(col(f"{_BEFORE}{ROW_COUNT}"), F.lit(0).cast("long"))
+            values = self._output_columns(prefix=_BEFORE)
+            return F.struct(count.alias(ROW_COUNT), *values).alias("__prev")
+        return F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in self._value_names])) \
+            .over(self._key_window()).alias("__prev")
+
+    @cached_property
+    def _emit_exprs(self) -> list[Column]:
+        """Per row of a group's timeline (the row before the batch first, then its row after
+        each transaction), the changes since the previous row: a retraction of that row and an
+        insertion of this one, both left out when the two rows are equal."""
+        keys = self.keys
+        value_names = self._value_names
+        prev = col("__prev")
+        was = prev.isNotNull() & (prev[ROW_COUNT] > 0)
+        now = col(ROW_COUNT) > 0
+        # Null-safe: a null value equal to a null value is an unchanged row.
+        same = was & now & F.struct(*[col(n) for n in value_names]).eqNullSafe(
+            F.struct(*[prev[n].alias(n) for n in value_names]))
+
+        def change(values: list[Column], diff: int) -> Column:
+            # Named, not cast to a struct type: a cast copies every field of every row.
+            return F.struct(*[col(k).alias(k) for k in keys],
+                            *[v.alias(n) for v, n in zip(values, value_names, strict=True)],
+                            col(TIME).alias(TIME), F.lit(diff).cast("long").alias(DIFF))
+
+        retract = F.when(was & ~same, change([prev[n] for n in value_names], -1))
+        insert = F.when(now & ~same, change([col(n) for n in value_names], 1))
+        return [col(TIME), F.array(retract, insert).alias("__changes")]
+
+    @cached_property
+    def _new_row(self) -> list[Column]:
+        new = [*[col(k) for k in self.keys], col(TIME), col(ROW_COUNT), *self._output_columns()]
+        return [*new, self._previous] if self._linear else new
+
+    def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
+        d = deltas[0]
+        if d is None:
+            return None
+        keys = self.keys
+        key_cols = [col(k) for k in keys]
+        acc_delta = batch.shared(d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate))
+        touched = batch.shared(acc_delta.select(*key_cols).distinct())
+
+        # Running accumulators: the state's totals at BEFORE_BATCH, then each transaction's delta.
+        timeline = acc_delta
+        base = self.acc_state.lookup(touched, keys)
+        if base is not None:
+            timeline = timeline.unionByName(base.withColumn(TIME, F.lit(BEFORE_BATCH)))
+        groups = timeline.select(*self._running)
+
+        for column in self.value_states:
+            groups = self._with_values(groups, d, touched, column, batch)
+
+        batch.append(self.acc_state, acc_delta)
+        return self._emit(groups.select(*self._new_row))
+
+    def _with_values(self, groups: DataFrame, d: DataFrame, touched: DataFrame, column: str,
+                     batch: BatchPlan) -> DataFrame:
+        """Add `__min{i}`, `__max{i}`, `__cd{i}`: min, max and distinct count of `column`'s
+        non-null values of each group at each time of `groups` (before the batch, then after
+        each of its transactions)."""
+        keys = self.keys
+        idx = self.value_index[column]
+        state = self.value_states[column]
+        vd = batch.shared(consolidate(
+            d.where(col(column).isNotNull()).select(*[col(k) for k in keys],
+                                                   col(column).alias("__v"), col(TIME),
+                                                   col(DIFF)),
+            [*keys, "__v"],
+        ))
+        touched_values = vd.select(*[col(k) for k in keys], col("__v")).distinct()
+
+        # The state's values of the touched groups, split in two: values the batch does not
+        # touch are constant over it (one min/max/count per group); touched values start the
+        # batch with their current count. One scan of the state serves both.
+        current = state.lookup(touched, keys)
+        steady = before = None
+        if current is not None:
+            current = batch.shared(current)
+            steady = semi_join(current, touched_values, [*keys, "__v"], anti=True) \
+                .groupBy(*[col(k) for k in keys]).agg(
+                    F.min("__v").alias("__smin"), F.max("__v").alias("__smax"),
+                    F.count(F.lit(1)).alias("__scnt"),
+                )
+            before = semi_join(current, touched_values, [*keys, "__v"])
+
+        # Touched values: their count over the batch as intervals [start, end).
+        vtimeline = vd
+        if before is not None:
+            vtimeline = vtimeline.unionByName(before.withColumn(TIME, F.lit(BEFORE_BATCH)))
+        w = self._key_window(["__v"])
+        intervals = vtimeline.select(
+            *[col(k) for k in keys], col("__v"),
+            col(TIME).alias("__start"),
+            F.lead(col(TIME), 1, _FOREVER).over(w).alias("__end"),
+            F.sum(col(DIFF)).over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+            .alias("__c"),
+        ).where(col("__c") > 0)
+        iv = prefixed(intervals, "__i_")
+        queries = build_side(groups.select(*[col(k) for k in keys], col(TIME)))
+        present = join(
+            queries, iv,
+            null_safe_on(queries, iv, keys, [f"__i_{k}" for k in keys])
+            & (iv["__i___start"] <= queries[TIME]) & (queries[TIME] < iv["__i___end"]),
+            "inner",
+        ).groupBy(*[queries[f"`{k}`"] for k in keys], queries[TIME]).agg(
+            F.min("__i___v").alias("__tmin"), F.max("__i___v").alias("__tmax"),
+            F.count(F.lit(1)).alias("__tcnt"),
+        )
+        p = build_side(prefixed(present, "__p_"))
+        joined = join(
+            groups, p,
+            null_safe_on(groups, p, [*keys, TIME], [f"__p_{c}" for c in [*keys, TIME]]),
+            "left",
+        )
+        stats = [F.col("__p___tmin"), F.col("__p___tmax"), F.col("__p___tcnt")]
+        if steady is not None:
+            s = build_side(prefixed(steady, "__q_"))
+            joined = join(
+                joined, s, null_safe_on(joined, s, keys, [f"__q_{k}" for k in keys]), "left"
+            )
+            stats = [
+                F.least(F.col("__p___tmin"), F.col("__q___smin")),
+                F.greatest(F.col("__p___tmax"), F.col("__q___smax")),
+                F.coalesce(F.col("__p___tcnt"), F.lit(0))
+                + F.coalesce(F.col("__q___scnt"), F.lit(0)),
+            ]
+        batch.append(state, vd)
+        return joined.select(
+            *[groups[f"`{c}`"] for c in groups.columns],
+            stats[0].alias(f"__min{idx}"), stats[1].alias(f"__max{idx}"),
+            F.coalesce(stats[2], F.lit(0)).cast("long").alias(f"__cd{idx}"),
+        )
+
+    def _output_columns(self, prefix: str = "") -> list[Column]:
+        """The reducers' values from the accumulators named with `prefix`."""
+        def acc(accumulator: str) -> Column:
+            name = ROW_COUNT if accumulator == ROW_COUNT else self.acc_names[accumulator]
+            return col(prefix + name)
+
+        exprs = []
+        for name, red in self.node.reducers:
+            values = None
+            if red.needs_values:
+                i = self.value_index[red.column]  # type: ignore[index]
+                values = ValueStats(col(f"__min{i}"), col(f"__max{i}"), col(f"__cd{i}"))
+            value = red.value(self.column_types[name], acc, values)
+            exprs.append(value.cast(self.schema[name].dataType).alias(name))
+        return exprs
+
+    def _emit(self, rows: DataFrame) -> DataFrame:
+        """The changes between consecutive rows of each group's timeline, at the later row's
+        time: a group's row is emitted once per transaction at most, and the row before the
+        batch only serves to retract what was last emitted."""
+        if not self._linear:
+            rows = rows.select("*", self._previous)
+        changes = rows.select(*self._emit_exprs).where(col(TIME) != BEFORE_BATCH)
+        return changes.select(F.inline(F.filter("__changes", lambda c: c.isNotNull())))

@@ -1,0 +1,350 @@
+"""Operator state: Z-sets held in Spark as a few consolidated runs (a log-structured merge),
+in versions.
+
+A batch stages its consolidated delta as a new run, weighed by the batch's size; a run is
+merged into the one before it while that one weighs no more than what is being merged (size
+tiers, a binary counter when batches are equal). Each row is rewritten O(log) times, the number
+of runs stays logarithmic, and a small batch never rewrites a large state: appending costs
+O(delta) amortized, not O(state).
+
+A state's value is an immutable tuple of runs (a version). Staging builds the next version's
+plan without running anything; the engine materializes every staged run of a batch in the
+batch's one Spark job and only then installs the new versions, so a failed batch leaves every
+state as it was, and an older version stays readable (for a checkpoint) while later batches
+run. Runs are lazy local checkpoints: computed once, by the job that first reads them, then
+read from Spark's memory with their lineage cut, so plans do not grow with the number of
+batches. Runs live in one partition, like every frame of a batch: see `txstream.engine.engine`.
+
+A plan reads a state's small runs as one leaf, whatever their number: a `LogicalRDD` over the
+union of the runs' RDDs (`txstream.engine.leaves`), so a batch's plans have the same shape from
+one batch to the next and can be rebound to the next version's runs instead of built again
+(`txstream.engine.templates`). For that, every run holds its rows in the state's one row type
+(`row_type`): decimals sum to precision 38 at once instead of widening with each merge.
+
+A lookup streams those runs past a hash table of the batch's keys, which costs every row of
+them. A large run (`index`: at least `index_rows` rows) therefore gets a hash index on the
+state's lookup columns once it is installed: Spark's broadcast of its rows as a hash table,
+built by one job, kept until the run is merged away, and probed by every later lookup with the
+batch's keys (`leaves.index_node`). A run's weight (rows of input) bounds its rows, so only
+runs that weigh `index_rows` are built; one whose build counts fewer rows (a group-by's few
+groups) is dropped at once and stays streamed. Size tiers keep the streamed runs' weight below
+about twice `index_rows`, or their rows below `index_rows` each, so a lookup costs
+O(delta + index_rows) rows, not O(state); an index holds a copy of its run's rows in the
+driver's memory, 110-120 bytes per row of a few columns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from py4j.java_gateway import JavaObject
+from py4j.protocol import Py4JJavaError
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DecimalType, StructField, StructType
+
+from txstream.engine.frames import col, null_safe_on, prefixed, semi_join, union_all
+from txstream.engine.leaves import (
+    analyzed,
+    frame_of,
+    index_node,
+    rdd_leaf,
+    rdd_node,
+    rdd_of,
+    union_rdd,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Run:
+    frame: DataFrame  # a local checkpoint: its plan is a LogicalRDD
+    weight: int  # rows of input the run summarizes (an estimate of its size, never counted)
+
+    @cached_property
+    def rdd(self) -> JavaObject:
+        return rdd_of(self.frame)
+
+    @cached_property
+    def rdd_id(self) -> int:
+        return self.rdd.id()
+
+
+Runs = tuple[Run, ...]
+
+
+@dataclass(frozen=True)
+class Merge:
+    """What adding a batch of `weight` rows does to a version: its runs split into those kept
+    and those merged with the batch's changes into one new run of `new_weight`."""
+
+    kept: Runs
+    merged: Runs
+    new_weight: int
+
+
+@dataclass(frozen=True)
+class StagedRuns:
+    """A state's next version, planned but not yet computed: `new` is the frame to
+    materialize, `runs` the version to install once it is."""
+
+    state: ZSetState
+    runs: Runs
+
+    @property
+    def new(self) -> DataFrame:
+        return self.runs[-1].frame
+
+
+def _row_type(schema: StructType) -> StructType:
+    """Decimals at precision 38, the bound their sums widen to, so a merge keeps the type."""
+    return StructType([StructField(f.name, DecimalType(38, f.dataType.scale)
+                                   if isinstance(f.dataType, DecimalType) else f.dataType, True)
+                       for f in schema.fields])
+
+
+class ZSetState:
+    """Rows `keys + weights`; the collection is the sum of the weights of equal keys.
+
+    `empty_when` is a SQL predicate on the summed weights that says a key holds nothing (for
+    group accumulators: the row count is 0 even if other accumulators are not). It is applied
+    when the collection is read whole (a lookup, a save), never to a run: a partial run keeps
+    any non-zero weight, and a merge is the same plan whatever runs it merges. A key that
+    holds nothing but an inexact residue (a double sum beyond the exact range) so stays in
+    the runs until saved, never seen.
+    """
+
+    def __init__(self, keys: Sequence[str], weights: Sequence[str], empty_when: str | None = None,
+                 lookup: Sequence[str] | None = None) -> None:
+        self.keys = list(keys)
+        self.weights = list(weights)
+        self._empty_when = empty_when
+        # The columns every lookup matches on (None: never looked up, never indexed).
+        self.lookup_on = list(lookup) if lookup is not None else None
+        self.runs: Runs = ()
+        # Fixed by the first rows the state gets: every run holds this type.
+        self.row_type: StructType | None = None
+        self._prototype: JavaObject | None = None  # attributes of `row_type`
+        # The current version's small runs as one leaf, and its indexes' leaves.
+        self._leaf: DataFrame | None = None
+        self._index_leaves: list[DataFrame] | None = None
+        self._indexes: dict[int, JavaObject] = {}  # run's RDD id -> its broadcast exchange
+        self._unindexed: set[int] = set()  # runs whose build found fewer than index_rows rows
+        self.index_bytes = 0  # what the indexes hold (Spark's estimate of its hash tables)
+
+    def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
+        summed = frame.groupBy(*[col(k) for k in self.keys]).agg(
+            *[F.sum(col(w)).alias(w) for w in self.weights]
+        )
+        nonzero = " OR ".join(f"`{w}` != 0" for w in self.weights)
+        summed = summed.where(nonzero)
+        if whole and self._empty_when:
+            summed = summed.where(f"NOT ({self._empty_when})")
+        return summed
+
+    def typed(self, frame: DataFrame) -> DataFrame:
+        """`frame`'s `keys + weights` in the state's row type (fixed here the first time)."""
+        if self.row_type is None:
+            self.row_type = _row_type(frame.select(*[col(c) for c in self.keys + self.weights])
+                                      .schema)
+            self._prototype = analyzed(frame.sparkSession.createDataFrame(
+                [], self.row_type)).output()
+        return frame.select(*[col(f.name).cast(f.dataType).alias(f.name)
+                              for f in self.row_type.fields])
+
+    def leaf(self, spark: SparkSession, runs: Runs) -> DataFrame:
+        """The rows of `runs` (none: no rows) as one leaf in one partition, unconsolidated."""
+        assert self._prototype is not None, "typed() fixes the row type before any leaf"
+        return rdd_leaf(spark, self._prototype, union_rdd(spark, [r.rdd for r in runs])) \
+            .coalesce(1)
+
+    def merge(self, weight: int) -> Merge:
+        """The runs a batch of `weight` input rows merges with (size tiers: a run merges into
+        the one before it while that one weighs no more than what is being merged)."""
+        runs = list(self.runs)
+        weight = max(1, weight)
+        merged: list[Run] = []
+        while runs and runs[-1].weight <= weight:
+            run = runs.pop()
+            merged.insert(0, run)
+            weight += run.weight
+        return Merge(tuple(runs), tuple(merged), weight)
+
+    def staged_frame(self, changes: DataFrame, merged: DataFrame) -> DataFrame:
+        """A new run: the batch's `changes` (`typed`, not necessarily consolidated) plus the
+        `merged` runs (a `leaf`), consolidated."""
+        return self.typed(self._consolidate(union_all([changes, merged]), whole=False))
+
+    def install(self, runs: Runs) -> None:
+        self.runs = runs
+        self._leaf = self._index_leaves = None
+
+    def streamed(self) -> Runs:
+        """The current version's runs without an index: lookups stream their rows."""
+        return tuple(r for r in self.runs if r.rdd_id not in self._indexes)
+
+    def indexed(self) -> Runs:
+        return tuple(r for r in self.runs if r.rdd_id in self._indexes)
+
+    def shape(self) -> tuple[bool, int]:
+        """What a batch's plans depend on: whether runs are streamed, how many are indexed."""
+        return bool(self.streamed()), len(self.indexed())
+
+    def frame(self) -> DataFrame | None:
+        """The current version's streamed runs as one leaf, unconsolidated: equal keys may
+        appear in several runs (sum their weights). The indexed runs are read by `matches`."""
+        streamed = self.streamed()
+        if not streamed:
+            return None
+        if self._leaf is None:
+            self._leaf = self.leaf(streamed[0].frame.sparkSession, streamed)
+        return self._leaf
+
+    def index_frames(self) -> list[DataFrame]:
+        """One leaf per indexed run of the current version (see `index_node`)."""
+        if self._index_leaves is None:
+            self._index_leaves = []
+            for i, run in enumerate(self.indexed()):
+                spark = run.frame.sparkSession
+                output = rdd_node(spark, self._prototype, run.rdd).newInstance().output()
+                self._index_leaves.append(frame_of(spark, self.index_node(i, output)))
+        return self._index_leaves
+
+    def index_node(self, position: int, output: JavaObject) -> JavaObject:
+        """A leaf with the attributes `output` reading the indexed run at `position`."""
+        run = self.indexed()[position]
+        return index_node(run.frame.sparkSession, output, run.rdd, self._indexes[run.rdd_id])
+
+    def _probe_keys(self, probe: DataFrame) -> DataFrame:
+        """The distinct `lookup_on` values of `probe` in the state's types, as `__p_` columns."""
+        assert self.lookup_on is not None and self.row_type is not None
+        return prefixed(probe.select(*[col(c).cast(self.row_type[c].dataType).alias(c)
+                                       for c in self.lookup_on]).distinct(), "__p_")
+
+    def _index_join(self, keys: DataFrame, run: DataFrame) -> DataFrame:
+        """The rows of `run` whose lookup columns equal (nulls equal) a row of `keys`. The same
+        join builds an index (`run` a broadcast leaf) and probes it (`run` an index leaf,
+        directly under the join, where the planner recognizes it): so the hash table the
+        probe expects is the one built."""
+        assert self.lookup_on is not None
+        probe_cols = [f"__p_{c}" for c in self.lookup_on]
+        cond = null_safe_on(run, keys, self.lookup_on, probe_cols)
+        # Always true, but it reads every column of `run` and is no equality: the optimizer
+        # can neither drop a column of the index (a projection between the join and the index
+        # would hide the index from the planner) nor push the condition below the join.
+        whole = F.hash(*[run[f"`{c}`"] for c in run.columns], keys[f"`{probe_cols[0]}`"]) \
+            >= F.lit(-(2**31))
+        return keys.join(run, cond & whole, "inner") \
+            .select(*[run[f"`{c}`"] for c in run.columns])
+
+    def matches(self, probe: DataFrame) -> list[DataFrame]:
+        """Per indexed run, its rows whose lookup columns equal (nulls equal) a row of
+        `probe`, unconsolidated; the streamed runs are left to the caller (`frame`)."""
+        leaves = self.index_frames()
+        if not leaves:
+            return []
+        keys = self._probe_keys(probe)
+        return [self._index_join(keys, leaf).coalesce(1) for leaf in leaves]
+
+    def consolidated(self, runs: Runs) -> DataFrame | None:
+        if not runs:
+            return None
+        return self._consolidate(self.leaf(runs[0].frame.sparkSession, runs), whole=True)
+
+    def lookup(self, probe: DataFrame, on: Sequence[str]) -> DataFrame | None:
+        """The consolidated rows whose `on` columns (the state's lookup columns) equal (nulls
+        equal) a row of `probe`."""
+        assert list(on) == self.lookup_on, f"looked up by {on}, declared {self.lookup_on}"
+        whole = self.frame()
+        parts = [semi_join(whole, probe, on)] if whole is not None else []
+        parts += self.matches(probe)
+        if not parts:
+            return None
+        return self._consolidate(union_all(parts), whole=True)
+
+    def refresh_indexes(self, index_rows: int) -> None:
+        """Index the current version's runs of at least `index_rows` rows (a Spark job each),
+        and drop the indexes of runs no longer in it. A run Spark cannot index (its rows
+        exceed what the driver may collect) stays streamed, with a warning."""
+        current = {r.rdd_id for r in self.runs}
+        before = set(self._indexes)
+        for rdd_id in [i for i in self._indexes if i not in current]:
+            # Freed now rather than when the JVM's garbage collector finds the exchange.
+            self._indexes.pop(rdd_id).executeBroadcast().destroy()
+        self._unindexed &= current
+        if self.lookup_on is None:  # never looked up, so never indexed
+            return
+        for run in self.runs:
+            if (run.weight < index_rows or run.rdd_id in self._indexes
+                    or run.rdd_id in self._unindexed):
+                continue
+            try:
+                exchange, rows, size = self._build_index(run)
+            except Py4JJavaError as exc:
+                log.warning("state run of %s rows of input stays unindexed, lookups stream "
+                            "it: %s", f"{run.weight:,}", str(exc.java_exception)[:300])
+                self._unindexed.add(run.rdd_id)
+                continue
+            if rows < index_rows:
+                exchange.executeBroadcast().destroy()
+                self._unindexed.add(run.rdd_id)
+            else:
+                log.info("indexed a state run of %s rows: %.0f MiB of driver memory",
+                         f"{rows:,}", size / 2**20)
+                self._indexes[run.rdd_id] = exchange
+        if set(self._indexes) != before:  # runs moved between streamed and indexed
+            self.index_bytes = sum(int(e.metrics().apply("dataSize").value())
+                                   for e in self._indexes.values())
+            self._leaf = self._index_leaves = None
+
+    def _build_index(self, run: Run) -> tuple[JavaObject, int, int]:
+        """The broadcast exchange of `run`'s rows as a hash table on the lookup columns, its
+        job run, with its rows and bytes: planned as the join that probes it, with a
+        placeholder for the keys."""
+        assert self.lookup_on is not None and self.row_type is not None
+        spark = run.frame.sparkSession
+        key_type = StructType([self.row_type[c] for c in self.lookup_on])
+        placeholder = rdd_leaf(spark, analyzed(spark.createDataFrame([], key_type)).output(),
+                               union_rdd(spark, []))
+        run_leaf = rdd_leaf(spark, self._prototype, run.rdd)
+        plan = self._index_join(self._probe_keys(placeholder), F.broadcast(run_leaf)) \
+            ._jdf.queryExecution().executedPlan()
+        exchange = _find(plan, "BroadcastExchangeExec")
+        assert exchange is not None, f"no broadcast exchange in {plan.toString()}"
+        exchange.executeBroadcast()
+        metrics = exchange.metrics()
+        return (exchange, int(metrics.apply("numOutputRows").value()),
+                int(metrics.apply("dataSize").value()))
+
+    def save(self, path: str, runs: Runs) -> None:
+        """Write a version's consolidated collection as Parquet under `path` (any
+        Hadoop-compatible location Spark can write)."""
+        whole = self.consolidated(runs)
+        if whole is not None:
+            whole.write.parquet(path)
+
+    def load(self, spark: SparkSession, path: str | None) -> None:
+        """Replace the collection with the one saved at `path` (None: empty). The data is
+        copied into Spark's memory, so the files may be deleted afterwards."""
+        self.install(())
+        if path is not None:
+            frame = self.typed(spark.read.parquet(path))
+            loaded = frame.coalesce(1).localCheckpoint(eager=True)
+            # Weighed by its size, so small batches after a restore do not rewrite it.
+            self.install((Run(loaded, loaded.count()),))
+
+
+def _find(plan: JavaObject, class_name: str) -> JavaObject | None:
+    """The first node of a physical plan of the class `class_name`, depth first."""
+    if plan.getClass().getSimpleName() == class_name:
+        return plan
+    children = plan.children()
+    for i in range(children.size()):
+        found = _find(children.apply(i), class_name)
+        if found is not None:
+            return found
+    return None

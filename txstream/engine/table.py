@@ -1,0 +1,270 @@
+"""The Table API: pipeline authors build a DAG of tables, Pathway-style.
+
+    p = Pipeline()
+    orders = p.source("orders", TableSchema.of({...}, primary_key=["order_id"]))
+    paid = orders.filter("status = 'paid'")
+    totals = paid.groupby("customer_id").reduce(n=r.count(), total=r.sum("amount"))
+    p.output("totals", totals)
+
+Nodes are immutable and only refer to tables built before them, so a cycle cannot be built.
+Expressions are Spark SQL; they are type-checked when the pipeline is compiled by the engine.
+Outer joins are composed from inner joins, `distinct` and null padding, so every node kind
+below has one incremental rule.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.reducers import Reducer
+from txstream.schemas.tables import TableSchema
+
+JoinHow = Literal["inner", "left", "right", "outer"]
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One table of the DAG. `inputs` are the tables it is computed from."""
+
+    label: str
+    inputs: tuple[Node, ...]
+    id: int = field(default_factory=lambda: next(_ids), init=False)
+
+
+@dataclass(frozen=True, eq=False)
+class SourceNode(Node):
+    name: str = ""
+    schema: TableSchema | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class SelectNode(Node):
+    exprs: tuple[tuple[str, str], ...] = ()  # (output name, Spark SQL expression)
+
+
+@dataclass(frozen=True, eq=False)
+class FilterNode(Node):
+    predicate: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class ConcatNode(Node):
+    pass
+
+
+@dataclass(frozen=True, eq=False)
+class NegateNode(Node):
+    """Every diff negated: the `-` of Z-set algebra, used to build outer joins."""
+
+
+@dataclass(frozen=True, eq=False)
+class JoinNode(Node):
+    """Inner equi-join; columns: the keys, the left's other columns, the right's other columns."""
+
+    on: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class PadNode(Node):
+    """The rows of `inputs[0]` laid out as a join's output, the other side's columns null.
+
+    `inputs[1]` is the other side (only its schema is used). `side` says where the input
+    stands in the join's column order.
+    """
+
+    on: tuple[str, ...] = ()
+    side: Literal["left", "right"] = "left"
+
+
+@dataclass(frozen=True, eq=False)
+class DistinctNode(Node):
+    pass
+
+
+@dataclass(frozen=True, eq=False)
+class ReduceNode(Node):
+    keys: tuple[str, ...] = ()
+    reducers: tuple[tuple[str, Reducer], ...] = ()
+
+
+class Table:
+    """A table of the pipeline: a handle on a DAG node with the operations of the API."""
+
+    def __init__(self, pipeline: Pipeline, node: Node) -> None:
+        self.pipeline = pipeline
+        self.node = node
+
+    def __repr__(self) -> str:
+        return f"Table({self.node.label})"
+
+    def _derive(self, node: Node) -> Table:
+        return Table(self.pipeline, node)
+
+    def _same_pipeline(self, other: Table) -> None:
+        if other.pipeline is not self.pipeline:
+            raise PipelineDefinitionError(
+                f"{other.node.label} belongs to another pipeline than {self.node.label}"
+            )
+
+    def select(self, *columns: str, **exprs: str) -> Table:
+        """New columns from Spark SQL expressions: `select("id", total="price * qty")`."""
+        pairs = tuple((c, f"`{c}`") for c in columns) + tuple(exprs.items())
+        if not pairs:
+            raise PipelineDefinitionError(f"select on {self.node.label} names no column")
+        names = [n for n, _ in pairs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise PipelineDefinitionError(
+                f"select on {self.node.label} names column(s) twice: {', '.join(dupes)}"
+            )
+        label = f"select({', '.join(names)}) of {self.node.label}"
+        return self._derive(SelectNode(label, (self.node,), exprs=pairs))
+
+    def filter(self, predicate: str) -> Table:
+        """Rows for which the Spark SQL predicate is true (null counts as false)."""
+        return self._derive(FilterNode(f"filter({predicate}) of {self.node.label}", (self.node,),
+                                       predicate=predicate))
+
+    def join(self, other: Table, on: str | Sequence[str], how: JoinHow = "inner") -> Table:
+        """Equi-join on columns of the same name on both sides (SQL `JOIN ... USING`).
+
+        The result has the key columns, then the left's other columns, then the right's; a
+        non-key column name present on both sides is an error (rename it with `select` first).
+        For outer joins the key columns take the value of whichever side is present.
+        """
+        self._same_pipeline(other)
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if not keys:
+            raise PipelineDefinitionError(f"join of {self.node.label} needs at least one key")
+        if how not in ("inner", "left", "right", "outer"):
+            raise PipelineDefinitionError(
+                f"join how={how!r} is not one of inner, left, right, outer"
+            )
+        label = f"{how} join of {self.node.label} and {other.node.label} on {', '.join(keys)}"
+        inner = JoinNode(label, (self.node, other.node), on=keys)
+        parts: list[Node] = [inner]
+        if how in ("left", "outer"):
+            parts.append(self._unmatched(self.node, other.node, keys, "left", label))
+        if how in ("right", "outer"):
+            parts.append(self._unmatched(other.node, self.node, keys, "right", label))
+        if len(parts) == 1:
+            return self._derive(inner)
+        return self._derive(ConcatNode(label, tuple(parts)))
+
+    @staticmethod
+    def _unmatched(side: Node, other: Node, keys: tuple[str, ...],
+                   position: Literal["left", "right"], label: str) -> Node:
+        # Rows of `side` with no partner: side - (side semijoin distinct(keys of other)).
+        other_keys = DistinctNode(
+            f"distinct keys of {other.label}",
+            (SelectNode(f"keys of {other.label}", (other,),
+                        exprs=tuple((k, f"`{k}`") for k in keys)),),
+        )
+        matched = JoinNode(f"rows of {side.label} with a partner", (side, other_keys), on=keys)
+        # The semijoin lays the keys out first; bring back the side's own column order.
+        unmatched = ConcatNode(
+            f"rows of {side.label} without a partner",
+            (side, NegateNode(f"minus matched rows of {side.label}", (matched,))),
+        )
+        return PadNode(f"{position} padding of {label}", (unmatched, other), on=keys,
+                       side=position)
+
+    def groupby(self, *keys: str) -> GroupedTable:
+        if not keys:
+            raise PipelineDefinitionError(
+                f"groupby on {self.node.label} needs at least one column"
+            )
+        return GroupedTable(self, tuple(keys))
+
+    def concat(self, *others: Table) -> Table:
+        """Union all: the same columns (names and types, in order) on every side."""
+        for o in others:
+            self._same_pipeline(o)
+        nodes = (self.node, *(o.node for o in others))
+        return self._derive(ConcatNode(f"concat of {', '.join(n.label for n in nodes)}", nodes))
+
+    def distinct(self) -> Table:
+        return self._derive(DistinctNode(f"distinct of {self.node.label}", (self.node,)))
+
+
+class GroupedTable:
+    def __init__(self, table: Table, keys: tuple[str, ...]) -> None:
+        self.table = table
+        self.keys = keys
+
+    def reduce(self, **reducers: Reducer) -> Table:
+        """One row per group: the key columns, then one column per reducer."""
+        if not reducers:
+            raise PipelineDefinitionError(
+                f"reduce of {self.table.node.label} names no reducer"
+            )
+        clash = sorted(set(reducers) & set(self.keys))
+        if clash:
+            raise PipelineDefinitionError(
+                f"reduce of {self.table.node.label}: reducer name(s) {', '.join(clash)} "
+                "are also group-by columns"
+            )
+        for name, red in reducers.items():
+            if not isinstance(red, Reducer):
+                raise PipelineDefinitionError(
+                    f"reduce of {self.table.node.label}: {name}={red!r} is not a reducer "
+                    "(use txstream.engine.reducers: count, sum, avg, min, max, count_distinct)"
+                )
+        label = f"groupby({', '.join(self.keys)}).reduce of {self.table.node.label}"
+        node = ReduceNode(label, (self.table.node,), keys=self.keys,
+                          reducers=tuple(reducers.items()))
+        return self.table._derive(node)
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    node: Node
+    primary_key: tuple[str, ...] | None
+
+
+class Pipeline:
+    """Sources, the tables computed from them, and the named outputs."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, SourceNode] = {}
+        self.outputs: dict[str, Output] = {}
+
+    def source(self, name: str, schema: TableSchema) -> Table:
+        if name in self.sources:
+            raise PipelineDefinitionError(f"source {name!r} is defined twice")
+        node = SourceNode(f"source {name}", (), name=name, schema=schema)
+        self.sources[name] = node
+        return Table(self, node)
+
+    def output(self, name: str, table: Table, primary_key: Sequence[str] | None = None) -> None:
+        """Name a table as an output; `primary_key` overrides the key the engine infers."""
+        if table.pipeline is not self:
+            raise PipelineDefinitionError(f"output {name!r}: table belongs to another pipeline")
+        if name in self.outputs:
+            raise PipelineDefinitionError(f"output {name!r} is defined twice")
+        self.outputs[name] = Output(name, table.node,
+                                    tuple(primary_key) if primary_key is not None else None)
+
+    def nodes(self) -> Iterator[Node]:
+        """Every node the outputs depend on, each once, inputs before the nodes using them."""
+        seen: set[int] = set()
+        order: list[Node] = []
+
+        def visit(node: Node) -> None:
+            # Iterative-enough: DAG depth is the pipeline's, not the data's.
+            if node.id in seen:
+                return
+            for i in node.inputs:
+                visit(i)
+            seen.add(node.id)
+            order.append(node)
+
+        for out in self.outputs.values():
+            visit(out.node)
+        return iter(order)

@@ -1,0 +1,378 @@
+"""Checkpoints and the transaction log of one pipeline, in a local directory or at any
+Hadoop-compatible URI Spark can write (s3a://, hdfs://, file://).
+
+Layout under the pipeline's location (`PipelineConfig.checkpoint_location`):
+
+    ckpt-<transaction>-<millis>/source/     builder state: next number, offsets, upsert rows
+    ckpt-<transaction>-<millis>/engine/     every operator's state (Engine.save_state)
+    ckpt-<transaction>-<millis>/MANIFEST.json   written last: the checkpoint is complete
+    txlog/<first>-<last>.json               identities of the transactions of one batch,
+                                            written before any sink sees them
+
+A checkpoint is complete exactly when its manifest exists. The manifest is written under a
+temporary name and renamed, which is atomic on a local file system and HDFS; on object stores
+(S3) the renamed object appears whole or not at all. Nothing is ever overwritten, so recovery
+only lists directories and takes the newest one with a manifest: no file naming "the latest"
+has to be replaced in place, which object stores cannot do atomically.
+
+The transaction log is what lets a recovered pipeline re-form the transactions after its
+checkpoint with the same numbers and boundaries that the sinks may already hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pyspark.sql import SparkSession
+
+from txstream.sources.transactions import SourceState, TransactionLogEntry
+
+MANIFEST = "MANIFEST.json"
+TXLOG = "txlog"
+_CHECKPOINT = re.compile(r"^ckpt-(\d{12})-(\d+)$")
+_LOG_FILE = re.compile(r"^(\d{12})-(\d{12})\.json$")
+_LOG = TypeAdapter(list[TransactionLogEntry])
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or does not fit this pipeline; the message says what to
+    do."""
+
+
+class PipelineIdentity(BaseModel):
+    """What a checkpoint must have been written by: the same pipeline over the same topics."""
+
+    pipeline: str
+    sources: dict[str, str]  # source name -> topic
+    outputs: list[str]
+
+
+class Manifest(BaseModel):
+    format: int = 1
+    transaction: int  # the last transaction the checkpoint includes
+    created: datetime
+    identity: PipelineIdentity
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    name: str
+    manifest: Manifest
+
+    @property
+    def transaction(self) -> int:
+        return self.manifest.transaction
+
+
+class _Storage(Protocol):
+    """The few file operations checkpoints need, on one root directory."""
+
+    root: str
+
+    def uri(self, rel: str) -> str: ...  # what Spark writes to
+
+    def list(self, rel: str) -> list[str]: ...  # child names; [] when absent
+
+    def read_text(self, rel: str) -> str | None: ...
+
+    def write_text(self, rel: str, text: str) -> None: ...  # atomic: whole or absent
+
+    def put_dir(self, local: Path, rel: str) -> None: ...  # copy a local directory there
+
+    @contextlib.contextmanager
+    def local_copy(self, rel: str) -> Iterator[Path]: ...
+
+    def make_durable(self, rel: str) -> None: ...  # everything under rel survives a power loss
+
+    def delete(self, rel: str) -> None: ...
+
+
+class LocalStorage:
+    """A directory on this machine."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = str(root.resolve())
+        self._root = root.resolve()
+
+    def uri(self, rel: str) -> str:
+        return str(self._root / rel)
+
+    def list(self, rel: str) -> list[str]:
+        path = self._root / rel
+        return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+
+    def read_text(self, rel: str) -> str | None:
+        try:
+            return (self._root / rel).read_text()
+        except FileNotFoundError:
+            return None
+
+    def write_text(self, rel: str, text: str) -> None:
+        path = self._root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+
+    def put_dir(self, local: Path, rel: str) -> None:
+        shutil.copytree(local, self._root / rel)
+
+    @contextlib.contextmanager
+    def local_copy(self, rel: str) -> Iterator[Path]:
+        yield self._root / rel
+
+    def make_durable(self, rel: str) -> None:
+        # Without this a machine crash could keep the manifest but lose data files it names.
+        top = self._root / rel
+        for dirpath, _, files in os.walk(top):
+            for name in files:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            _fsync_dir(Path(dirpath))
+        _fsync_dir(top.parent)
+
+    def delete(self, rel: str) -> None:
+        path = self._root / rel
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class HadoopStorage:
+    """A Hadoop-compatible location, through the Hadoop FileSystem of Spark's JVM (so every
+    scheme and credential Spark is configured for works here too)."""
+
+    def __init__(self, root: str, spark: SparkSession) -> None:
+        self.root = root.rstrip("/")
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None, "a SparkSession has a JVM gateway"
+        self._path_class = jvm.org.apache.hadoop.fs.Path
+        self._fs = self._path(self.root).getFileSystem(
+            spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+
+    def _path(self, rel: str):  # type: ignore[no-untyped-def]  # a py4j JavaObject
+        return self._path_class(self.uri(rel))
+
+    def uri(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def list(self, rel: str) -> list[str]:
+        path = self._path(rel)
+        if not self._fs.exists(path):
+            return []
+        return sorted(str(s.getPath().getName()) for s in self._fs.listStatus(path))
+
+    def read_text(self, rel: str) -> str | None:
+        if not self._fs.exists(self._path(rel)):
+            return None
+        with self.local_copy(rel) as local:
+            return local.read_text()
+
+    def write_text(self, rel: str, text: str) -> None:
+        final = self._path(rel)
+        tmp = self._path(f"{rel}.tmp")
+        with tempfile.TemporaryDirectory(prefix="txstream-") as scratch:
+            local = Path(scratch) / "file"
+            local.write_text(text)
+            self._fs.copyFromLocalFile(False, True, self._path_class(str(local)), tmp)
+        if not self._fs.rename(tmp, final):
+            raise CheckpointError(f"could not rename {tmp} to {final}: does it exist already?")
+
+    def put_dir(self, local: Path, rel: str) -> None:
+        self._fs.copyFromLocalFile(False, True, self._path_class(str(local)), self._path(rel))
+
+    @contextlib.contextmanager
+    def local_copy(self, rel: str) -> Iterator[Path]:
+        with tempfile.TemporaryDirectory(prefix="txstream-") as scratch:
+            local = Path(scratch) / "copy"
+            # Raw local file system: no .crc side files in the scratch copy.
+            self._fs.copyToLocalFile(False, self._path(rel), self._path_class(str(local)), True)
+            yield local
+
+    def make_durable(self, rel: str) -> None:
+        return None  # a Hadoop file system makes a closed file durable itself
+
+    def delete(self, rel: str) -> None:
+        self._fs.delete(self._path(rel), True)
+
+
+def _storage(location: str, spark: SparkSession) -> _Storage:
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", location):
+        return HadoopStorage(location, spark)
+    return LocalStorage(Path(location))
+
+
+@dataclass(frozen=True)
+class PreparedCheckpoint:
+    """Written but not yet complete: `publish` makes it the newest checkpoint."""
+
+    name: str
+    manifest: Manifest
+
+
+class CheckpointStore:
+    """The checkpoints and transaction log at one location (one pipeline's)."""
+
+    def __init__(self, location: str, spark: SparkSession, identity: PipelineIdentity,
+                 keep: int = 2) -> None:
+        self._storage = _storage(location, spark)
+        self.location = self._storage.root
+        self.identity = identity
+        self._keep = keep
+
+    # ---- checkpoints ---------------------------------------------------------------------
+
+    def _complete(self) -> list[Checkpoint]:
+        """Complete checkpoints, newest first."""
+        found = []
+        for name in self._storage.list(""):
+            if not _CHECKPOINT.match(name):
+                continue
+            text = self._storage.read_text(f"{name}/{MANIFEST}")
+            if text is None:
+                continue  # incomplete: a crash or kill while it was being written
+            try:
+                manifest = Manifest.model_validate_json(text)
+            except ValidationError as exc:
+                raise CheckpointError(f"checkpoint manifest {self.location}/{name}/{MANIFEST} "
+                                      f"is unreadable ({exc}); delete that directory") from exc
+            found.append(Checkpoint(name, manifest))
+        return sorted(found, key=lambda c: _order(c.name), reverse=True)
+
+    def latest(self) -> Checkpoint | None:
+        """The newest complete checkpoint; a CheckpointError if another pipeline wrote it."""
+        complete = self._complete()
+        if not complete:
+            return None
+        newest = complete[0]
+        if newest.manifest.identity != self.identity:
+            raise CheckpointError(
+                f"the checkpoint {self.location}/{newest.name} was written by another pipeline "
+                f"({newest.manifest.identity.model_dump()}); this one is "
+                f"{self.identity.model_dump()}. Give this pipeline its own consumer_group or "
+                "checkpoint_dir, or delete that directory to start it over"
+            )
+        return newest
+
+    def has_history(self) -> bool:
+        """Whether a pipeline ran here before (a checkpoint or a logged transaction): then the
+        sinks may hold its transactions."""
+        return self.latest() is not None or bool(self._log_files())
+
+    def load_source_state(self, checkpoint: Checkpoint) -> SourceState:
+        with self._storage.local_copy(f"{checkpoint.name}/source") as local:
+            return SourceState.load(local)
+
+    def engine_uri(self, checkpoint: Checkpoint | PreparedCheckpoint) -> str:
+        return self._storage.uri(f"{checkpoint.name}/engine")
+
+    def prepare(self, transaction: int, state: SourceState) -> PreparedCheckpoint:
+        """Write the builder's state into a new checkpoint directory; the caller then saves
+        the engine's state at `engine_uri(...)` and calls `publish`."""
+        if state.next_number != transaction + 1:
+            raise CheckpointError(f"builder state continues at #{state.next_number}, not after "
+                                  f"#{transaction}: checkpoint only after a committed batch")
+        now = datetime.now(UTC)
+        name = f"ckpt-{transaction:012d}-{int(now.timestamp() * 1000)}"
+        with tempfile.TemporaryDirectory(prefix="txstream-") as scratch:
+            state.save(Path(scratch) / "source")
+            self._storage.put_dir(Path(scratch) / "source", f"{name}/source")
+        return PreparedCheckpoint(name, Manifest(transaction=transaction, created=now,
+                                                 identity=self.identity))
+
+    def publish(self, prepared: PreparedCheckpoint) -> None:
+        """Make `prepared` complete (its manifest, last), then delete what it supersedes."""
+        self._storage.make_durable(prepared.name)
+        self._storage.write_text(f"{prepared.name}/{MANIFEST}",
+                                 prepared.manifest.model_dump_json())
+        self._prune(prepared.name)
+
+    def _prune(self, newest: str) -> None:
+        """Keep the newest `keep` complete checkpoints; delete older ones, incomplete leftovers
+        below the newest, and log files no kept checkpoint needs."""
+        kept = self._complete()[: self._keep]
+        kept_names = {c.name for c in kept}
+        for name in self._storage.list(""):
+            if _CHECKPOINT.match(name) and name not in kept_names \
+                    and _order(name) < _order(newest):
+                self._storage.delete(name)
+        oldest = min(c.transaction for c in kept)
+        for name, _, last in self._log_files():
+            if last <= oldest:
+                self._storage.delete(f"{TXLOG}/{name}")
+
+    # ---- transaction log -----------------------------------------------------------------
+
+    def log(self, entries: Sequence[TransactionLogEntry]) -> None:
+        """Record the transactions of a batch (consecutive numbers) before the sinks see them."""
+        if not entries:
+            return
+        name = f"{entries[0].number:012d}-{entries[-1].number:012d}.json"
+        self._storage.write_text(f"{TXLOG}/{name}", _LOG.dump_json(list(entries)).decode())
+
+    def _log_files(self) -> list[tuple[str, int, int]]:
+        files = []
+        for name in self._storage.list(TXLOG):
+            m = _LOG_FILE.match(name)
+            if m:
+                files.append((name, int(m.group(1)), int(m.group(2))))
+        return sorted(files, key=lambda f: f[1])
+
+    def logged_after(self, transaction: int) -> list[TransactionLogEntry]:
+        """The logged transactions numbered after `transaction`, in order, without gaps."""
+        entries: dict[int, TransactionLogEntry] = {}
+        for name, _, last in self._log_files():
+            if last <= transaction:
+                continue
+            text = self._storage.read_text(f"{TXLOG}/{name}")
+            for entry in _LOG.validate_json(text or "[]"):
+                if entry.number <= transaction:
+                    continue
+                seen = entries.setdefault(entry.number, entry)
+                if seen != entry:
+                    raise CheckpointError(
+                        f"the transaction log in {self.location}/{TXLOG} records #{entry.number} "
+                        f"twice with different contents ({seen} vs {entry}); it was written by "
+                        "two processes at once. Stop the other one; delete the location to "
+                        "start over"
+                    )
+        numbers = sorted(entries)
+        if numbers != list(range(transaction + 1, transaction + 1 + len(numbers))):
+            raise CheckpointError(
+                f"the transaction log in {self.location}/{TXLOG} has gaps after #{transaction} "
+                f"({numbers[:10]}...); it was damaged. Delete the location to start over"
+            )
+        return [entries[n] for n in numbers]
+
+
+def _order(name: str) -> tuple[int, int]:
+    m = _CHECKPOINT.match(name)
+    assert m is not None
+    return int(m.group(1)), int(m.group(2))
+

@@ -1,0 +1,155 @@
+"""`txstream replay`: run a recorded change log through a pipeline, without Kafka.
+
+Input lines: `{"source": "orders", "time": 3, "diff": 1, "row": {...}}`, times non-decreasing
+(an update is a -1 and a +1 at one time); a decimal column's value is a numeric string or a
+number (as a string when it has more than 15 significant digits). Output lines: `{"table": ...,
+"time": ..., "diff": ..., "row": {...}}` for every output table, consolidated, in time order;
+decimals as strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+from pydantic import ValidationError
+from pyspark.sql import SparkSession
+
+from txstream.engine import Engine, Pipeline
+from txstream.engine.columns import DIFF, TIME
+from txstream.schemas.changes import SourceChange
+from txstream.schemas.tables import TableSchema
+from txstream.sinks.change_json import dumps, json_columns
+
+
+class ReplayInputError(ValueError):
+    """A line of the change log is malformed; the message gives its number and the reason."""
+
+
+@dataclass
+class _Batch:
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    lines: dict[str, list[int]] = field(default_factory=dict)
+    times: int = 0
+
+
+def _exact(value: Any) -> Any:
+    """A decimal column's JSON value as a Decimal: a string as written, a number by its shortest
+    round-trip text (the JSON text for up to 15 significant digits; write longer ones as
+    strings). Anything else is left for Arrow to refuse."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, str):
+        try:
+            return Decimal(value)
+        except InvalidOperation:
+            return value
+    return value
+
+
+def _to_arrow(source: str, schema: TableSchema, rows: list[dict[str, Any]], lines: list[int]
+              ) -> pa.Table:
+    arrow_schema = schema.arrow_schema(with_changes=True)
+    decimals = [c.name for c in schema.columns if c.type.is_decimal]
+    if decimals:
+        rows = [{**row, **{c: _exact(row.get(c)) for c in decimals}} for row in rows]
+    try:
+        return pa.Table.from_pylist(rows, schema=arrow_schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        pass
+    # Only on failure: convert row by row to name the offending line.
+    for row, line in zip(rows, lines, strict=True):
+        try:
+            pa.Table.from_pylist([row], schema=arrow_schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+            raise ReplayInputError(f"line {line}: row does not fit source {source!r}: {exc}"
+                                   ) from exc
+    raise AssertionError("unreachable: the batch failed but no row did")
+
+
+def read_batches(lines: IO[str], pipeline: Pipeline, batch_transactions: int
+                 ) -> Iterator[dict[str, pa.Table]]:
+    """Parse and validate the change log, yielding batches of `batch_transactions` times."""
+    schemas = {name: node.schema for name, node in pipeline.sources.items()}
+    batch = _Batch()
+    last_time = 0
+
+    def flush() -> dict[str, pa.Table]:
+        out = {src: _to_arrow(src, schemas[src], rows, batch.lines[src])  # type: ignore[arg-type]
+               for src, rows in batch.rows.items()}
+        return out
+
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            change = SourceChange.model_validate_json(text)
+        except ValidationError as exc:
+            reasons = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'line'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ReplayInputError(f"line {number}: {reasons}") from None
+        schema = schemas.get(change.source)
+        if schema is None:
+            raise ReplayInputError(
+                f"line {number}: unknown source {change.source!r}; the pipeline has "
+                f"{', '.join(sorted(schemas))}"
+            )
+        if change.time < last_time:
+            raise ReplayInputError(
+                f"line {number}: time {change.time} after time {last_time}; times must not "
+                "decrease"
+            )
+        unknown = sorted(set(change.row) - set(schema.names))
+        if unknown:
+            raise ReplayInputError(
+                f"line {number}: column(s) {', '.join(unknown)} not in source {change.source!r}"
+            )
+        missing = [c.name for c in schema.columns if not c.nullable and change.row.get(c.name)
+                   is None]
+        if missing:
+            raise ReplayInputError(
+                f"line {number}: source {change.source!r} needs a value for {', '.join(missing)}"
+            )
+        if change.time != last_time:
+            if batch.times == batch_transactions:
+                yield flush()
+                batch = _Batch()
+            batch.times += 1
+            last_time = change.time
+        batch.rows.setdefault(change.source, []).append(
+            {**change.row, TIME: change.time, DIFF: change.diff})
+        batch.lines.setdefault(change.source, []).append(number)
+    if batch.rows:
+        yield flush()
+
+
+def change_lines(table: str, changes: pa.Table) -> Iterator[tuple[int, str]]:
+    """(time, JSON line) for each change of `table`."""
+    columns = json_columns(changes)
+    names = [c for c in changes.column_names if c not in (TIME, DIFF)]
+    for i in range(changes.num_rows):
+        record = {"table": table, "time": columns[TIME][i], "diff": columns[DIFF][i],
+                  "row": {n: columns[n][i] for n in names}}
+        yield columns[TIME][i], dumps(record).decode()
+
+
+def replay(pipeline: Pipeline, spark: SparkSession, input_path: Path, output_path: Path,
+           batch_transactions: int = 100) -> int:
+    """Run the log through the pipeline; returns the number of output changes written."""
+    engine = Engine(pipeline, spark)
+    written = 0
+    with open(input_path) as src, open(output_path, "w") as out:
+        for batch in read_batches(src, pipeline, batch_transactions):
+            results = engine.process(batch)
+            lines = [item for name in sorted(results)
+                     for item in change_lines(name, results[name])]
+            # A stable sort by time interleaves the tables into one stream of transactions.
+            lines.sort(key=lambda item: item[0])
+            out.writelines(line + "\n" for _, line in lines)
+            written += len(lines)
+    return written

@@ -1,0 +1,106 @@
+"""The long-lived SparkSession: `local[2]` by default, `SPARK_MASTER` selects a cluster."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import threading
+from typing import IO
+
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[2]"
+
+
+_SETTINGS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.adaptive.enabled": "false",
+    # A broadcast is a Spark job of its own; the engine's joins build their hash table from
+    # the batch's delta instead (see txstream.engine.frames.build_side).
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    # A join of single-partition inputs stays in one partition only while Spark's size
+    # estimate allows; estimates of checkpointed join results are products of products.
+    "spark.sql.maxSinglePartitionBytes": str(2**63 - 1),
+    # A batch's plans need a few hundred compiled expressions, the same ones every batch;
+    # Spark's default cache of 100 would have them evict each other, and every batch would
+    # recompile them (and the JIT recompile those classes). Whole-stage code is unique to
+    # each plan (its limit counters are numbered process-wide), so it would be compiled anew
+    # for every batch: off.
+    "spark.sql.codegen.cache.maxEntries": "10000",
+    "spark.sql.codegen.wholeStage": "false",
+    # Every action renders its plan for the SQL listener; the default, formatted, costs a
+    # batch's planning about half a second more.
+    "spark.sql.ui.explainMode": "simple",
+    "spark.sql.session.timeZone": "UTC",
+    # Every hash aggregate, hash join and sort takes at least one page of execution memory,
+    # and a batch runs all of them in its one task. Spark's default page (up to 64 MiB, by
+    # driver memory) let a DAG of a few dozen such operators fail its first batch with
+    # UNABLE_TO_ACQUIRE_MEMORY; a state index was a 64 MiB page even for a few rows.
+    "spark.buffer.pageSize": "2m",
+    # PySpark otherwise records the Python call site of every DataFrame and Column call in
+    # the JVM (four extra round trips each, a third of a batch's planning calls). Errors keep
+    # their SQL context: the failing fragment of an expression's text.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
+    # Old state versions are released by the context cleaner once unreferenced.
+    "spark.cleaner.periodicGC.interval": "1min",
+}
+
+# What the JVM prints at every start and says nothing to act on: the JDK's note on the vector
+# module Spark loads, log4j's choice of profile, Hadoop's missing native library, the local
+# address Spark picked.
+_START_UP_NOISE = re.compile(
+    r"Using incubator modules|Using Spark's default log4j profile|Setting default log level"
+    r"|To adjust logging level use|NativeCodeLoader|Your hostname, .* resolves to a loopback"
+    r"|Set SPARK_LOCAL_IP")
+
+# log4j's console layout: `yy/MM/dd HH:mm:ss LEVEL logger: message`.
+_LOG4J_RECORD = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (ERROR|WARN|INFO|DEBUG|TRACE) ")
+
+log = logging.getLogger("spark")
+# PySpark also logs every error that carries a SQL context, as a JSON record with the whole
+# Java stack trace, before raising it: the raised exception says the same.
+logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+
+
+def get_spark(master: str | None = None, app_name: str = "txstream") -> SparkSession:
+    """Return the process's SparkSession, creating it on first use.
+
+    Few shuffle partitions, no adaptive execution and no broadcasts: the engine's batches are
+    small jobs whose fixed cost, not parallelism, dominates (see DESIGN.md section 8). What the
+    JVM prints goes through Python logging (logger `spark`), its start-up chatter dropped.
+    """
+    if SparkContext._active_spark_context is None:
+        conf = SparkConf().setMaster(master or os.environ.get("SPARK_MASTER", DEFAULT_MASTER))
+        conf.setAppName(app_name).setAll([
+            *_SETTINGS.items(),
+            ("spark.sql.shuffle.partitions", os.environ.get("SPARK_SHUFFLE_PARTITIONS", "2")),
+            ("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "4g")),
+        ])
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": subprocess.PIPE,
+                                                     "stderr": subprocess.STDOUT})
+        threading.Thread(target=_forward, args=(gateway.proc.stdout,), daemon=True,
+                         name="spark-output").start()
+        SparkContext(conf=conf, gateway=gateway)
+    spark = SparkSession.builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _forward(output: IO[bytes]) -> None:
+    """The JVM's console lines into `log`: a log4j record as an error or a warning, the lines
+    that continue it (stack traces, the SQL excerpt of an error) at debug level, since the same
+    failure reaches Python as an exception with its message; start-up chatter dropped."""
+    for raw in iter(output.readline, b""):
+        line = raw.decode(errors="replace").rstrip()
+        if not line or _START_UP_NOISE.search(line):
+            continue
+        record = _LOG4J_RECORD.match(line)
+        if record is None:
+            log.debug("%s", line)
+        else:
+            log.log(logging.ERROR if record.group(1) == "ERROR" else logging.WARNING, "%s", line)

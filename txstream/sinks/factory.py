@@ -1,0 +1,61 @@
+"""Opening a sink from its settings (`txstream.schemas.sinks.SinkSettings`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from txstream.schemas.kafka import PLAINTEXT, KafkaSecurity
+from txstream.schemas.sinks import (
+    FileSinkSettings,
+    KafkaSinkSettings,
+    LiveSinkSettings,
+    PostgresAppendSettings,
+    PostgresSnapshotSettings,
+    SinkSettings,
+)
+from txstream.schemas.tables import TableSchema
+from txstream.sinks.file_sink import FileSink
+from txstream.sinks.kafka_sink import KafkaSink
+from txstream.sinks.live.serving import LiveTables
+from txstream.sinks.live.sink import LiveSink
+from txstream.sinks.postgres_append import PostgresAppendSink
+from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
+from txstream.sinks.sink import Sink, SinkSchemaError
+
+
+def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
+              database_url: str | None = None, kafka_bootstrap_servers: str | None = None,
+              kafka_security: KafkaSecurity = PLAINTEXT, live: LiveTables | None = None,
+              live_state_dir: Path | None = None) -> Sink:
+    """The sink `settings` describe for the output table `output` with `schema`; a Kafka sink
+    connects with `kafka_security`; a live sink writes into `live`, saved in
+    `live_state_dir`."""
+    match settings:
+        case PostgresSnapshotSettings() | PostgresAppendSettings() if not database_url:
+            raise SinkSchemaError(f"the {settings.kind} sink of {output!r} needs a database URL")
+        case KafkaSinkSettings() if not kafka_bootstrap_servers:
+            raise SinkSchemaError(f"the Kafka sink of {output!r} needs bootstrap servers")
+        case PostgresSnapshotSettings():
+            assert database_url is not None
+            return PostgresSnapshotSink(
+                database_url, settings.table, schema, db_schema=settings.db_schema,
+                mode=settings.mode, live_view=settings.live_view, retry=settings.retry,
+                purge=settings.purge)
+        case PostgresAppendSettings():
+            assert database_url is not None
+            return PostgresAppendSink(database_url, settings.table, schema,
+                                      db_schema=settings.db_schema, mode=settings.mode,
+                                      retry=settings.retry)
+        case KafkaSinkSettings():
+            assert kafka_bootstrap_servers is not None
+            return KafkaSink(kafka_bootstrap_servers, settings.topic, output, schema,
+                             transactional_id=settings.transactional_id,
+                             format=settings.format, retry=settings.retry,
+                             producer_config=settings.producer_config,
+                             security=kafka_security)
+        case FileSinkSettings():
+            return FileSink(settings.path, output, schema, format=settings.format)
+        case LiveSinkSettings():
+            if live is None or live_state_dir is None:
+                raise SinkSchemaError(f"the live sink of {output!r} needs the live tables")
+            return LiveSink(live, output, live_state_dir)

@@ -1,0 +1,1 @@
+"""The input side: Kafka records -> decoded rows -> numbered transactions."""
