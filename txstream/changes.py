@@ -1,0 +1,148 @@
+"""The vocabulary of changes, the bottom layer every other module imports.
+
+A table's changes are its rows, each with `time` (the number of the transaction that made the
+change) and `diff` (its weight: +1 inserted, -1 deleted; larger magnitudes for multisets):
+
+    order_id | amount | time | diff
+    ---------+--------+------+-----
+        7    | 10.00  |  12  |  -1     <- deletions of a transaction first
+        7    | 12.50  |  12  |  +1     <- then its insertions
+        8    |  3.00  |  13  |  +1
+
+`Changes` is that table with its invariants stated as methods (the way Deephaven's
+`TableUpdate` states its own): *consolidated* (no `(row, time)` twice, no zero diff) and
+*ordered* (by time, deletions before insertions within a time). Sources build it, the engine
+takes and returns it, and every sink writes it; `validate()` checks the invariants where a
+`Changes` arrives from outside the process (a file, a test) rather than from `consolidate`.
+
+Only this module and the SQL that names columns spell `"time"` and `"diff"`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+TIME = "time"
+DIFF = "diff"
+CHANGE_TYPES = {TIME: pa.int64(), DIFF: pa.int64()}
+# The sum's name inside `consolidate`: it must not clash with a user column, and user columns
+# may not start with "__" (TableSchema refuses them).
+_SUMMED = "__diff_sum"
+
+
+class ChangesError(ValueError):
+    """A table that is not a valid `Changes`: columns missing, or an invariant broken."""
+
+
+def change_fields(columns: pa.Schema) -> pa.Schema:
+    """`columns` (a table's own) followed by `time` and `diff`."""
+    return pa.schema([*columns, *(pa.field(n, t, nullable=False) for n, t in
+                                  CHANGE_TYPES.items())])
+
+
+@dataclass(frozen=True)
+class Changes:
+    """A table's changes: its columns, then `time` and `diff` (see the module doc).
+
+    Build one with `consolidate` (which establishes both invariants) or `Changes.of` when the
+    table already holds them (rows from a consolidated Spark result, a checked file)."""
+
+    table: pa.Table
+
+    @classmethod
+    def of(cls, table: pa.Table) -> Changes:
+        """`table` as Changes, its columns checked (not its rows: see `validate`)."""
+        missing = [n for n in (TIME, DIFF) if n not in table.column_names]
+        if missing:
+            raise ChangesError(f"changes need column(s) {', '.join(missing)} after the table's "
+                               f"own; got {', '.join(table.column_names)}")
+        if table.column_names[-2:] != [TIME, DIFF]:
+            table = table.select([*_own(table.column_names), TIME, DIFF])
+        return cls(table)
+
+    @classmethod
+    def empty(cls, columns: pa.Schema) -> Changes:
+        return cls(change_fields(columns).empty_table())
+
+    @property
+    def columns(self) -> list[str]:
+        """The table's own columns (without `time` and `diff`)."""
+        return _own(self.table.column_names)
+
+    @property
+    def num_rows(self) -> int:
+        return self.table.num_rows
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def times(self) -> pa.ChunkedArray:
+        return self.table[TIME]
+
+    @property
+    def diffs(self) -> pa.ChunkedArray:
+        return self.table[DIFF]
+
+    def rows(self) -> pa.Table:
+        """The changed rows without `time` and `diff`."""
+        return self.table.select(self.columns)
+
+    def time_range(self) -> tuple[int, int] | None:
+        """The first and last transaction with a change (None when there is none)."""
+        if not self.num_rows:
+            return None
+        bounds = pc.min_max(self.table[TIME]).as_py()
+        return bounds["min"], bounds["max"]
+
+    def validate(self) -> Changes:
+        """Raise ChangesError unless the changes are consolidated and ordered; return self."""
+        t = self.table
+        if not t.num_rows:
+            return self
+        zeros = pc.sum(pc.equal(t[DIFF], 0)).as_py()
+        if zeros:
+            raise ChangesError(f"{zeros} change(s) have diff 0: consolidate the changes first")
+        time, diff = t[TIME].to_numpy(), t[DIFF].to_numpy()
+        # Ordered: time never decreases, and within one time a deletion never follows an
+        # insertion.
+        back = (time[1:] < time[:-1]) | ((time[1:] == time[:-1]) & (diff[1:] < 0)
+                                          & (diff[:-1] > 0))
+        if back.any():
+            at = int(back.argmax()) + 1
+            raise ChangesError(f"changes out of order at row {at} (time {time[at]}, diff "
+                               f"{diff[at]}): order by time, deletions first")
+        if consolidate(t, self.columns).num_rows != t.num_rows:
+            raise ChangesError("changes are not consolidated: a (row, time) appears more than "
+                               "once")
+        return self
+
+    def concat(self, others: Sequence[Changes]) -> Changes:
+        """These changes followed by `others`' (all of later transactions than these)."""
+        return Changes(pa.concat_tables([self.table, *(o.table for o in others)]))
+
+
+def consolidate(table: pa.Table, columns: Sequence[str]) -> Changes:
+    """`table`'s `columns`, `time` and `diff`, consolidated (the diffs of equal `(row, time)`
+    summed, nulls equal to nulls, zeros dropped) and ordered (time, then deletions first)."""
+    keys = [*columns, TIME]
+    if not table.num_rows:
+        return Changes(table.select([*keys, DIFF]))
+    named = table.select([*keys, DIFF]).rename_columns([*keys, _SUMMED])
+    summed = named.group_by(keys, use_threads=False).aggregate([(_SUMMED, "sum")])
+    summed = summed.select([*keys, f"{_SUMMED}_sum"]).rename_columns([*keys, DIFF])
+    summed = summed.filter(pc.not_equal(summed[DIFF], 0))
+    return Changes(order(summed))
+
+
+def order(table: pa.Table) -> pa.Table:
+    """`table` sorted by time, deletions before insertions within a time (a stable sort)."""
+    return table.sort_by([(TIME, "ascending"), (DIFF, "ascending")])
+
+
+def _own(names: Sequence[str]) -> list[str]:
+    return [n for n in names if n not in (TIME, DIFF)]
