@@ -24,11 +24,14 @@ import pandas  # noqa: F401 (pyarrow's to_numpy imports it once: keep that out o
 import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from txstream.changes import DIFF, TIME, consolidate
 from txstream.schemas.sources import BatchPolicy, SourceSpec
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker, kafka_from_env
-from txstream.sources.kafka_source import DIFF, SourceDecoder
-from txstream.sources.transactions import TransactionBuilder, consolidate
+from txstream.sources.consumed import raw_records
+from txstream.sources.decoder import SourceDecoder
+from txstream.sources.kafka_source import SIGN
+from txstream.sources.transactions import TransactionBuilder
 from txstream.sources.upsert import UpsertState
 
 SCHEMA = TableSchema.of(
@@ -90,9 +93,10 @@ def run(kafka: KafkaEndpoint, topic: str, semantics: str, n: int, batch: int) ->
         start = time.perf_counter()
         transactions = rows = 0
         while transactions < expected:
-            for t in builder.poll(0.5):
-                transactions += 1
-                rows += t.changes["orders"].num_rows
+            batch = builder.poll(0.5)
+            if batch is not None:
+                transactions += len(batch)
+                rows += batch.rows
             if time.perf_counter() - start > 300:
                 raise RuntimeError(f"{transactions} of {expected} transactions after 300 s")
         elapsed = time.perf_counter() - start
@@ -129,13 +133,13 @@ def decode_only(kafka: KafkaEndpoint, topic: str, semantics: str, n: int, batch:
     start = time.perf_counter()
     for lo in range(0, len(messages), batch):
         chunk = messages[lo:lo + batch]
-        rows = decoder.decode(chunk, range(lo, lo + len(chunk))).rows
-        rows = rows.append_column("time", pa.array(np.full(rows.num_rows, lo // batch + 1)))
+        rows = decoder.decode(raw_records(chunk), range(lo, lo + len(chunk))).rows
+        rows = rows.append_column(TIME, pa.array(np.full(rows.num_rows, lo // batch + 1)))
         if semantics == "upsert":
             state.apply(rows)
         else:
-            consolidate(rows.select([*columns, "time", DIFF]).rename_columns(
-                [*columns, "time", "diff"]), columns)
+            consolidate(rows.select([*columns, TIME, SIGN]).rename_columns(
+                [*columns, TIME, DIFF]), columns)
     elapsed = time.perf_counter() - start
     return {"semantics": semantics, "records": len(messages), "seconds": round(elapsed, 3),
             "records_per_s": round(len(messages) / elapsed)}

@@ -1,5 +1,5 @@
-"""Shared helpers of the Kafka input tests: producing records, polling a builder with a bound,
-integrating transactions, reading the dead-letter topic."""
+"""Shared helpers of the Kafka input tests: producing records, polling a builder with a bound
+(one `Closed` per transaction), integrating transactions, reading the dead-letter topic."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from txstream.changes import DIFF, TIME
 from txstream.schemas.sources import BatchPolicy, SourceSpec
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint
-from txstream.sources.transactions import Transaction, TransactionBuilder
+from txstream.sources.transaction_batch import Transaction, TransactionBatch
+from txstream.sources.transactions import TransactionBuilder
 
 ORDERS = TableSchema.of({"id": "bigint", "item": "text", "qty": "int"}, primary_key=["id"])
 FAST = BatchPolicy(max_events=1000, max_delay_ms=200, upstream_timeout_ms=3000)
@@ -46,36 +49,67 @@ def make_builder(kafka: KafkaEndpoint, sources: list[SourceSpec], dlq: str | Non
                               policy=policy, dead_letter_topic=dlq)
 
 
+class Closed:
+    """One closed transaction and its changes, cut from the batch a poll returned: reads as the
+    `Transaction` (number, offsets, upstream_id, ranges, log_entry) plus `changes`, each source's
+    table (empty when the transaction has no change of it)."""
+
+    def __init__(self, batch: TransactionBatch, schemas: dict[str, pa.Schema]) -> None:
+        assert len(batch) == 1
+        self.transaction: Transaction = batch.last
+        self.changes = {name: batch.changes[name].table if name in batch.changes
+                        else schema.empty_table() for name, schema in schemas.items()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transaction, name)
+
+
+def closed(batch: TransactionBatch | None, builder: TransactionBuilder) -> list[Closed]:
+    """The transactions of a polled batch, one by one."""
+    schemas = {s.name: s.table_schema.arrow_schema(with_changes=True)
+               for s in builder.sources}
+    out: list[Closed] = []
+    while batch is not None:
+        one, batch = batch.split(1)
+        out.append(Closed(one, schemas))
+    return out
+
+
+def poll_once(builder: TransactionBuilder, timeout: float) -> list[Closed]:
+    """One poll's transactions, one by one."""
+    return closed(builder.poll(timeout), builder)
+
+
 def poll_until(builder: TransactionBuilder, done: Any, deadline_s: float = 10.0
-               ) -> list[Transaction]:
+               ) -> list[Closed]:
     """Poll until `done(transactions so far)`; bounded."""
-    out: list[Transaction] = []
+    out: list[Closed] = []
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        out += builder.poll(0.2)
+        out += closed(builder.poll(0.2), builder)
         if done(out):
             return out
     raise AssertionError(f"gave up after {deadline_s}s with {len(out)} transactions: "
                          f"{[(t.number, rows(t)) for t in out]}")
 
 
-def rows(t: Transaction, source: str | None = None) -> list[dict[str, Any]]:
+def rows(t: Closed, source: str | None = None) -> list[dict[str, Any]]:
     tables = [t.changes[source]] if source else list(t.changes.values())
     found = [r for table in tables for r in table.to_pylist()]
     return sorted(found, key=lambda r: (
-        json.dumps({k: v for k, v in r.items() if k != "diff"}, sort_keys=True, default=str),
-        r["diff"],
+        json.dumps({k: v for k, v in r.items() if k != DIFF}, sort_keys=True, default=str),
+        r[DIFF],
     ))
 
 
-def integrate(transactions: list[Transaction], source: str) -> dict[tuple, int]:
+def integrate(transactions: list[Closed], source: str) -> dict[tuple, int]:
     """The table after all the transactions, as a multiset of rows."""
     total: dict[tuple, int] = {}
     for t in transactions:
         for r in t.changes[source].to_pylist():
-            assert r["time"] == t.number
-            row = tuple((k, v) for k, v in r.items() if k not in ("time", "diff"))
-            total[row] = total.get(row, 0) + r["diff"]
+            assert r[TIME] == t.number
+            row = tuple((k, v) for k, v in r.items() if k not in (TIME, DIFF))
+            total[row] = total.get(row, 0) + r[DIFF]
     return {k: v for k, v in total.items() if v}
 
 

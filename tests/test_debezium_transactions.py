@@ -22,6 +22,7 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     dlq_fixture,
     integrate,
     make_builder,
+    poll_once,
     poll_until,
     produce,
     read_dead_letters,
@@ -106,7 +107,7 @@ def test_a_transaction_spanning_three_tables_closes_once_its_end_event_is_matche
     # tx2 is complete but commits after tx1, whose change in the second customers partition
     # is read last (as when that partition is fetched late).
     for _ in range(5):
-        assert b.poll(0.2) == []
+        assert poll_once(b, 0.2) == []
     produce(kafka, f"{topic_name}.customers", [change(11, "tx1", 2)], partition=1)
     txs = poll_until(b, lambda ts: len(ts) == 2)
     assert [(t.number, t.upstream_id) for t in txs] == [(2, "tx1"), (3, "tx2")]

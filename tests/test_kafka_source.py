@@ -30,7 +30,8 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
 from txstream.schemas.sources import SourceSpec, UpstreamTransactions
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
-from txstream.sources.kafka_source import KafkaSourceError, _Letter
+from txstream.sources.dead_letters import _Letter
+from txstream.sources.kafka_source import KafkaSourceError
 from txstream.sources.transactions import TransactionBuilder
 
 # ---- append_only and mini-batches ---------------------------------------------------------

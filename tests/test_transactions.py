@@ -22,6 +22,7 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     dlq_fixture,
     integrate,
     make_builder,
+    poll_once,
     poll_until,
     produce,
     read_dead_letters,
@@ -31,14 +32,11 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
 from txstream.schemas.sources import RecordField, SourceSpec, UpstreamTransactions
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from txstream.sources.consumed import records_and_ends
 from txstream.sources.kafka_source import DELETE, SEQ, KafkaSourceError
-from txstream.sources.transactions import (
-    SourceState,
-    TransactionBuilder,
-    advance,
-    caught_up,
-    records_and_ends,
-)
+from txstream.sources.positions import advance, caught_up
+from txstream.sources.source_state import SourceState
+from txstream.sources.transactions import TransactionBuilder
 from txstream.sources.upsert import UpsertState
 
 COUNTED = UpstreamTransactions(id=RecordField(header="txid"), count=RecordField(header="txn"))
@@ -138,7 +136,7 @@ def test_aborted_partial_upstream_transaction_never_appears(
     assert txs[0].upstream_id == "G" and integrate(txs, "orders") == expect([1, 2])
     # Later polls never emit X, whatever the broker delivered.
     for _ in range(6):
-        txs += b.poll(0.2)
+        txs += poll_once(b, 0.2)
     assert [t.upstream_id for t in txs] == ["G"]
     if isinstance(kafka, MockKafkaBroker):
         assert b.stats.incomplete_upstream == 1
@@ -165,7 +163,7 @@ def test_aborted_complete_upstream_transaction_never_appears(
     good.commit()
     txs = poll_until(b, lambda ts: len(ts) == 1)
     for _ in range(5):
-        txs += b.poll(0.2)
+        txs += poll_once(b, 0.2)
     assert [t.upstream_id for t in txs] == ["G"] and integrate(txs, "orders") == expect([1])
 
 
@@ -319,7 +317,7 @@ def test_a_replayed_upstream_transaction_waits_for_its_records(
     second = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=FAST)
     try:
         second.restore(state, replay=[emitted.log_entry()])
-        assert second.poll(0) == []
+        assert poll_once(second, 0) == []
         (again,) = poll_until(second, lambda ts: len(ts) == 1)
         assert (again.number, again.upstream_id) == (1, "R")
         assert integrate([again], "orders") == expect([1, 2])
@@ -341,7 +339,7 @@ def test_a_later_upstream_transaction_waits_for_an_earlier_open_one(
     produce(kafka, topic_name, [("1", order(1, qty=1), headers["A"]),
                                 ("1", order(1, qty=2), headers["B"])])
     for _ in range(3):
-        assert b.poll(0.2) == []
+        assert poll_once(b, 0.2) == []
     produce(kafka, topic_name, [("2", order(2), headers["A"])])
     txs = poll_until(b, lambda ts: len(ts) == 2)
     assert [(t.number, t.upstream_id) for t in txs] == [(1, "A"), (2, "B")]
@@ -497,7 +495,7 @@ def test_a_mini_batch_closes_when_the_consumer_has_caught_up(
         if not rule_on:
             backlog = poll_until(builder, lambda ts: len(ts) == 2)
             assert [len(rows(t)) for t in backlog] == [4, 4]
-            late = [t for _ in range(10) for t in builder.poll(0.2)]
+            late = [t for _ in range(10) for t in poll_once(builder, 0.2)]
             assert late == [], "the remainder waits for max_delay_ms"
             return
         backlog = poll_until(builder, lambda ts: sum(len(rows(t)) for t in ts) == 10, 5)

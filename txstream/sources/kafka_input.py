@@ -16,14 +16,9 @@ from confluent_kafka import KafkaException
 from txstream.schemas.config import PipelineConfig
 from txstream.sources.kafka_monitor import KafkaMonitor, MonitorReports
 from txstream.sources.kafka_source import KafkaSourceError
-from txstream.sources.transaction_batch import TransactionBatch
-from txstream.sources.transactions import (
-    IngestStats,
-    SourceState,
-    Transaction,
-    TransactionBuilder,
-    TransactionLogEntry,
-)
+from txstream.sources.source_state import IngestStats, SourceState
+from txstream.sources.transaction_batch import TransactionBatch, TransactionLogEntry
+from txstream.sources.transactions import TransactionBuilder
 
 
 class KafkaInput:
@@ -55,8 +50,9 @@ class KafkaInput:
         self._monitor.positions = state.offsets
         self._monitor.start()
 
-    def poll(self, timeout: float) -> list[Transaction]:
-        """The transactions closed within `timeout` seconds of consuming, in order."""
+    def poll(self, timeout: float) -> TransactionBatch | None:
+        """The transactions closed within `timeout` seconds of consuming, as one batch (None:
+        none closed)."""
         return self._builder.poll(timeout)
 
     @property

@@ -1,5 +1,6 @@
-"""The Kafka monitor: lag per partition and end-to-end latency, measured off the service loop
-with consumers of its own, so a slow or unreachable broker never stalls the service through it."""
+"""The Kafka monitor: lag per partition and end-to-end latency, measured off the service's
+threads with consumers of its own, so a slow or unreachable broker never stalls the service
+through it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from txstream.kafka_client import client_settings
 from txstream.schemas.kafka import PLAINTEXT, KafkaSecurity
-from txstream.sources.transactions import Offsets, Ranges
+from txstream.sources.transaction_batch import Offsets, Ranges
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,12 @@
-"""A batch of transactions: what the ingest stage hands to compute and compute on to deliver.
+"""Closed transactions, and a batch of them: what the input hands to compute and compute on to
+deliver.
 
-Consecutive closed transactions, with each source's changes over all of them as one table, the
-offsets to commit once the last is delivered, and the offset ranges their records span.
-Checked once, when built: numbers consecutive, every change's `time` one of them.
+A `Transaction` is a closed transaction's identity: its number, its upstream id, the offset
+ranges of its records and the offsets safe to commit once it is delivered. A `TransactionBatch`
+is consecutive transactions with each source's changes over all of them as one `Changes`
+(the input builds one table per source per poll; batches are joined and split at transaction
+boundaries, never cut into one table per transaction). Checked once, when built: numbers
+consecutive, every change's time one of them.
 """
 
 from __future__ import annotations
@@ -10,10 +14,38 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.compute as pc
+import numpy as np
+from pydantic import BaseModel, Field
 
-from txstream.sources.transactions import Offsets, Ranges, Transaction, TransactionLogEntry
+from txstream.changes import Changes
+
+Offsets = dict[str, dict[int, int]]  # topic -> partition -> next offset to consume
+Ranges = dict[str, dict[int, tuple[int, int]]]  # topic -> partition -> [first, end) offsets
+
+
+class TransactionLogEntry(BaseModel):
+    """A transaction's identity: rebuilt from the same records with the same number on replay
+    (a mini-batch by its offset ranges, an upstream transaction by its id)."""
+
+    number: int
+    upstream_id: str | None
+    ranges: Ranges
+
+
+class Transaction(BaseModel):
+    """One closed stream transaction (its changes are in its batch's `changes`)."""
+
+    number: int
+    # Topic -> partition -> next offset to consume once this transaction is done.
+    offsets: Offsets
+    upstream_id: str | None = None
+    # Topic -> partition -> [first, last + 1) offsets of this transaction's records.
+    ranges: Ranges = Field(default_factory=dict)
+
+    def log_entry(self) -> TransactionLogEntry:
+        """What to record (before the sinks see it) to rebuild this transaction after a crash."""
+        return TransactionLogEntry(number=self.number, upstream_id=self.upstream_id,
+                                   ranges=self.ranges)
 
 
 class TransactionBatchError(ValueError):
@@ -23,26 +55,23 @@ class TransactionBatchError(ValueError):
 @dataclass(frozen=True)
 class TransactionBatch:
     transactions: tuple[Transaction, ...]
-    # Source -> its columns + time + diff over every transaction of the batch; sources
-    # without a change in the batch are absent.
-    changes: Mapping[str, pa.Table]
+    # Source -> its changes over every transaction of the batch; sources without a change in
+    # the batch are absent.
+    changes: Mapping[str, Changes]
     # Topic -> partition -> [first, end) offsets of every record of the batch.
     ranges: Ranges
 
     @classmethod
-    def of(cls, transactions: Sequence[Transaction]) -> TransactionBatch:
+    def of(cls, transactions: Sequence[Transaction],
+           changes: Mapping[str, Changes]) -> TransactionBatch:
+        """`transactions` (consecutive numbers) with their `changes`, one per source."""
         numbers = [t.number for t in transactions]
         if not numbers or numbers != list(range(numbers[0], numbers[0] + len(numbers))):
             raise TransactionBatchError(
                 f"a batch holds consecutive transactions, not numbers {numbers}")
-        changes: dict[str, pa.Table] = {}
-        for name in sorted({name for t in transactions for name in t.changes}):
-            parts = [t.changes[name] for t in transactions
-                     if name in t.changes and t.changes[name].num_rows]
-            if parts:
-                changes[name] = pa.concat_tables(parts)
-        for name, table in changes.items():
-            lo, hi = pc.min(table["time"]).as_py(), pc.max(table["time"]).as_py()
+        kept = {name: c for name, c in sorted(changes.items()) if c.num_rows}
+        for name, c in kept.items():
+            lo, hi = c.time_range() or (numbers[0], numbers[0])
             if lo < numbers[0] or hi > numbers[-1]:
                 raise TransactionBatchError(
                     f"source {name!r}: changes at times {lo}..{hi}, outside the batch's "
@@ -53,7 +82,34 @@ class TransactionBatch:
                 for p, (first, end) in parts.items():
                     lo_offset, hi_offset = ranges.setdefault(topic, {}).get(p, (first, end))
                     ranges[topic][p] = (min(lo_offset, first), max(hi_offset, end))
-        return cls(tuple(transactions), changes, ranges)
+        return cls(tuple(transactions), kept, ranges)
+
+    @classmethod
+    def join(cls, batches: Sequence[TransactionBatch]) -> TransactionBatch:
+        """Consecutive batches as one: each source's changes, already ordered by time in each,
+        follow one another."""
+        if len(batches) == 1:
+            return batches[0]
+        names = sorted({name for b in batches for name in b.changes})
+        changes = {}
+        for name in names:
+            parts = [b.changes[name] for b in batches if name in b.changes]
+            changes[name] = parts[0].concat(parts[1:])
+        return cls.of([t for b in batches for t in b.transactions], changes)
+
+    def split(self, count: int) -> tuple[TransactionBatch, TransactionBatch | None]:
+        """The batch's first `count` transactions, and the rest (None when there is none): each
+        source's changes cut where the time passes the last of the first ones."""
+        if count >= len(self.transactions):
+            return self, None
+        cut = self.first + count
+        head: dict[str, Changes] = {}
+        tail: dict[str, Changes] = {}
+        for name, c in self.changes.items():
+            at = int(np.searchsorted(c.times.to_numpy(), cut))
+            head[name], tail[name] = Changes(c.table.slice(0, at)), Changes(c.table.slice(at))
+        return (TransactionBatch.of(self.transactions[:count], head),
+                TransactionBatch.of(self.transactions[count:], tail))
 
     @property
     def first(self) -> int:
@@ -71,7 +127,7 @@ class TransactionBatch:
 
     @property
     def rows(self) -> int:
-        return sum(t.num_rows for t in self.changes.values())
+        return sum(c.num_rows for c in self.changes.values())
 
     def __len__(self) -> int:
         return len(self.transactions)

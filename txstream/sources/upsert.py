@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel
 
+from txstream.changes import DIFF, TIME
 from txstream.schemas.tables import TableSchema
 from txstream.sources.kafka_source import DELETE, SEQ
 
@@ -98,10 +99,10 @@ class UpsertState:
         out_schema = self.schema.arrow_schema(with_changes=True)
         if records.num_rows == 0:
             return out_schema.empty_table(), UpsertCounts()
-        order = [(k, "ascending") for k in keys] + [("time", "ascending"), (SEQ, "ascending")]
-        r = records.select([*cols, "time", SEQ, DELETE]).sort_by(order)
+        order = [(k, "ascending") for k in keys] + [(TIME, "ascending"), (SEQ, "ascending")]
+        r = records.select([*cols, TIME, SEQ, DELETE]).sort_by(order)
         # Several records of a key in one transaction net to the last one.
-        r = r.filter(pa.array(~np.append(_same_as_next(r, [*keys, "time"]), False)))
+        r = r.filter(pa.array(~np.append(_same_as_next(r, [*keys, TIME]), False)))
         n = r.num_rows
         same_key = _same_as_next(r, keys)
         first_of_key = ~np.insert(same_key, 0, False)
@@ -131,18 +132,18 @@ class UpsertState:
         changed = np.ones(n, dtype=bool)
         changed[with_old] = ~_rows_equal(old_rows, values.take(pa.array(with_old)), cols)
 
-        time = r.column("time").combine_chunks()
+        time = r.column(TIME).combine_chunks()
         retract = (deleted | changed)[with_old]
         minus = old_rows.filter(pa.array(retract))
         minus_time = time.take(pa.array(with_old[retract]))
         plus = values.filter(pa.array(~deleted & changed))
         plus_time = time.filter(pa.array(~deleted & changed))
         changes = pa.concat_tables([
-            minus.append_column("time", minus_time).append_column(
-                "diff", pa.array(np.full(minus.num_rows, -1, dtype=np.int64))
+            minus.append_column(TIME, minus_time).append_column(
+                DIFF, pa.array(np.full(minus.num_rows, -1, dtype=np.int64))
             ).cast(out_schema),
-            plus.append_column("time", plus_time).append_column(
-                "diff", pa.array(np.ones(plus.num_rows, dtype=np.int64))
+            plus.append_column(TIME, plus_time).append_column(
+                DIFF, pa.array(np.ones(plus.num_rows, dtype=np.int64))
             ).cast(out_schema),
         ])
 
@@ -172,10 +173,10 @@ class UpsertState:
         if later.num_rows == 0:
             return self.rows
         keys = self._keys
-        earliest = later.group_by(keys, use_threads=False).aggregate([("time", "min")])
+        earliest = later.group_by(keys, use_threads=False).aggregate([(TIME, "min")])
         firsts = later.join(earliest, keys=keys, join_type="inner")
-        was = pc.and_(pc.equal(firsts.column("time"), firsts.column("time_min")),
-                      pc.equal(firsts.column("diff"), -1))
+        was = pc.and_(pc.equal(firsts.column(TIME), firsts.column(f"{TIME}_min")),
+                      pc.equal(firsts.column(DIFF), -1))
         restored = firsts.filter(was).select(self._columns).cast(self._arrow)
         untouched = self.rows.join(earliest.select(keys), keys=keys, join_type="left anti")
         return pa.concat_tables([untouched.select(self._columns).cast(self._arrow), restored])

@@ -1,0 +1,351 @@
+"""The decoder of one source: the raw records one poll read of its topic -> an Arrow table of
+rows (vectorized) with bookkeeping columns, every record that cannot be decoded or validated
+isolated as a `BadRecord` for the dead-letter topic. It takes plain sequences (`RawRecords`),
+no Kafka client objects: the JSON parsing is `txstream.sources.json_values`', the column checks
+`txstream.sources.field_checks`', tombstones `txstream.sources.single_records`'.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txstream.schemas.sources import KafkaMetadata, RecordField, SourceSpec, split_path
+from txstream.schemas.tables import ColumnType
+from txstream.sources.field_checks import (
+    RecordErrors,
+    as_mask,
+    base64_decimals,
+    braced,
+    check_storable,
+    header_values,
+    iso_dates,
+)
+from txstream.sources.json_values import JsonReader, ParsedJson
+from txstream.sources.kafka_source import (
+    DELETE,
+    SEQ,
+    SIGN,
+    UPSTREAM_COUNT,
+    UPSTREAM_END,
+    UPSTREAM_ID,
+    BadRecord,
+    DecodedBatch,
+    Headers,
+    RawRecords,
+    rows_schema,
+)
+from txstream.sources.single_records import tombstone_rows, with_upstream
+
+log = logging.getLogger(__name__)
+
+_DEBEZIUM_OPS = ("c", "r", "u", "d")
+
+
+def _header(headers: Headers | None, name: str) -> bytes | None:
+    for key, value in headers or ():
+        if key == name:
+            return value
+    return None
+
+
+class SourceDecoder:
+    """Decodes and validates the records of one source, a whole poll batch at a time."""
+
+    def __init__(self, spec: SourceSpec) -> None:
+        self.spec = spec
+        self._schema = spec.table_schema
+        self._debezium = spec.format == "debezium"
+        self._out_schema = rows_schema(spec)
+        self._json = JsonReader(spec)
+
+    def _screen(self, records: RawRecords, reject: Callable[[int, str], None]
+                ) -> tuple[list[int], list[bytes], list[int]]:
+        """The indices of the records to parse (in order) and their values, and the indices of
+        the tombstones; `reject`s the others. Whole-batch checks pass the records whose value
+        can only be one JSON object; the rest, usually none, are looked at one by one."""
+        spec = self.spec
+        upsert = spec.semantics == "upsert"
+        raw = records.values if isinstance(records.values, list) else list(records.values)
+        n = len(raw)
+        values = pa.array(raw, pa.binary())
+        plain = pc.and_(pc.and_(pc.starts_with(values, b"{"), pc.ends_with(values, b"}")),
+                        pc.less_equal(pc.binary_length(values), spec.max_value_bytes))
+        fast = as_mask(pc.fill_null(plain, False))
+        if upsert:
+            fast &= np.fromiter((k is not None for k in records.keys), bool, n)
+        if fast.all():
+            return list(range(n)), raw, []
+        candidates = np.flatnonzero(fast).tolist()
+        tombstones: list[int] = []
+        for i in np.flatnonzero(~fast).tolist():
+            value = raw[i]
+            if upsert and records.keys[i] is None:
+                reject(i, "null message key on an upsert source: the key identifies the row "
+                          "to replace; produce the record with its primary key as the key")
+            elif value is None:
+                tombstones.append(i)
+            elif len(value) > spec.max_value_bytes:
+                reject(i, f"value of {len(value)} bytes exceeds max_value_bytes="
+                          f"{spec.max_value_bytes} of source {spec.name!r}")
+            elif not braced(value):
+                reject(i, self._json.explain(value) or "value is not a single JSON object")
+            else:
+                candidates.append(i)
+        candidates.sort()
+        return candidates, [raw[i] for i in candidates], tombstones
+
+    def decode(self, records: RawRecords, seqs: Sequence[int]) -> DecodedBatch:
+        """The rows of `records` (one topic's, in consumption order; `seqs`: their positions
+        in the pipeline's consumption order) and the records that fail."""
+        spec = self.spec
+        bad: list[BadRecord] = []
+
+        def reject(i: int, reason: str) -> None:
+            bad.append(self.bad_record(records, i, seqs[i], reason))
+
+        candidates, values, tombstones = self._screen(records, reject)
+
+        parts: list[pa.Table] = []
+        parsed, ok, parse_errors = self._json.parse(values)
+        for local, reason in parse_errors.items():
+            reject(candidates[local], reason)
+        good = np.asarray(candidates, dtype=np.int64)[ok]
+        if len(good):
+            rows, errors = self._rows(ParsedJson(parsed), good, records)
+            for local, reason in errors.reasons.items():
+                reject(int(good[local]), reason)
+            parts.append(rows)
+
+        ignored = 0
+        if tombstones:
+            if spec.semantics == "upsert":
+                rows, reasons = tombstone_rows(spec, self._out_schema, tombstones, records.keys,
+                                               records.headers, self._json.excerpt)
+                for i, reason in reasons.items():
+                    reject(i, reason)
+                parts.append(rows)
+            elif self._debezium:
+                ignored = len(tombstones)
+                log.debug("source %s: %d Debezium tombstones ignored", spec.name, ignored)
+            else:
+                for i in tombstones:
+                    reject(i, f"null value (tombstone) on a {spec.semantics} source; tombstones "
+                              "delete rows only on upsert sources")
+
+        seq_arr = np.asarray(seqs, dtype=np.int64)
+        out = [
+            p.set_column(p.schema.get_field_index(SEQ), SEQ,
+                         pa.array(seq_arr[p.column(SEQ).to_numpy()]))
+            for p in parts
+            if p.num_rows
+        ]
+        table = pa.concat_tables(out) if out else self._out_schema.empty_table()
+        if len(out) > 1:
+            table = table.sort_by(SEQ)
+        if spec.upstream is not None:
+            bad = [with_upstream(spec, b) for b in bad]
+        return DecodedBatch(rows=table, bad=bad, ignored_tombstones=ignored)
+
+    def _rows(
+        self, parsed: ParsedJson, indices: np.ndarray, records: RawRecords
+    ) -> tuple[pa.Table, RecordErrors]:
+        """The rows of the parsed records (at `indices` of `records`; SEQ holds that index) and
+        the errors of the records that fail validation; only rows of valid records are
+        returned."""
+        spec = self.spec
+        n = len(indices)
+        errors = RecordErrors(n)
+        txid, txcount, txend = self._upstream_columns(parsed, indices, records, errors)
+        meta = self._metadata_columns(indices, records)
+        local = np.arange(n)
+
+        def build(prefix: tuple[str, ...], which: np.ndarray, diff: int | pa.Array,
+                  delete: bool, required: list[str]) -> tuple[pa.Table, np.ndarray]:
+            cols: dict[str, pa.Array] = {}
+            for col in spec.table_schema.names:
+                if col in meta:
+                    cols[col] = meta[col]
+                elif self._debezium:
+                    cols[col] = parsed.envelope((*prefix, *spec.path_of(col)))
+                else:
+                    cols[col] = parsed.get(spec.path_of(col))
+                ctype = self._schema.column(col).type
+                if col not in meta and ctype is ColumnType.DATE:
+                    cols[col] = iso_dates(cols[col], which, errors, spec.fields.get(col, col))
+                elif col not in meta and ctype.is_decimal and spec.precise_decimals:
+                    cols[col] = base64_decimals(cols[col], ctype, which, errors,
+                                         spec.fields.get(col, col))
+                if col not in meta:
+                    check_storable(cols[col], which, errors, spec.fields.get(col, col))
+            for col in required:
+                missing = as_mask(pc.is_null(cols[col])) & which
+                where = spec.fields.get(col, col)
+                errors.add(missing, f"missing or null required field {where!r} "
+                                    f"(column {col!r})")
+            diff_arr = pa.array(np.full(n, diff)) if isinstance(diff, int) else diff
+            table = pa.table(
+                {
+                    **cols,
+                    SEQ: pa.array(indices),
+                    SIGN: diff_arr,
+                    DELETE: pa.array(np.full(n, delete)),
+                    UPSTREAM_ID: txid,
+                    UPSTREAM_COUNT: txcount,
+                    UPSTREAM_END: txend,
+                },
+                schema=self._out_schema,
+            )
+            return table, which
+
+        required_all = [c.name for c in spec.table_schema.columns if not c.nullable]
+        required_keys = list(spec.table_schema.primary_key)
+        pieces: list[tuple[pa.Table, np.ndarray]] = []
+        if self._debezium:
+            op = parsed.envelope(("op",))
+
+            def is_op(*ops: str) -> np.ndarray:
+                return as_mask(pc.fill_null(pc.is_in(op, value_set=pa.array(ops)), False))
+
+            def said(i: int) -> str:
+                return repr(op[i].as_py())
+
+            errors.add(~is_op(*_DEBEZIUM_OPS), lambda i: f"unknown Debezium op {said(i)}; "
+                                                          "expected one of c, r, u, d")
+            has_before = parsed.present(("before",))
+            has_after = parsed.present(("after",))
+            inserts = is_op("c", "r", "u")
+            errors.add(inserts & ~has_after,
+                       lambda i: f"Debezium op {said(i)} without an 'after' row")
+            if spec.semantics == "upsert":
+                deletes = is_op("d")
+                errors.add(deletes & ~has_before, "Debezium delete without a 'before' row")
+                pieces.append(build(("after",), inserts, 1, False, required_all))
+                pieces.append(build(("before",), deletes, 1, True, required_keys))
+            else:
+                retracts = is_op("u", "d")
+                errors.add(retracts & ~has_before, lambda i: f"Debezium op {said(i)} without "
+                           "a 'before' row; insert_delete needs full before images (REPLICA "
+                           "IDENTITY FULL), or use semantics 'upsert'")
+                pieces.append(build(("after",), inserts, 1, False, required_all))
+                pieces.append(build(("before",), retracts, -1, False, required_all))
+        elif spec.semantics == "insert_delete":
+            diff = self._diff_column(parsed, errors)
+            pieces.append(build((), local >= 0, diff, False, required_all))
+        elif spec.semantics == "upsert" and spec.delete_field is not None:
+            flag = parsed.get(split_path(spec.delete_field))
+            deletes = as_mask(pc.fill_null(flag, False))
+            pieces.append(build((), ~deletes, 1, False, required_all))
+            pieces.append(build((), deletes, 1, True, required_keys))
+        else:
+            pieces.append(build((), local >= 0, 1, False, required_all))
+
+        valid = ~errors.failed
+        kept = [t.filter(pa.array(which & valid)) for t, which in pieces]
+        return pa.concat_tables(kept), errors
+
+    def _diff_column(self, parsed: ParsedJson, errors: RecordErrors) -> pa.Array:
+        spec = self.spec
+        raw = parsed.get(split_path(spec.diff_field))
+        if spec.diff_values is None:
+            diff = raw.cast(pa.int64())
+            expected = "a non-zero integer"
+        else:
+            names = pa.array(list(spec.diff_values), pa.string())
+            weights = pa.array(list(spec.diff_values.values()), pa.int64())
+            diff = pc.take(weights, pc.index_in(raw, value_set=names))
+            expected = f"one of {sorted(spec.diff_values)}"
+        invalid = as_mask(pc.fill_null(pc.equal(diff, 0), True))
+        errors.add(invalid, f"diff field {spec.diff_field!r} is missing or not {expected}")
+        return pc.fill_null(diff, 0)
+
+    def _upstream_columns(
+        self, parsed: ParsedJson, indices: np.ndarray, records: RawRecords, errors: RecordErrors
+    ) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """Upstream transaction id, expected count and end marker of each record."""
+        n = len(indices)
+        upstream = self.spec.upstream
+        no_end = pa.array(np.zeros(n, dtype=bool))
+        if upstream is None:
+            return pa.nulls(n, pa.string()), pa.nulls(n, pa.int64()), no_end
+
+        def read(where: RecordField, dtype: pa.DataType) -> pa.Array:
+            if where.field is not None:
+                path = split_path(where.field)
+                arr = parsed.envelope(path) if self._debezium else parsed.get(path)
+                return arr.cast(dtype)
+            assert where.header is not None
+            raw = [_header(records.headers[i], where.header) for i in indices]
+            return header_values(
+                pa.array([None if r is None else r.decode("utf-8", "replace") for r in raw],
+                         pa.string()),
+                dtype,
+            )
+
+        txid = read(upstream.id, pa.string())
+        if upstream.metadata_topic is None:  # else a change outside transactions (a snapshot)
+            errors.add(as_mask(pc.is_null(txid)),
+                       f"no upstream transaction id ({self._where(upstream.id)})")
+        txcount = pa.nulls(n, pa.int64())
+        if upstream.count is not None:
+            txcount = read(upstream.count, pa.int64())
+            errors.add(as_mask(pc.fill_null(pc.less(txcount, 1), True)),
+                       f"no positive upstream record count ({self._where(upstream.count)})")
+        txend = no_end
+        if upstream.end is not None:
+            txend = pc.fill_null(read(upstream.end, pa.bool_()), False)
+        return txid, txcount, txend
+
+    @staticmethod
+    def _where(where: RecordField) -> str:
+        return f"field {where.field!r}" if where.field is not None else f"header {where.header!r}"
+
+    def _metadata_columns(self, indices: np.ndarray, records: RawRecords
+                          ) -> dict[str, pa.Array]:
+        out: dict[str, pa.Array] = {}
+        for col, part in self.spec.metadata.items():
+            dtype = self._schema.column(col).type.arrow
+            if part is KafkaMetadata.KEY:
+                keys = [records.keys[i] for i in indices]
+                values: list[Any] = [None if k is None else k.decode("utf-8", "replace")
+                                     for k in keys]
+            elif part is KafkaMetadata.HEADERS:
+                values = [
+                    json.dumps({k: (v or b"").decode("utf-8", "replace")
+                                for k, v in (records.headers[i] or ())})
+                    for i in indices
+                ]
+            elif part is KafkaMetadata.TOPIC:
+                values = [records.topic] * len(indices)
+            elif part is KafkaMetadata.PARTITION:
+                values = [int(records.partitions[i]) for i in indices]
+            elif part is KafkaMetadata.OFFSET:
+                values = [int(records.offsets[i]) for i in indices]
+            else:
+                # (type, ms): type 0 is TIMESTAMP_NOT_AVAILABLE, which becomes null.
+                values = [ms * 1000 if kind else None for kind, ms in
+                          (records.timestamps[i] for i in indices)]
+                out[col] = pa.array(values, pa.int64()).cast(dtype)
+                continue
+            out[col] = pa.array(values, dtype)
+        return out
+
+    def bad_record(self, records: RawRecords, index: int, seq: int, reason: str) -> BadRecord:
+        """Record `index` of `records`, rejected for `reason`."""
+        return BadRecord(
+            source=self.spec.name,
+            topic=records.topic,
+            partition=int(records.partitions[index]),
+            offset=int(records.offsets[index]),
+            seq=int(seq),
+            key=records.keys[index],
+            value=records.values[index],
+            headers=list(records.headers[index] or ()),
+            error=reason,
+        )

@@ -1,0 +1,122 @@
+"""The few records a decoder reads one at a time: upsert tombstones (no value, the row's key in
+the record's key) and the upstream transaction of a bad record (so that a poison record still
+counts towards its transaction's expected count)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from txstream.schemas.sources import RecordField, SourceSpec, split_path
+from txstream.sources.json_values import walk
+from txstream.sources.kafka_source import (
+    DELETE,
+    SEQ,
+    SIGN,
+    UPSTREAM_COUNT,
+    UPSTREAM_END,
+    UPSTREAM_ID,
+    BadRecord,
+    Headers,
+)
+
+
+def upstream_of(spec: SourceSpec, headers: Headers | None, value: Any
+                ) -> tuple[str | None, int | None, bool]:
+    """One record's upstream transaction id, expected count and end marker, read from its
+    `headers` or its parsed JSON `value` (None when it has none or is not JSON)."""
+    upstream = spec.upstream
+    assert upstream is not None
+
+    def read(where: RecordField | None) -> Any:
+        if where is None:
+            return None
+        if where.header is not None:
+            found = next((v for k, v in headers or () if k == where.header), None)
+            return None if found is None else found.decode("utf-8", "replace").strip()
+        assert where.field is not None
+        path = split_path(where.field)
+        hit = walk(value, path)
+        if hit is None and spec.format == "debezium":
+            hit = walk(value, ("payload", *path))
+        return hit
+
+    txid, count, end = read(upstream.id), read(upstream.count), read(upstream.end)
+    try:
+        count_int = None if count is None else int(count)
+    except (TypeError, ValueError):
+        count_int = None
+    ended = end is True or (isinstance(end, str) and end.lower() in ("true", "1"))
+    return (None if txid is None else str(txid)), count_int, ended
+
+
+def with_upstream(spec: SourceSpec, bad: BadRecord) -> BadRecord:
+    """`bad` with its upstream transaction, as far as it can be read (best effort)."""
+    upstream = spec.upstream
+    assert upstream is not None
+    value: Any = None
+    in_value = [w for w in (upstream.id, upstream.count, upstream.end)
+                if w is not None and w.field is not None]
+    if bad.value is not None and in_value:
+        try:
+            value = json.loads(bad.value)
+        except (ValueError, RecursionError):
+            value = None
+    txid, txcount, txend = upstream_of(spec, bad.headers, value)
+    return bad.model_copy(
+        update={"upstream_id": txid, "upstream_count": txcount, "upstream_end": txend}
+    )
+
+
+def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
+                   keys: Sequence[bytes | None], headers: Sequence[Headers | None],
+                   excerpt: Callable[[bytes | Exception], str]
+                   ) -> tuple[pa.Table, dict[int, str]]:
+    """Upsert deletes from the tombstones at `indices`: the key columns come from the record's
+    key (a JSON object of the key columns, optionally in a Debezium `payload`, or for a
+    one-column key its JSON scalar or raw text). Returns the rows (`out_schema`, SEQ holding the
+    record's index) and the reasons of the tombstones rejected, by index. Tombstones are few,
+    so this is per record."""
+    pk = list(spec.table_schema.primary_key)
+    rows: list[dict[str, Any]] = []
+    kept: list[int] = []
+    errors: dict[int, str] = {}
+    for i in indices:
+        raw = keys[i]
+        assert raw is not None  # null keys on upsert sources are rejected before
+        try:
+            key: Any = json.loads(raw)
+        except (ValueError, RecursionError):
+            key = raw.decode("utf-8", "replace")
+        if isinstance(key, dict) and isinstance(key.get("payload"), dict):
+            key = key["payload"]
+        row = {c: key.get(c) for c in pk} if isinstance(key, dict) else (
+            {pk[0]: key} if len(pk) == 1 else {}
+        )
+        if any(row.get(c) is None for c in pk):
+            errors[i] = (f"tombstone key{excerpt(raw)} does not carry the primary "
+                         f"key {pk}; use a JSON object of the key columns as the message key")
+            continue
+        txid, txcount, txend = None, None, False
+        if spec.upstream is not None:
+            txid, txcount, txend = upstream_of(spec, headers[i], None)
+            if txid is None:
+                errors[i] = ("tombstone without an upstream transaction id; tombstones have "
+                             "no value, so put the id in a header")
+                continue
+        rows.append({**row, SEQ: i, SIGN: 1, DELETE: True, UPSTREAM_ID: txid,
+                     UPSTREAM_COUNT: txcount, UPSTREAM_END: txend})
+        kept.append(i)
+    try:
+        table = pa.Table.from_pylist(rows, schema=out_schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        table = out_schema.empty_table()
+        for i, row in zip(kept, rows, strict=True):
+            try:
+                table = pa.concat_tables([table, pa.Table.from_pylist([row], schema=out_schema)])
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                errors[i] = f"tombstone key does not match the primary key types{excerpt(exc)}"
+    return table, errors
