@@ -30,6 +30,7 @@ from pg_proxy import CommitCutter
 from psycopg import sql
 from pydantic import TypeAdapter, ValidationError
 
+from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy, SinkSettings, UpdateRecord
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
@@ -47,13 +48,13 @@ SCHEMA = TableSchema.of({"id": "bigint", "name": "text", "score": "double", "at"
                         primary_key=["id"])
 
 
-def changes(rows: list[tuple[int, str | None, float, int, int]]) -> pa.Table:
+def changes(rows: list[tuple[int, str | None, float, int, int]]) -> Changes:
     """(id, name, score, time, diff) rows; `at` is a fixed instant."""
     at = pa.scalar(1_700_000_000_000_000, pa.timestamp("us", tz="UTC")).as_py()
-    return pa.Table.from_pylist(
+    return Changes.of(pa.Table.from_pylist(
         [{"id": i, "name": n, "score": s, "at": at, "time": t, "diff": d}
          for i, n, s, t, d in rows],
-        schema=SCHEMA.arrow_schema(with_changes=True))
+        schema=SCHEMA.arrow_schema(with_changes=True)))
 
 
 TXN1 = changes([(1, "a", 1.0, 1, 1), (2, "b\n\"c\"", math.nan, 1, 1), (3, None, -0.0, 1, 1)])
@@ -61,10 +62,11 @@ TXN2 = changes([(1, "a", 1.0, 2, -1), (1, "A", 2.0, 2, 1), (3, None, -0.0, 2, -1
 TXN3 = changes([(4, "ü", math.inf, 3, 1), (2, "b\n\"c\"", math.nan, 3, -1)])
 
 
-def same_changes(a: pa.Table, b: pa.Table) -> bool:
+def same_changes(a: pa.Table | Changes, b: pa.Table | Changes) -> bool:
     """Equal as lists of rows, NaN equal to NaN."""
-    def canon(t: pa.Table) -> list[str]:
-        return sorted(json.dumps(r, default=str) for r in t.to_pylist())
+    def canon(t: pa.Table | Changes) -> list[str]:
+        rows = t.table if isinstance(t, Changes) else t
+        return sorted(json.dumps(r, default=str) for r in rows.to_pylist())
     return canon(a) == canon(b)
 
 
@@ -80,7 +82,7 @@ def test_postgres_append_copies_every_change_once(postgres: PostgresEndpoint,
     again.write(TXN3)
     again.close()
     assert same_changes(stored_changes(postgres.url, pg_schema, "log"),
-                        pa.concat_tables([TXN1, TXN2, TXN3]))
+                        TXN1.concat([TXN2, TXN3]))
     with pytest.raises(SinkSchemaError, match="'diff' has type bigint, expected smallint"):
         PostgresSnapshotSink(postgres.url, "log", SCHEMA, db_schema=pg_schema)
 
@@ -107,7 +109,7 @@ def test_postgres_append_a_write_lost_around_commit_is_not_appended_twice(
         sink.write(TXN2)  # the runner writes the batch again
         sink.write(TXN3)
     assert same_changes(stored_changes(postgres.url, pg_schema, "log"),
-                        pa.concat_tables([TXN1, TXN2, TXN3]))
+                        TXN1.concat([TXN2, TXN3]))
 
 
 def test_postgres_append_keeps_refused_rows_aside(postgres: PostgresEndpoint,
@@ -117,7 +119,7 @@ def test_postgres_append_keeps_refused_rows_aside(postgres: PostgresEndpoint,
             conn.execute(sql.SQL("ALTER TABLE {} ADD CHECK (id < 100)").format(
                 sql.Identifier(pg_schema, "log")))
         bad = changes([(100, "big", 1.0, 1, 1), (5, "nul\x00", 2.0, 1, 1)])
-        sink.write(pa.concat_tables([TXN1, bad]))
+        sink.write(TXN1.concat([bad]))
         assert sink.rejected_rows == 2
     assert same_changes(stored_changes(postgres.url, pg_schema, "log"), TXN1)
     with psycopg.connect(postgres.url) as conn:
@@ -141,13 +143,13 @@ def test_jsonl_and_csv_files(tmp_path: Path) -> None:
         assert sink.held_through() == 1  # what a run from scratch must not append to
         sink.write(TXN2)
         sink.close()
-    expected = pa.concat_tables([TXN1, TXN2])
+    expected = TXN1.concat([TXN2])
     lines = (tmp_path / "out.jsonl").read_bytes().splitlines()
     assert json.loads(lines[1])["score"] == "NaN"
-    assert same_changes(decode_changes(lines, SCHEMA).cast(expected.schema), expected)
+    assert same_changes(decode_changes(lines, SCHEMA).cast(expected.table.schema), expected)
     # Only an unquoted empty field is null ("nan" is a double, "" an empty string).
     read = pacsv.read_csv(tmp_path / "out.csv", convert_options=pacsv.ConvertOptions(
-        column_types=expected.schema, null_values=[""], strings_can_be_null=True,
+        column_types=expected.table.schema, null_values=[""], strings_can_be_null=True,
         quoted_strings_can_be_null=False))
     assert same_changes(read, expected)
 
@@ -165,7 +167,7 @@ def test_a_file_says_what_it_holds(tmp_path: Path, format: str) -> None:
 
 def test_update_record_files(tmp_path: Path) -> None:
     sink = FileSink(tmp_path / "updates.jsonl", "t", SCHEMA, format="updates")
-    sink.write(pa.concat_tables([TXN1, TXN2]))
+    sink.write(TXN1.concat([TXN2]))
     sink.close()
     first, second = (UpdateRecord.model_validate_json(line)
                      for line in (tmp_path / "updates.jsonl").read_bytes().splitlines())
@@ -201,7 +203,7 @@ def test_kafka_changes_one_transaction_per_write(kafka: KafkaEndpoint, topic_nam
     assert json.loads(first.key() or b"") == {"id": 2}
     assert dict(first.headers() or []) == {"time": b"1", "diff": b"1"}
     decoded = decode_changes([m.value() or b"" for m in messages], SCHEMA)
-    assert same_changes(decoded.cast(TXN1.schema), pa.concat_tables([TXN1, TXN2, TXN3]))
+    assert same_changes(decoded.cast(TXN1.table.schema), TXN1.concat([TXN2, TXN3]))
 
 
 @pytest.mark.parametrize("format", ["changes", "updates"])
@@ -217,7 +219,7 @@ def test_kafka_sink_reads_back_its_topic_and_writes_each_transaction_once(
     with KafkaSink(kafka.bootstrap_servers, topic_name, "t", SCHEMA, **options) as again:
         assert again.held_through() == 2
         again.write(TXN2)
-        again.write(pa.concat_tables([TXN2, TXN3]))
+        again.write(TXN2.concat([TXN3]))
     expected = 3 if format == "updates" else 8
     messages = read_topic(kafka.bootstrap_servers, topic_name, 3, expected + 1, timeout_s=5)
     times = sorted(int(dict(m.headers() or [])["time"]) for m in messages)
@@ -228,7 +230,7 @@ def test_kafka_update_records(kafka: KafkaEndpoint, topic_name: str) -> None:
     kafka.create_topic(topic_name, 1)
     sink = KafkaSink(kafka.bootstrap_servers, topic_name, "scores", SCHEMA,
                      transactional_id=f"txn-{topic_name}", format="updates")
-    sink.write(pa.concat_tables([TXN1, TXN2]))
+    sink.write(TXN1.concat([TXN2]))
     sink.close()
     first, second = read_topic(kafka.bootstrap_servers, topic_name, 1, 2)
     assert first.key() == b"scores" and dict(second.headers() or []) == {"time": b"2"}

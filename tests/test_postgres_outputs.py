@@ -13,6 +13,7 @@ import pytest
 from pg_proxy import CommitCutter
 from psycopg import sql
 
+from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.postgres import PostgresEndpoint
@@ -25,9 +26,10 @@ KEYED = TableSchema.of({"id": "bigint", "v": "bigint"}, primary_key=["id"])
 LOG = TableSchema.of({"id": "bigint", "v": "bigint"})
 
 
-def changes(schema: TableSchema, rows: list[tuple[int, int, int, int]]) -> pa.Table:
-    return pa.Table.from_pylist([{"id": i, "v": v, "time": t, "diff": d} for i, v, t, d in rows],
-                                schema=schema.arrow_schema(with_changes=True))
+def changes(schema: TableSchema, rows: list[tuple[int, int, int, int]]) -> Changes:
+    return Changes.of(pa.Table.from_pylist(
+        [{"id": i, "v": v, "time": t, "diff": d} for i, v, t, d in rows],
+        schema=schema.arrow_schema(with_changes=True)))
 
 
 def mark(n: int, upstream: tuple[str, ...] = ()) -> Mark:
@@ -49,7 +51,7 @@ def outputs(url: str, db_schema: str, pipeline: str = "p", **options: Any
                            **options), snapshot, log
 
 
-def batch(first: int, last: int) -> dict[str, pa.Table]:
+def batch(first: int, last: int) -> dict[str, Changes]:
     """Transactions first..last: each sets total 1 to its number and logs one row."""
     numbers = range(first, last + 1)
     return {"totals": changes(KEYED, [r for n in numbers

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from txstream.changes import DIFF, TIME, Changes
 from txstream.schemas.sinks import RetryPolicy, TombstonePurge
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.postgres import PostgresEndpoint
@@ -29,9 +30,9 @@ SCHEMA = TableSchema.of({"id": "bigint", "name": "text", "score": "double"}, pri
 Change = tuple[dict[str, Any], int, int]  # (row, time, diff)
 
 
-def changes_table(changes: list[Change], schema: TableSchema = SCHEMA) -> pa.Table:
-    rows = [{**row, "time": t, "diff": d} for row, t, d in changes]
-    return pa.Table.from_pylist(rows, schema=schema.arrow_schema(with_changes=True))
+def changes_table(changes: list[Change], schema: TableSchema = SCHEMA) -> Changes:
+    rows = [{**row, TIME: t, DIFF: d} for row, t, d in changes]
+    return Changes.of(pa.Table.from_pylist(rows, schema=schema.arrow_schema(with_changes=True)))
 
 
 def fetch(url: str, query: sql.Composable) -> list[tuple[Any, ...]]:
@@ -275,15 +276,17 @@ def test_batches_that_do_not_fit_the_table_are_refused_whole(postgres: PostgresE
                                                              pg_schema: str) -> None:
     with PostgresSnapshotSink(postgres.url, "t", SCHEMA, db_schema=pg_schema) as sink:
         with pytest.raises(SinkDataError, match="lack column"):
-            sink.write(pa.table({"id": [1], "time": [1], "diff": [1]}))
+            sink.write(Changes.of(pa.table({"id": [1], "time": [1], "diff": [1]})))
         with pytest.raises(SinkDataError, match="diff other than"):
             sink.write(changes_table([({"id": 1, "name": "a", "score": 1.0}, 1, 2)]))
         with pytest.raises(SinkDataError, match="do not convert"):  # beyond BIGINT
-            sink.write(pa.table({"id": pa.array([2**64 - 1], pa.uint64()), "name": ["a"],
-                                 "score": [1.0], "time": [1], "diff": [1]}))
+            sink.write(Changes.of(pa.table({
+                "id": pa.array([2**64 - 1], pa.uint64()), "name": ["a"], "score": [1.0],
+                "time": [1], "diff": [1]})))
         with pytest.raises(SinkDataError, match="'id' with null values"):
-            sink.write(pa.table({"id": pa.array([None], pa.int64()), "name": ["a"],
-                                 "score": [1.0], "time": [1], "diff": [1]}))
+            sink.write(Changes.of(pa.table({
+                "id": pa.array([None], pa.int64()), "name": ["a"], "score": [1.0], "time": [1],
+                "diff": [1]})))
         assert whole_table(postgres.url, pg_schema, "t") == []
 
 
@@ -349,10 +352,10 @@ NULLABLE = TableSchema.model_validate({
 DAY = dt.date(2024, 1, 1)
 
 
-def nullable_changes(changes: list[tuple[str | None, Any, float, int, int]]) -> pa.Table:
-    return pa.Table.from_pylist(
+def nullable_changes(changes: list[tuple[str | None, Any, float, int, int]]) -> Changes:
+    return Changes.of(pa.Table.from_pylist(
         [{"region": r, "day": d, "total": v, "time": t, "diff": df} for r, d, v, t, df in changes],
-        schema=NULLABLE.arrow_schema(with_changes=True))
+        schema=NULLABLE.arrow_schema(with_changes=True)))
 
 
 def test_null_keys_are_values_like_any_other(postgres: PostgresEndpoint, pg_schema: str) -> None:
@@ -383,8 +386,8 @@ def test_rows_postgres_refuses_are_kept_aside_and_the_rest_is_written(
     year0 = pa.table({"region": ["us"], "day": pa.array([-719528], pa.date32()),
                       "total": [2.0], "time": [1], "diff": [1]})
     with PostgresSnapshotSink(postgres.url, "d", NULLABLE, db_schema=pg_schema) as sink:
-        sink.write(pa.concat_tables([nullable_changes([("eu", DAY, 1.0, 1, 1)]),
-                                     year0.cast(NULLABLE.arrow_schema(with_changes=True))]))
+        sink.write(nullable_changes([("eu", DAY, 1.0, 1, 1)]).concat(
+            [Changes(year0.cast(NULLABLE.arrow_schema(with_changes=True)))]))
     assert live(postgres.url, pg_schema, "t_live") == [(1, "a", 1.0), (4, "d", 4.0)]
     assert live(postgres.url, pg_schema, "d_live") == [("eu", DAY, 1.0)]
     rejects = fetch(postgres.url, sql.SQL(

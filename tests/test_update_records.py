@@ -9,6 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from txstream.changes import Changes
 from txstream.schemas.sinks import ModifiedRow, UpdateRecord
 from txstream.schemas.tables import TableSchema
 from txstream.sinks.update_records import update_records
@@ -18,9 +19,9 @@ SCHEMA = TableSchema.of({"k": "bigint", "a": "text", "b": "double", "c": "int"},
 
 
 def batch(changes: list[tuple[dict[str, Any], int, int]],
-          schema: TableSchema = SCHEMA) -> pa.Table:
-    return pa.Table.from_pylist([{**r, "time": t, "diff": d} for r, t, d in changes],
-                                schema=schema.arrow_schema(with_changes=True))
+          schema: TableSchema = SCHEMA) -> Changes:
+    return Changes.of(pa.Table.from_pylist([{**r, "time": t, "diff": d} for r, t, d in changes],
+                                           schema=schema.arrow_schema(with_changes=True)))
 
 
 def row(k: int, a: str | None = "x", b: float = 1.0, c: int = 0) -> dict[str, Any]:

@@ -121,6 +121,27 @@ class Changes:
                                "once")
         return self
 
+    def after(self, time: int | None) -> Changes:
+        """The changes of transactions after `time` (all of them for None): what a destination
+        holding every transaction through `time` still lacks."""
+        if time is None or not self.num_rows:
+            return self
+        return Changes(self.table.filter(pc.greater(self.table[TIME], time)))
+
+    def at(self, time: int) -> Changes:
+        """The changes of transaction `time` alone."""
+        return Changes(self.table.filter(pc.equal(self.table[TIME], time)))
+
+    def last_time(self) -> int | None:
+        bounds = self.time_range()
+        return None if bounds is None else bounds[1]
+
+    def non_unit_diffs(self) -> int:
+        """How many changes weigh other than +1/-1. A keyed table holds a key at most once, so
+        its consolidated changes are single insertions and deletions: none."""
+        unit = pc.is_in(self.table[DIFF], pa.array([-1, 1], pa.int64()))
+        return int(pc.sum(pc.invert(unit)).as_py() or 0)
+
     def concat(self, others: Sequence[Changes]) -> Changes:
         """These changes followed by `others`' (all of later transactions than these)."""
         return Changes(pa.concat_tables([self.table, *(o.table for o in others)]))

@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from txstream.changes import DIFF, TIME
 from txstream.examples.orders import CUSTOMERS, ORDERS
 
 REGIONS = ("north", "south", "east", "west")
@@ -118,9 +119,9 @@ def as_changes(batch: list[Event], rows: dict[str, dict[int, dict[str, Any]]], t
         current = rows.setdefault(source, {})
         old = current.pop(key, None)
         if old is not None:
-            out[source].append({**old, "time": time, "diff": -1})
+            out[source].append({**old, TIME: time, DIFF: -1})
         if row is not None:
             current[key] = row
-            out[source].append({**row, "time": time, "diff": 1})
+            out[source].append({**row, TIME: time, DIFF: 1})
     return {s: pa.Table.from_pylist(changes, schema=schemas[s].arrow_schema(with_changes=True))
             for s, changes in out.items() if changes}

@@ -9,8 +9,10 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
 from pydantic_core import core_schema
 
+from txstream.changes import CHANGE_TYPES, DIFF, TIME
+
 # Names the engine adds to every change; user columns may not take them.
-RESERVED_COLUMNS = frozenset({"time", "diff"})
+RESERVED_COLUMNS = frozenset(CHANGE_TYPES)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -244,11 +246,11 @@ class TableSchema(BaseModel):
     def arrow_schema(self, with_changes: bool = False) -> pa.Schema:
         fields = [pa.field(c.name, c.type.arrow, nullable=c.nullable) for c in self.columns]
         if with_changes:
-            fields += [pa.field("time", pa.int64(), False), pa.field("diff", pa.int64(), False)]
+            fields += [pa.field(n, t, nullable=False) for n, t in CHANGE_TYPES.items()]
         return pa.schema(fields)
 
     def spark_ddl(self, with_changes: bool = False) -> str:
         cols = [f"`{c.name}` {c.type.spark_ddl}" for c in self.columns]
         if with_changes:
-            cols += ["`time` BIGINT", "`diff` BIGINT"]
+            cols += [f"`{TIME}` BIGINT", f"`{DIFF}` BIGINT"]
         return ", ".join(cols)

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from txstream.changes import DIFF, TIME
 from txstream.schemas.tables import TableSchema
 from txstream.sinks.sink import SinkDataError
 
@@ -86,7 +87,7 @@ def decode_changes(payloads: Iterable[bytes], schema: TableSchema) -> pa.Table:
             record = json.loads(payload)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ChangeDecodeError(f"change #{number} is not JSON: {exc}", number) from exc
-        if not isinstance(record, dict) or "time" not in record or "diff" not in record:
+        if not isinstance(record, dict) or TIME not in record or DIFF not in record:
             raise ChangeDecodeError(
                 f"change #{number} is not a change object with the columns, 'time' and 'diff'"
                 " (an update-records topic cannot be read back as changes)", number,

@@ -22,9 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from txstream.changes import TIME, Changes
 from txstream.schemas.tables import TableSchema
 from txstream.sinks.change_json import encode_rows
-from txstream.sinks.changes import conform_changes
+from txstream.sinks.conform import conform_changes
 from txstream.sinks.sink import SinkBase
 from txstream.sinks.update_records import update_records
 
@@ -56,7 +57,7 @@ class FileSink(SinkBase):
             return None
         if self.format == "csv":
             times = pacsv.read_csv(self.path, convert_options=pacsv.ConvertOptions(
-                include_columns=["time"], column_types={"time": pa.int64()}))["time"]
+                include_columns=[TIME], column_types={TIME: pa.int64()}))[TIME]
             return None if times.null_count == len(times) else int(pc.max(times).as_py())
         with open(self.path, "rb") as reader:
             end = size - 1  # the last line's newline (a torn tail was cut)
@@ -69,7 +70,7 @@ class FileSink(SinkBase):
                     start += cut + 1
                     break
             reader.seek(start)
-            return int(json.loads(reader.read(end - start))["time"])
+            return int(json.loads(reader.read(end - start))[TIME])
 
     def _drop_torn_tail(self) -> None:
         size = self._file.seek(0, os.SEEK_END)
@@ -92,24 +93,23 @@ class FileSink(SinkBase):
                 end = start
         self._file.truncate(0)
 
-    def encode(self, changes: pa.Table) -> bytes:
+    def encode(self, changes: Changes) -> bytes:
         """The bytes `write` appends for `changes`."""
-        batch = conform_changes(changes, self.schema)
-        if batch.num_rows == 0:
+        if not changes.num_rows:
             return b""
+        if self.format == "updates":
+            lines = [r.model_dump_json().encode()
+                     for r in update_records(changes, self.table, self.schema)]
+            return b"".join(line + b"\n" for line in lines)
+        batch = conform_changes(changes, self.schema).table
         if self.format == "csv":
             buf = io.BytesIO()
             header = self._file.tell() == 0
             pacsv.write_csv(batch, buf, pacsv.WriteOptions(include_header=header))
             return buf.getvalue()
-        if self.format == "updates":
-            lines = [r.model_dump_json().encode()
-                     for r in update_records(batch, self.table, self.schema)]
-        else:
-            lines = encode_rows(batch)
-        return b"".join(line + b"\n" for line in lines)
+        return b"".join(line + b"\n" for line in encode_rows(batch))
 
-    def write(self, changes: pa.Table) -> None:
+    def write(self, changes: Changes) -> None:
         data = self.encode(changes)
         if data:
             self._file.write(data)

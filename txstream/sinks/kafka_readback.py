@@ -14,6 +14,7 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from txstream.changes import TIME
 from txstream.kafka_client import client_settings
 from txstream.schemas.kafka import KafkaSecurity
 from txstream.sinks.sink import SinkWriteError
@@ -71,7 +72,7 @@ def _greatest_time(consumer: Consumer, start: TopicPartition, timeout_s: float) 
                 if error.code() == KafkaError._PARTITION_EOF:
                     return greatest
                 raise KafkaException(error)
-            stamp = dict(message.headers() or ()).get("time")
+            stamp = dict(message.headers() or ()).get(TIME)
             if stamp is not None:
                 value = int(stamp)
                 greatest = value if greatest is None else max(greatest, value)

@@ -28,16 +28,15 @@ import re
 import time
 from typing import Literal
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from txstream.changes import DIFF, TIME, Changes
 from txstream.kafka_client import client_settings
 from txstream.schemas.kafka import PLAINTEXT, KafkaSecurity
 from txstream.schemas.sinks import RetryPolicy
 from txstream.schemas.tables import TableSchema
 from txstream.sinks.change_json import encode_rows
-from txstream.sinks.changes import conform_changes
+from txstream.sinks.conform import conform_changes
 from txstream.sinks.kafka_readback import last_transaction
 from txstream.sinks.sink import SinkBase, SinkError, SinkSchemaError, SinkWriteError
 from txstream.sinks.update_records import update_records
@@ -117,15 +116,15 @@ class KafkaSink(SinkBase):
                 "that the brokers are reachable and support transactions"
             ) from exc
 
-    def messages(self, changes: pa.Table) -> list[Message]:
+    def messages(self, changes: Changes) -> list[Message]:
         """The Kafka messages that represent `changes`, in order."""
-        batch = conform_changes(changes, self.schema)
         if self.format == "updates":
             return [
                 (self.table.encode(), record.model_dump_json().encode(),
-                 [("time", str(record.time).encode())])
-                for record in update_records(batch, self.table, self.schema)
+                 [(TIME, str(record.time).encode())])
+                for record in update_records(changes, self.table, self.schema)
             ]
+        batch = conform_changes(changes, self.schema).table
         values = encode_rows(batch)
         key_columns = list(self.schema.primary_key)
         keys: list[bytes | None] = (
@@ -133,12 +132,12 @@ class KafkaSink(SinkBase):
             else [None] * batch.num_rows
         )
         headers = [
-            [("time", str(t).encode()), ("diff", str(d).encode())]
-            for t, d in zip(batch["time"].to_pylist(), batch["diff"].to_pylist(), strict=True)
+            [(TIME, str(t).encode()), (DIFF, str(d).encode())]
+            for t, d in zip(batch[TIME].to_pylist(), batch[DIFF].to_pylist(), strict=True)
         ]
         return list(zip(keys, values, headers, strict=True))
 
-    def write(self, changes: pa.Table) -> None:
+    def write(self, changes: Changes) -> None:
         """Write `changes` as one Kafka transaction, retried whole (on a new producer after a
         fatal failure). SinkWriteError when every attempt failed and one of them transiently;
         KafkaSinkFatalError when every attempt failed fatally or the sink was fenced twice."""
@@ -151,8 +150,7 @@ class KafkaSink(SinkBase):
                 # predecessor left open, which the read-back must see settled.
                 producer = self._live()
                 self.held_through()
-                new = batch if self._held is None else batch.filter(
-                    pc.greater(batch["time"], self._held))
+                new = batch.after(self._held)
                 messages = self.messages(new)
                 if not messages:
                     return  # a replay of transactions the topic holds
@@ -160,7 +158,7 @@ class KafkaSink(SinkBase):
                 self.produce(messages)
                 self._commit()
                 if self._skip_replays:
-                    self._held = int(pc.max(new["time"]).as_py())
+                    self._held = new.last_time()
                 return
             except KafkaException as exc:
                 # Whether a failed commit went through is unknown: read back before retrying.

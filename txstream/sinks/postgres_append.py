@@ -19,12 +19,12 @@ from typing import Literal
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg import sql
 
+from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy
 from txstream.schemas.tables import TableSchema
-from txstream.sinks.changes import conform_changes
+from txstream.sinks.conform import conform_changes
 from txstream.sinks.postgres_common import (
     Connection,
     check_identifier,
@@ -69,30 +69,26 @@ class PostgresAppendSink(SinkBase):
         if replace:
             forget_rejects(conn, self._db_schema, self._table_name)
 
-    def write(self, changes: pa.Table) -> None:
-        batch = conform_changes(changes, self.schema)
-        if self._last_time is not None:
-            batch = batch.filter(pc.greater(batch["time"], self._last_time))
-        if batch.num_rows == 0:
+    def write(self, changes: Changes) -> None:
+        batch = conform_changes(changes, self.schema).after(self._last_time)
+        if not batch.num_rows:
             return
 
         def append(conn: psycopg.Connection[tuple[object, ...]]) -> int:
             rows = batch
             if self._unsure:
-                last = max_time(conn, self.table)
-                if last is not None:
-                    rows = batch.filter(pc.greater(batch["time"], last))
+                rows = batch.after(max_time(conn, self.table))
             self._unsure = True
             return self.apply(conn, rows)
 
         self.rejected_rows += self._db.run(append)
         self._unsure = False
-        self._last_time = int(pc.max(batch["time"]).as_py())
+        self._last_time = batch.last_time()
 
-    def apply(self, conn: psycopg.Connection[tuple[object, ...]], changes: pa.Table) -> int:
+    def apply(self, conn: psycopg.Connection[tuple[object, ...]], changes: Changes) -> int:
         """Append `changes` in the caller's transaction, which decides what is new (see
         `txstream.sinks.postgres_outputs`); the number of rows refused."""
-        batch = conform_changes(changes, self.schema)
+        batch = conform_changes(changes, self.schema).table
 
         def copy(conn: psycopg.Connection[tuple[object, ...]], part: pa.Table) -> None:
             with conn.cursor() as cur:

@@ -16,7 +16,6 @@ from psycopg import sql
 
 from txstream.schemas.sinks import RetryPolicy
 from txstream.schemas.tables import TableSchema
-from txstream.sinks.changes import changes_columns
 from txstream.sinks.sink import SinkDataError, SinkSchemaError, SinkWriteError
 
 log = logging.getLogger(__name__)
@@ -121,7 +120,8 @@ def ensure_table(conn: psycopg.Connection[tuple[object, ...]], db_schema: str, t
     if replace:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(ident))
     want_types = [c.type.postgres for c in schema.columns] + ["BIGINT", diff_type]
-    want = dict(zip(changes_columns(schema), _canonical_types(conn, want_types), strict=True))
+    names = schema.arrow_schema(with_changes=True).names
+    want = dict(zip(names, _canonical_types(conn, want_types), strict=True))
     shape = _existing_shape(conn, db_schema, table)
     if shape is None:
         nullable_key = nulls_not_distinct(conn)

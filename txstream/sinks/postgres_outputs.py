@@ -24,9 +24,9 @@ from typing import Literal, Protocol
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg import sql
 
+from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy
 from txstream.sinks.postgres_common import Connection, check_identifier
 
@@ -101,7 +101,7 @@ class PostgresOutputs:
             [self._pipeline]).fetchone())
         return None if row is None else int(str(row[0]))
 
-    def write(self, outputs: Mapping[str, pa.Table], marks: Sequence[Mark]) -> None:
+    def write(self, outputs: Mapping[str, Changes], marks: Sequence[Mark]) -> None:
         """Commit the outputs' changes of consecutive stream transactions (`marks`, in order)."""
         if not marks:
             return
@@ -110,10 +110,10 @@ class PostgresOutputs:
                 u for m in marks for u in m.upstream_ids), marks[-1].offsets))
             return
         for mark in marks:
-            self._write({name: table.filter(pc.equal(table["time"], mark.transaction))
-                         for name, table in outputs.items()}, mark)
+            self._write({name: changes.at(mark.transaction)
+                         for name, changes in outputs.items()}, mark)
 
-    def _write(self, outputs: Mapping[str, pa.Table], mark: Mark) -> None:
+    def _write(self, outputs: Mapping[str, Changes], mark: Mark) -> None:
         def work(conn: PgConnection) -> list[tuple[PostgresTable, int]]:
             row = conn.execute(sql.SQL(
                 'SELECT "transaction" FROM {} WHERE pipeline = %s FOR UPDATE').format(
@@ -125,8 +125,7 @@ class PostgresOutputs:
             for name, changes in outputs.items():
                 for sink in self._tables.get(name, ()):
                     after = done if done is not None else sink.written_through(conn)
-                    new = changes if after is None else changes.filter(
-                        pc.greater(changes["time"], after))
+                    new = changes.after(after)
                     if new.num_rows:
                         refused.append((sink, sink.apply(conn, new)))
             conn.execute(sql.SQL(

@@ -20,6 +20,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from txstream.changes import DIFF, TIME
 from txstream.sinks.change_json import dumps, json_rows
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def record_rejects(conn: PgConnection, db_schema: str, output_table: str,
     ).format(sql.Identifier(db_schema, REJECTS_TABLE))
     with conn.cursor() as cur:
         cur.executemany(statement, [
-            (output_table, row["time"], row["diff"], reason, dumps(row).decode())
+            (output_table, row[TIME], row[DIFF], reason, dumps(row).decode())
             for row, reason in zip(rows, rejects.reasons, strict=True)])
     # The reasons may quote values: they stay in the table, out of the logs.
     log.warning("%s: PostgreSQL refused %d row(s), kept with the reasons in %s.%s",

@@ -25,9 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy, TombstonePurge
 from txstream.schemas.tables import TableSchema
-from txstream.sinks.changes import changes_columns, check_unit_diffs, conform_changes
+from txstream.sinks.conform import conform_changes
 from txstream.sinks.postgres_common import (
     Connection,
     check_identifier,
@@ -139,7 +140,7 @@ class PostgresSnapshotSink(SinkBase):
         return None  # the time guard makes a replay change nothing
 
     def _upsert_statement(self) -> sql.Composed:
-        names = changes_columns(self.schema)
+        names = self.schema.arrow_schema(with_changes=True).names
         columns = sql.SQL(", ").join(sql.Identifier(n) for n in names)
         updates = sql.SQL(", ").join(
             sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n))
@@ -153,19 +154,18 @@ class PostgresSnapshotSink(SinkBase):
         ).format(table=self.table, columns=columns, stage=self._stage, updates=updates,
                  key=sql.SQL(", ").join(sql.Identifier(k) for k in self._key))
 
-    def write(self, changes: pa.Table) -> None:
-        """Apply `changes` (columns + `time` + `diff`, any order, duplicates allowed) atomically;
+    def write(self, changes: Changes) -> None:
+        """Apply `changes` atomically;
         rows PostgreSQL refuses go to the rejects table in the same transaction."""
         self.rejected_rows += self._db.run(lambda conn: self.apply(conn, changes))
 
-    def apply(self, conn: psycopg.Connection[tuple[object, ...]], changes: pa.Table) -> int:
+    def apply(self, conn: psycopg.Connection[tuple[object, ...]], changes: Changes) -> int:
         """`write`, in the caller's transaction (see `txstream.sinks.postgres_outputs`); the number
         of rows refused."""
-        batch = conform_changes(changes, self.schema)
-        if batch.num_rows == 0:
+        conformed = conform_changes(changes, self.schema, by_key=True)
+        if not conformed.num_rows:
             return 0
-        check_unit_diffs(batch)
-        batch = last_change_per_key(batch, self._key)
+        batch = last_change_per_key(conformed.table, self._key)
 
         def upsert(conn: psycopg.Connection[tuple[object, ...]], rows: pa.Table) -> None:
             with conn.cursor() as cur:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-import pyarrow as pa
+from txstream.changes import Changes
 
 
 class SinkError(Exception):
@@ -29,15 +29,15 @@ class SinkWriteError(SinkError):
 class Sink(Protocol):
     """An output connector.
 
-    `changes` holds the output table's columns plus `time` (int64) and `diff` (int64); it is
-    consolidated and may span several consecutive stream transactions. A sink to a
+    `changes` (`txstream.changes.Changes`) holds the output table's columns plus `time` and
+    `diff`; it may span several consecutive stream transactions. A sink to a
     transactional destination (PostgreSQL, Kafka) makes each call atomically visible, or raises
     and makes none of it visible; the file sink's weaker guarantee is in its docstring.
     """
 
     rejected_rows: int  # rows the destination refused, kept aside (never silently dropped)
 
-    def write(self, changes: pa.Table) -> None: ...
+    def write(self, changes: Changes) -> None: ...
 
     def held_through(self) -> int | None:
         """The greatest transaction the destination holds (None: none, or the sink cannot

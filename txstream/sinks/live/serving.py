@@ -23,7 +23,8 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 
-from txstream.sinks.live.table import TIME, LiveTable, LiveTableError
+from txstream.changes import TIME
+from txstream.sinks.live.table import LiveTable, LiveTableError
 from txstream.sinks.live.viewport import Window, sorted_view
 from txstream.updates import TableUpdate
 from txstream.viewports import Viewport, ViewportError

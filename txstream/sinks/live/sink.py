@@ -15,11 +15,10 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from txstream.changes import Changes
 from txstream.sinks.live.serving import LiveTables
-from txstream.sinks.live.table import TIME
 from txstream.sinks.sink import SinkBase, SinkSchemaError
 
 log = logging.getLogger(__name__)
@@ -55,11 +54,10 @@ class LiveSink(SinkBase):
             log.info("live table %s restored as of transaction #%d (%d rows)", output,
                      transaction, saved.num_rows)
 
-    def write(self, changes: pa.Table) -> None:
-        if self._held is not None:
-            changes = changes.filter(pc.greater(changes.column(TIME), self._held))
-        if changes.num_rows:
-            self._tables.publish(self._output, changes)
+    def write(self, changes: Changes) -> None:
+        new = changes.after(self._held)
+        if new.num_rows:
+            self._tables.publish(self._output, new.table)
 
     def held_through(self) -> int | None:
         return self._held

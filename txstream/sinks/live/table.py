@@ -15,11 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from txstream.changes import DIFF
 from txstream.sinks.live.keyspace import allocate
 from txstream.updates import ROW_KEY, TableUpdate, same_values
 
-DIFF = "diff"
-TIME = "time"
 _POS = "__pos"
 _NEW = "__new"
 # Keys grow by shifts; past this the table is keyed anew and subscribers get a snapshot.

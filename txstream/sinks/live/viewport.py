@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from txstream.sinks.live.table import DIFF, TIME, LiveTable
+from txstream.changes import DIFF, TIME
+from txstream.sinks.live.table import LiveTable
 from txstream.updates import ROW_KEY, Shift, TableUpdate, shifted, within
 from txstream.viewports import Viewport, ViewportError
 
