@@ -1,4 +1,6 @@
-"""A live table's change per transaction, Deephaven's way (see ../shared/reference/): rows are
+"""A live table's change per transaction, Deephaven's way (its `TableUpdate`, Barrage's wire
+order); the JSON `updates` format of file and Kafka sinks is another model,
+`txstream.schemas.sinks.UpdateRecord`, which names rows by primary key. Here rows are
 named by *row keys* (int64, ordered as the table is sorted, with gaps), and a `TableUpdate`
 says which keys were removed, how surviving keys moved (`shifts`), which were added and which
 were modified, and in which columns.

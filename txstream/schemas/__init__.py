@@ -1,10 +1,10 @@
-"""Pydantic models that cross module boundaries: table schemas, transactions, change records."""
+"""Pydantic models that cross module boundaries: table schemas, source settings, sink settings,
+Kafka security, the pipeline configuration, recorded input changes."""
 
-from txstream.schemas.changes import ChangeRecord, SourceChange
+from txstream.schemas.changes import SourceChange
 from txstream.schemas.tables import Column, ColumnType, TableSchema, TableSchemaError
 
 __all__ = [
-    "ChangeRecord",
     "Column",
     "ColumnType",
     "SourceChange",

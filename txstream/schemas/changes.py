@@ -24,11 +24,3 @@ class SourceChange(BaseModel):
             raise ValueError("diff must be non-zero (+1 insert, -1 delete)")
         return v
 
-
-class ChangeRecord(BaseModel):
-    """One output change: a row of `table` inserted (diff > 0) or deleted at transaction `time`."""
-
-    table: str
-    time: int
-    diff: int
-    row: dict[str, Any]
