@@ -43,7 +43,7 @@ from pydantic import (
 )
 
 from txstream.schemas.kafka import ENV_VARIABLES, SECRET_FIELDS, KafkaSecurity
-from txstream.schemas.sinks import KafkaSinkSettings, SinkSettings
+from txstream.schemas.sinks import SINK_KINDS, SinkSettings
 from txstream.schemas.sources import BatchPolicy, SourceSpec
 
 ENV_PREFIX = "TXSTREAM_"
@@ -55,7 +55,6 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "SPARK_MASTER": ("spark_master",),
     **{var: ("kafka_security", field) for field, var in ENV_VARIABLES.items()},
 }
-_SINK_KINDS = frozenset({"postgres_snapshot", "postgres_append", "kafka", "file", "live"})
 
 
 class ConfigError(ValueError):
@@ -84,8 +83,8 @@ class SinkConfig(BaseModel):
             return data
         rest = {k: v for k, v in data.items() if k != "output"}
         rest.setdefault("kind", "postgres_snapshot")
-        if isinstance(rest["kind"], str) and rest["kind"].startswith("postgres") \
-                and "output" in data:
+        kind = SINK_KINDS.get(rest["kind"]) if isinstance(rest["kind"], str) else None
+        if kind is not None and "table" in kind.model_fields and "output" in data:
             rest.setdefault("table", data["output"])
         return {"output": data.get("output"), "settings": rest}
 
@@ -190,16 +189,14 @@ class PipelineConfig(BaseModel):
         if not self.kafka_bootstrap_servers:
             problems.append("kafka_bootstrap_servers: no Kafka: set it or "
                             "KAFKA_BOOTSTRAP_SERVERS")
-        if any(s.settings.kind.startswith("postgres") for s in self.sinks) \
-                and not self.database_url:
+        if any(s.settings.writes_postgres for s in self.sinks) and not self.database_url:
             problems.append("database_url: PostgreSQL sinks need DATABASE_URL (or "
                             "TXSTREAM_DATABASE_URL, or DATABASE_URL_FILE)")
         if self.retry_max_backoff_s < self.retry_initial_backoff_s:
             problems.append("retry_max_backoff_s: must be at least retry_initial_backoff_s")
         # A Kafka sink reads back its topic's last transaction to skip replays: a topic shared
         # with another sink would make it skip that one's transactions.
-        kafka_topics = [s.settings.topic for s in self.sinks
-                        if isinstance(s.settings, KafkaSinkSettings)]
+        kafka_topics = [topic for s in self.sinks if (topic := s.settings.kafka_topic)]
         for label, values in (("sources", [s.name for s in self.sources]),
                               ("sources (topics)", [s.topic for s in self.sources]),
                               ("sinks (Kafka topics, one sink each)", kafka_topics)):
@@ -368,7 +365,7 @@ def _describe(err: Any, sources: dict[str, str]) -> str:
     if "settings" in parts:
         at = parts.index("settings")
         tail = parts[at + 1:]
-        parts = parts[:at] + (tail[1:] if tail and tail[0] in _SINK_KINDS else tail)
+        parts = parts[:at] + (tail[1:] if tail and tail[0] in SINK_KINDS else tail)
     path = ".".join(parts) or "(top level)"
     msg = err["msg"].removeprefix("Value error, ")
     origin = next((var for p, var in sources.items() if path == p or path.startswith(p + ".")),

@@ -1,10 +1,14 @@
 """Models of the output side: sink settings (`SinkSettings`, one per kind, told apart by
-`kind`) and the Deephaven-style update record."""
+`kind`) and the Deephaven-style update record.
+
+What the service needs to know about a sink's kind (does it write PostgreSQL, serve a live
+table, which topic does it own, how is its destination named in a message) is asked of its
+settings class, which answers for its own kind: no caller compares `kind` strings."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -45,7 +49,9 @@ class ModifiedRow(BaseModel):
 
 
 class UpdateRecord(BaseModel):
-    """One table's update in one transaction, in Deephaven's terms.
+    """One table's update in one transaction, in Deephaven's terms: the `updates` format of the
+    file and Kafka sinks (JSON). Rows are named by their primary key; the live tables' update,
+    which names rows by row keys and says how they shift, is `txstream.updates.TableUpdate`.
 
     A key with both a deletion and an insertion in the transaction is modified; a key with only
     an insertion is added, only a deletion removed. `modified_columns` is the set of columns
@@ -66,18 +72,82 @@ class UpdateRecord(BaseModel):
         return self
 
 
-class _PostgresTableSettings(BaseModel):
-    """The table a PostgreSQL sink writes, how it is managed, and how failures are retried."""
+class _SinkSettings(BaseModel):
+    """What every kind of sink settings answers; each kind overrides what differs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str
+
+    @property
+    def postgres(self) -> PostgresTableSettings | None:
+        """These settings as a PostgreSQL table's, None for a sink of another kind."""
+        return None
+
+    @property
+    def writes_postgres(self) -> bool:
+        """Whether the sink writes a PostgreSQL table (committed with the progress row)."""
+        return self.postgres is not None
+
+    @property
+    def serves_live(self) -> bool:
+        """Whether the sink keeps a live table in the service."""
+        return False
+
+    @property
+    def kafka_topic(self) -> str | None:
+        """The Kafka topic the sink writes, None for a sink of another kind."""
+        return None
+
+    @property
+    def dependency(self) -> str:
+        """The name readiness and the log give the sink's destination while it is down."""
+        return f"{self.kind} sink"
+
+    @property
+    def replaces(self) -> bool:
+        """Whether a start from scratch recreates the destination (`mode: replace`)."""
+        return False
+
+    def resumed(self) -> Self:
+        """The settings for a run that resumes: a destination holding the transactions the
+        checkpoint continues is never recreated."""
+        return self
+
+    def destination(self) -> str:
+        """Where the sink writes, for messages: `table s.t`, `file p`, `topic t`."""
+        raise NotImplementedError
+
+
+class PostgresTableSettings(_SinkSettings):
+    """The table a PostgreSQL sink writes, how it is managed, and how failures are retried."""
 
     table: str
     db_schema: str = "public"
     mode: Literal["create", "replace"] = "create"
     retry: RetryPolicy = RetryPolicy()
 
+    @property
+    def postgres(self) -> PostgresTableSettings:
+        return self
 
-class PostgresSnapshotSettings(_PostgresTableSettings):
+    @property
+    def dependency(self) -> str:
+        # Every PostgreSQL sink shares one server (and one transaction per batch).
+        return "postgresql"
+
+    @property
+    def replaces(self) -> bool:
+        return self.mode == "replace"
+
+    def resumed(self) -> Self:
+        return self.model_copy(update={"mode": "create"}) if self.replaces else self
+
+    def destination(self) -> str:
+        return f"table {self.db_schema}.{self.table}"
+
+
+class PostgresSnapshotSettings(PostgresTableSettings):
     """A live snapshot in PostgreSQL (`txstream.sinks.postgres_snapshot`)."""
 
     kind: Literal["postgres_snapshot"] = "postgres_snapshot"
@@ -85,16 +155,14 @@ class PostgresSnapshotSettings(_PostgresTableSettings):
     purge: TombstonePurge | None = None
 
 
-class PostgresAppendSettings(_PostgresTableSettings):
+class PostgresAppendSettings(PostgresTableSettings):
     """Every change appended to a PostgreSQL table (`txstream.sinks.postgres_append`)."""
 
     kind: Literal["postgres_append"] = "postgres_append"
 
 
-class KafkaSinkSettings(BaseModel):
+class KafkaSinkSettings(_SinkSettings):
     """Changes or update records to a Kafka topic, transactionally (`txstream.sinks.kafka_sink`)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["kafka"] = "kafka"
     topic: str
@@ -113,27 +181,45 @@ class KafkaSinkSettings(BaseModel):
                              "which every Kafka client of the service shares; remove them here")
         return value
 
+    @property
+    def kafka_topic(self) -> str:
+        return self.topic
 
-class FileSinkSettings(BaseModel):
+    def destination(self) -> str:
+        return f"topic {self.topic}"
+
+
+class FileSinkSettings(_SinkSettings):
     """Changes (JSON lines or CSV) or update records appended to a file
     (`txstream.sinks.file_sink`)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["file"] = "file"
     path: Path
     format: Literal["jsonl", "csv", "updates"] = "jsonl"
 
+    def destination(self) -> str:
+        return f"file {self.path}"
 
-class LiveSinkSettings(BaseModel):
+
+class LiveSinkSettings(_SinkSettings):
     """The output kept as a live table in the service and served over Arrow Flight
     (`txstream.sinks.live`; the endpoint is configured by `PipelineConfig.live`). Keyed outputs
     only."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     kind: Literal["live"] = "live"
 
+    @property
+    def serves_live(self) -> bool:
+        return True
+
+    def destination(self) -> str:
+        return "its table saved in live.state_dir"
+
+
+SINK_KINDS: dict[str, type[_SinkSettings]] = {
+    cls.model_fields["kind"].default: cls for cls in (
+        PostgresSnapshotSettings, PostgresAppendSettings, KafkaSinkSettings, FileSinkSettings,
+        LiveSinkSettings)}
 
 SinkSettings = Annotated[
     PostgresSnapshotSettings | PostgresAppendSettings | KafkaSinkSettings | FileSinkSettings

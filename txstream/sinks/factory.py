@@ -11,6 +11,7 @@ from txstream.schemas.sinks import (
     LiveSinkSettings,
     PostgresAppendSettings,
     PostgresSnapshotSettings,
+    PostgresTableSettings,
     SinkSettings,
 )
 from txstream.schemas.tables import TableSchema
@@ -22,6 +23,28 @@ from txstream.sinks.postgres_append import PostgresAppendSink
 from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
 from txstream.sinks.sink import Sink, SinkSchemaError
 
+# A sink that is also a `txstream.sinks.postgres_outputs.PostgresTable` (written inside the
+# transaction that commits the progress row).
+PostgresSink = PostgresSnapshotSink | PostgresAppendSink
+
+
+def open_postgres_sink(settings: PostgresTableSettings, output: str, schema: TableSchema, *,
+                       database_url: str | None) -> PostgresSink:
+    """The PostgreSQL sink `settings` describe for the output table `output` with `schema`."""
+    if not database_url:
+        raise SinkSchemaError(f"the {settings.kind} sink of {output!r} needs a database URL")
+    match settings:
+        case PostgresSnapshotSettings():
+            return PostgresSnapshotSink(
+                database_url, settings.table, schema, db_schema=settings.db_schema,
+                mode=settings.mode, live_view=settings.live_view, retry=settings.retry,
+                purge=settings.purge)
+        case PostgresAppendSettings():
+            return PostgresAppendSink(database_url, settings.table, schema,
+                                      db_schema=settings.db_schema, mode=settings.mode,
+                                      retry=settings.retry)
+    raise SinkSchemaError(f"no PostgreSQL sink of kind {settings.kind!r}")
+
 
 def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
               database_url: str | None = None, kafka_bootstrap_servers: str | None = None,
@@ -31,21 +54,10 @@ def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
     connects with `kafka_security`; a live sink writes into `live`, saved in
     `live_state_dir`."""
     match settings:
-        case PostgresSnapshotSettings() | PostgresAppendSettings() if not database_url:
-            raise SinkSchemaError(f"the {settings.kind} sink of {output!r} needs a database URL")
+        case PostgresSnapshotSettings() | PostgresAppendSettings():
+            return open_postgres_sink(settings, output, schema, database_url=database_url)
         case KafkaSinkSettings() if not kafka_bootstrap_servers:
             raise SinkSchemaError(f"the Kafka sink of {output!r} needs bootstrap servers")
-        case PostgresSnapshotSettings():
-            assert database_url is not None
-            return PostgresSnapshotSink(
-                database_url, settings.table, schema, db_schema=settings.db_schema,
-                mode=settings.mode, live_view=settings.live_view, retry=settings.retry,
-                purge=settings.purge)
-        case PostgresAppendSettings():
-            assert database_url is not None
-            return PostgresAppendSink(database_url, settings.table, schema,
-                                      db_schema=settings.db_schema, mode=settings.mode,
-                                      retry=settings.retry)
         case KafkaSinkSettings():
             assert kafka_bootstrap_servers is not None
             return KafkaSink(kafka_bootstrap_servers, settings.topic, output, schema,
