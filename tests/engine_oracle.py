@@ -20,6 +20,7 @@ import duckdb
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from txstream.changes import Changes as ChangeTable
 from txstream.engine import Engine, Pipeline, Table
 from txstream.engine import reducers as r
 from txstream.engine.engine import INDEX_ROWS, INTERPRETED_ROWS
@@ -491,6 +492,20 @@ def multiset_diff(got: Sequence[Row], want: Sequence[Row], limit: int = 8) -> st
 
 # --- running the engine -----------------------------------------------------------------------
 
+def engine_input(tables: Mapping[str, pa.Table]) -> dict[str, ChangeTable]:
+    """Arrow tables of changes (a table's columns, `time` and `diff`) as `Engine.process` takes
+    them, wrapped as they are: the workloads' are deliberately not consolidated, which the
+    engine must take (it consolidates its input)."""
+    return {name: ChangeTable.of(table) for name, table in tables.items()}
+
+
+def process(engine: Engine, tables: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
+    """`engine.process` of `tables` (see `engine_input`): each output's changes, checked to be
+    consolidated and ordered (`Changes.validate`), as a table."""
+    return {name: out.validate().table
+            for name, out in engine.process(engine_input(tables)).items()}
+
+
 def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[SourceSpec],
                  outputs: Mapping[str, Columns], transactions: Sequence[Transaction],
                  expected: Sequence[Mapping[str, Sequence[Row]]], batch_size: int,
@@ -525,7 +540,7 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
                        for row, diff in transactions[t - 1].get(s.name, [])]
             batch[s.name] = s.arrow([c[0] for c in changes], [c[1] for c in changes],
                                     [c[2] for c in changes])
-        result = engine.process(batch)
+        result = process(engine, batch)
         assert engine.last_batch is not None
         rebound += engine.last_batch.rebound
         probed += engine.last_batch.indexes > 0

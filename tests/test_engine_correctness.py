@@ -24,6 +24,7 @@ from engine_oracle import (
     check_engine,
     expected_tables,
     multiset_diff,
+    process,
     random_transactions,
     same_multiset,
 )
@@ -256,8 +257,8 @@ def _insert_once(spark: SparkSession, spec: SourceSpec, build: Callable[[Table],
     """The output of `build(source)` (its key inferred) after one transaction inserting rows."""
     p = Pipeline()
     p.output("out", build(p.source(spec.name, spec.schema)))
-    out = Engine(p, spark).process({spec.name: spec.arrow(rows, [1] * len(rows),
-                                                          [1] * len(rows))})["out"]
+    out = process(Engine(p, spark), {spec.name: spec.arrow(rows, [1] * len(rows),
+                                                           [1] * len(rows))})["out"]
     return out.to_pylist()
 
 
@@ -276,6 +277,24 @@ def test_inferred_output_key_with_nulls(spark: SparkSession, build: Callable[[Ta
     infers must not make that row unrepresentable (`process` raised pyarrow's "Casting field
     'k' with null values to non-nullable")."""
     assert _insert_once(spark, NULLABLE, build, [(None, 1.0)]) == [{**row, "time": 1, "diff": 1}]
+
+
+def test_each_operator_infers_its_output_key(spark: SparkSession) -> None:
+    p = Pipeline()
+    t = p.source("t", TableSchema.of({"id": "bigint", "k": "bigint", "v": "double"},
+                                     primary_key=["id"]))
+    u = p.source("u", TableSchema.of({"k": "bigint", "w": "double"}, primary_key=["k"]))
+    p.output("filtered", t.filter("v > 0").select("id", "k", x="v * 2"))
+    p.output("renamed", t.select("k", id2="id"))
+    p.output("groups", t.groupby("k").reduce(n=r.count()))
+    p.output("rows", t.select("k", "v").distinct())
+    p.output("joined", t.join(u, "k"))
+    p.output("pairs", t.join(t.select("k", id2="id"), "k"))
+    p.output("outer", t.join(u, "k", "left"))
+    p.output("given", t.select("k", "v"), primary_key=["k"])
+    keys = {name: out.schema.primary_key for name, out in Engine(p, spark).outputs.items()}
+    assert keys == {"filtered": ("id",), "renamed": (), "groups": ("k",), "rows": ("k", "v"),
+                    "joined": ("id",), "pairs": (), "outer": (), "given": ("k",)}
 
 
 INTERNAL_NAMES = SourceSpec("t", TableSchema.of({"_after": "bigint", "_cnt": "bigint"}), {})

@@ -12,11 +12,12 @@ from time import sleep
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from engine_oracle import process
 from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError
-from txstream.engine import engine as engine_module
 from txstream.engine import reducers as r
+from txstream.engine.operators import rowwise
 from txstream.examples.groupby import pipeline as groupby_pipeline
 from txstream.examples.order_events import as_changes, events
 from txstream.examples.orders import pipeline as orders_pipeline
@@ -27,14 +28,14 @@ def test_a_lone_transaction_of_the_example_runs_one_spark_job(spark: SparkSessio
     engine = Engine(orders_pipeline(), spark)
     stream = events(random.Random(7), 50)
     rows: dict[str, dict[int, dict[str, object]]] = {}
-    engine.process(as_changes([next(stream) for _ in range(2_000)], rows, 1))
+    process(engine, as_changes([next(stream) for _ in range(2_000)], rows, 1))
     for time in range(2, 5):  # warm-up: the first batches after a load merge state runs
-        engine.process(as_changes([next(stream) for _ in range(10)], rows, time))
+        process(engine, as_changes([next(stream) for _ in range(10)], rows, time))
     sc = spark.sparkContext
     sc.setJobGroup("test-outside-the-engine", "jobs the engine runs outside its one action")
     try:
         for time in range(5, 8):
-            engine.process(as_changes([next(stream) for _ in range(10)], rows, time))
+            process(engine, as_changes([next(stream) for _ in range(10)], rows, time))
             assert engine.last_batch is not None
             assert 1 <= engine.last_batch.jobs <= 3, engine.last_batch
             # One partition throughout: no shuffle, so the job is a single stage.
@@ -65,12 +66,12 @@ def test_lone_transactions_keep_no_earlier_batch_in_memory(spark: SparkSession) 
     engine = Engine(orders_pipeline(), spark)
     stream = events(random.Random(3), 50)
     rows: dict[str, dict[int, dict[str, object]]] = {}
-    engine.process(as_changes([next(stream) for _ in range(2_000)], rows, 1))
+    process(engine, as_changes([next(stream) for _ in range(2_000)], rows, 1))
     for t in range(2, 12):
-        engine.process(as_changes([next(stream) for _ in range(10)], rows, t))
+        process(engine, as_changes([next(stream) for _ in range(10)], rows, t))
     before = _cached_rdds(spark)
     for t in range(12, 52):
-        engine.process(as_changes([next(stream) for _ in range(10)], rows, t))
+        process(engine, as_changes([next(stream) for _ in range(10)], rows, t))
     after = _cached_rdds(spark)
     assert after < before + 200, f"{after - before} more cached RDDs after 40 batches"
 
@@ -87,7 +88,7 @@ def test_lookups_probe_the_index_of_a_large_run(spark: SparkSession) -> None:
 
     def same(changes: dict[str, pa.Table]) -> bool:
         """Both engines' outputs, each in one order (an engine orders only by time and diff)."""
-        a, b = indexed.process(changes), streamed.process(changes)
+        a, b = process(indexed, changes), process(streamed, changes)
         return all(a[n].sort_by([(c, "ascending") for c in a[n].column_names])
                    == b[n].sort_by([(c, "ascending") for c in b[n].column_names]) for n in a)
 
@@ -123,28 +124,28 @@ def _rows(changes: list[tuple[int, float, int]], time: int) -> dict[str, pa.Tabl
 def test_double_sums_are_exact_and_invertible(spark: SparkSession) -> None:
     engine = _sums_engine(spark)
     values = [1751.37, 0.1, 0.2, 0.3, 1e-9, 123456789.987654321]
-    engine.process(_rows([(0, values[0], 1)], 1))
+    process(engine, _rows([(0, values[0], 1)], 1))
     for i, v in enumerate(values[1:], start=1):  # up, one value per transaction...
-        engine.process(_rows([(i, v, 1)], 1 + i))
+        process(engine, _rows([(i, v, 1)], 1 + i))
     for i, v in enumerate(values[1:], start=1):  # ...and back down
-        out = engine.process(_rows([(i, v, -1)], 10 + i))["s"]
+        out = process(engine, _rows([(i, v, -1)], 10 + i))["s"]
     last = out.filter(pc.equal(out["diff"], 1)).to_pylist()
     assert last[0]["s"] == 1751.37 and last[0]["a"] == 1751.37
     # Present values sum exactly: the result is the double nearest the decimal sum.
-    out = engine.process(_rows([(i, v, 1) for i, v in enumerate(values[1:], start=1)], 20))["s"]
+    out = process(engine, _rows([(i, v, 1) for i, v in enumerate(values[1:], start=1)], 20))["s"]
     exact = float(sum(Decimal(repr(v)) for v in values))
     assert out.filter(pc.equal(out["diff"], 1))["s"].to_pylist() == [exact]
     # The same values removed and inserted again (other rows): nothing changed, nothing emitted.
     swapped = [(i, v, -1) for i, v in enumerate(values[1:], start=1)] \
         + [(100 + i, v, 1) for i, v in enumerate(values[1:], start=1)]
-    assert engine.process(_rows(swapped, 21))["s"].num_rows == 0
+    assert process(engine, _rows(swapped, 21))["s"].num_rows == 0
 
 
 def test_double_sums_count_infinities_and_nan(spark: SparkSession) -> None:
     engine = _sums_engine(spark)
 
     def after(changes: list[tuple[int, float, int]], time: int) -> float:
-        out = engine.process(_rows(changes, time))["s"]
+        out = process(engine, _rows(changes, time))["s"]
         return out.filter(pc.equal(out["diff"], 1))["s"][0].as_py()
 
     assert after([(0, 2.5, 1), (1, float("inf"), 1)], 1) == float("inf")
@@ -178,7 +179,7 @@ def test_decimal_reducers_are_exact(spark: SparkSession) -> None:
             else:
                 live[i] = rng.choice(values)
                 changes.append((i, live[i], 1))
-        out = engine.process({"t": pa.table({
+        out = process(engine, {"t": pa.table({
             "id": [c[0] for c in changes], "k": [1] * len(changes),
             "v": pa.array([c[1] for c in changes], pa.decimal128(20, 4)),
             "time": [time] * len(changes), "diff": [c[2] for c in changes]})})["s"]
@@ -209,7 +210,7 @@ def test_a_failed_batch_leaves_the_state_as_it_was(spark: SparkSession) -> None:
     engine = Engine(p, spark)
 
     def batch(rows: list[tuple[int, int, int, int]], time: int) -> pa.Table:
-        return engine.process({"t": pa.table({
+        return process(engine, {"t": pa.table({
             "id": [x[0] for x in rows], "k": [x[1] for x in rows], "d": [x[2] for x in rows],
             "time": [time] * len(rows), "diff": [x[3] for x in rows]})})["n"]
 
@@ -227,18 +228,18 @@ def test_a_failed_batch_leaves_the_state_as_it_was(spark: SparkSession) -> None:
 
 def test_a_large_input_enters_as_arrow_batches_with_the_same_result(
         spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
-    n = engine_module.ARROW_INPUT_ROWS + 10_000
+    n = rowwise.ARROW_INPUT_ROWS + 10_000
     i = pa.array(range(3 * n), pa.int64())
     inserts = pa.table({"k": pc.divide(i, 7), "v": i, "time": pc.add(pc.divide(i, 20_000), 1),
                        "diff": pa.array([1] * (3 * n), pa.int64())})
     batches = [{"events": inserts.slice(lo, n)} for lo in range(0, 3 * n, n)]
     engine = Engine(groupby_pipeline(), spark)
-    as_batches = [engine.process(batch)["sums"] for batch in batches]
+    as_batches = [process(engine, batch)["sums"] for batch in batches]
     assert engine.last_batch is not None and engine.last_batch.rebound, \
         "a large batch reuses the plans of the one before of the same shape"
-    monkeypatch.setattr(engine_module, "ARROW_INPUT_ROWS", 3 * n)
+    monkeypatch.setattr(rowwise, "ARROW_INPUT_ROWS", 3 * n)
     engine = Engine(groupby_pipeline(), spark)
-    as_rows = [engine.process(batch)["sums"] for batch in batches]
+    as_rows = [process(engine, batch)["sums"] for batch in batches]
     assert [t.equals(r) for t, r in zip(as_batches, as_rows, strict=True)] == [True] * 3
     changes = pa.concat_tables(as_batches)
     net = changes.group_by(["k", "count", "total"]).aggregate([("diff", "sum")])

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from engine_oracle import process
 
-from txstream.engine import Engine, EngineStateError, Pipeline
+from txstream.changes import Changes
+from txstream.engine import Engine, EngineInputError, EngineStateError, Pipeline
 from txstream.engine import reducers as r
 from txstream.examples.orders import pipeline
 from txstream.schemas.tables import TableSchema
@@ -33,21 +35,21 @@ def _sorted(tables: dict[str, pa.Table]) -> dict[str, list[dict]]:  # type: igno
 
 def test_saved_state_continues_the_stream(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     straight = Engine(pipeline(), spark)
-    straight.process({"customers": CUSTOMERS, "orders": FIRST})
-    expected = _sorted(straight.process({"orders": SECOND}))
+    process(straight, {"customers": CUSTOMERS, "orders": FIRST})
+    expected = _sorted(process(straight, {"orders": SECOND}))
 
     first = Engine(pipeline(), spark)
-    first.process({"customers": CUSTOMERS, "orders": FIRST})
+    process(first, {"customers": CUSTOMERS, "orders": FIRST})
     first.save_state(str(tmp_path / "state"))
     resumed = Engine(pipeline(), spark)
     resumed.load_state(str(tmp_path / "state"))
-    assert _sorted(resumed.process({"orders": SECOND})) == expected
+    assert _sorted(process(resumed, {"orders": SECOND})) == expected
     assert any(expected.values())
 
 
 def test_state_of_another_pipeline_is_refused(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     first = Engine(pipeline(), spark)
-    first.process({"customers": CUSTOMERS, "orders": FIRST})
+    process(first, {"customers": CUSTOMERS, "orders": FIRST})
     first.save_state(str(tmp_path / "state"))
     other = Pipeline()
     t = other.source("orders", TableSchema.of({"order_id": "bigint", "amount": "double"}))
@@ -56,3 +58,22 @@ def test_state_of_another_pipeline_is_refused(spark, tmp_path: Path) -> None:  #
         Engine(other, spark).load_state(str(tmp_path / "state"))
     with pytest.raises(EngineStateError, match="no complete engine state"):
         Engine(other, spark).load_state(str(tmp_path / "missing"))
+
+
+def test_state_names_are_the_layout_of_a_saved_state(spark) -> None:  # type: ignore[no-untyped-def]
+    """Each operator declares its states by name, and each name is a directory of a saved
+    state: a renamed state would load empty from an earlier checkpoint, so they stay."""
+    engine = Engine(pipeline(), spark)
+    assert list(engine.version().states) == [
+        "003-JoinOp-left_state", "003-JoinOp-right_state", "005-ReduceOp-acc_state",
+        "005-ReduceOp-value_states.0", "007-JoinOp-left_state", "007-JoinOp-right_state",
+        "009-DistinctOp-state", "010-JoinOp-left_state", "010-JoinOp-right_state",
+        "015-ReduceOp-acc_state", "018-DistinctOp-state"]
+
+
+def test_changes_enter_as_changes(spark) -> None:  # type: ignore[no-untyped-def]
+    engine = Engine(pipeline(), spark)
+    with pytest.raises(EngineInputError, match=r"must be txstream\.changes\.Changes"):
+        engine.process({"orders": FIRST})  # type: ignore[dict-item]
+    with pytest.raises(EngineInputError, match="lack column"):
+        engine.process({"orders": Changes.of(FIRST.drop_columns(["status"]))})

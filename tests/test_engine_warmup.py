@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from engine_oracle import process
 from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, EngineStateError, Pipeline
@@ -26,7 +27,7 @@ EVERY_TYPE = TableSchema.of({"a": "bigint", "b": "int", "c": "double", "d": "tex
 
 def test_synthetic_changes_fit_every_column_type() -> None:
     ids = np.arange(1_000, 1_500)
-    table = synthetic_changes(EVERY_TYPE, ids, (6, 10), -1)
+    table = synthetic_changes(EVERY_TYPE, ids, (6, 10), -1).validate().table
     assert table.schema == EVERY_TYPE.arrow_schema(with_changes=True)
     assert table.num_rows == 500 and table.column("a").to_pylist() == ids.tolist()
     assert table.column("d").to_pylist()[:2] == ["1000", "1001"]
@@ -54,7 +55,7 @@ def test_a_warmed_up_engine_computes_what_a_fresh_one_does(spark: SparkSession) 
     assert warmed.last_batch is None and warmed.totals.jobs == 0
     fresh = Engine(orders_pipeline(), spark)
     for i, batch in enumerate(_stream(3)):
-        ours, theirs = warmed.process(batch), fresh.process(batch)
+        ours, theirs = process(warmed, batch), process(fresh, batch)
         assert ours.keys() == theirs.keys()
         assert all(ours[name].equals(theirs[name]) for name in ours), f"batch {i}"
         if i == 0:
@@ -86,7 +87,7 @@ def test_a_failed_warm_up_is_logged_and_leaves_the_engine_fresh(
     assert logged in caplog.text, caplog.text
     assert engine.last_batch is None
     assert all(not state.runs for state, _ in engine.version().states.values())
-    out = engine.process({"events": pa.table({"k": [1, 1, 2], "v": [0, 0, 0], "time": [1] * 3,
-                                              "diff": [1] * 3})})["out"]
+    out = process(engine, {"events": pa.table({"k": [1, 1, 2], "v": [0, 0, 0], "time": [1] * 3,
+                                               "diff": [1] * 3})})["out"]
     assert sorted(out.select(["k", "n", "diff"]).to_pylist(), key=lambda row: row["k"]) == [
         {"k": 1, "n": 2, "diff": 1}, {"k": 2, "n": 1, "diff": 1}]

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pyspark.sql import DataFrame, SparkSession
 
-from txstream.engine.leaves import cached_relation, frame_of
+from txstream.engine.spark_internals import cached_relation, frame_of
 from txstream.engine.state import Run, StagedRuns, ZSetState
 
 

@@ -28,16 +28,15 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from py4j.java_gateway import JavaObject
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import Column as PyColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from txstream.changes import Changes, consolidate, order
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import DIFF, PART, TIME
-from txstream.engine.consolidation import consolidate_arrow
 from txstream.engine.errors import (
     EngineInputError,
     EngineStateError,
@@ -45,32 +44,18 @@ from txstream.engine.errors import (
     PipelineDefinitionError,
 )
 from txstream.engine.frames import col, union_all
-from txstream.engine.leaves import analyzed, local_rows_of, rdd_leaf
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
-from txstream.engine.operators.base import first_line
+from txstream.engine.operators.base import Key, first_line
+from txstream.engine.spark_internals import plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import Runs, StagedRuns, ZSetState
-from txstream.engine.table import (
-    DistinctNode,
-    FilterNode,
-    JoinNode,
-    NegateNode,
-    Node,
-    Pipeline,
-    ReduceNode,
-    SelectNode,
-    SourceNode,
-)
+from txstream.engine.table import Node, Pipeline
 from txstream.engine.templates import Template, instantiate, record
 from txstream.engine.warmup import synthetic_changes
 from txstream.schemas.tables import Column, ColumnType, TableSchema
 
 log = logging.getLogger(__name__)
 
-# From this many rows on, a source's changes enter Spark as Arrow batches (see Engine._input).
-ARROW_INPUT_ROWS = 50_000
-# Below this size, createDataFrame converts Arrow data to rows on the driver.
-_LOCAL_RELATION_BYTES = "spark.sql.execution.arrow.localRelationThreshold"
 # A batch that rewrites fewer rows than this (input plus the state runs it merges) evaluates its
 # expressions interpreted. Spark otherwise canonicalizes and looks up the generated code of
 # every projection and predicate of the plan in each task, which costs a lone transaction
@@ -86,15 +71,6 @@ INDEX_ROWS = 1_000_000
 _TEMPLATES = 64
 # SQLSTATE class 22: the data made an expression fail (division by zero, invalid cast, overflow).
 _DATA_EXCEPTION = "22"
-
-
-def _expressions(node: Node) -> list[str]:
-    """The user's SQL text in a node."""
-    if isinstance(node, SelectNode):
-        return [expr for _, expr in node.exprs]
-    if isinstance(node, FilterNode):
-        return [node.predicate]
-    return []
 
 
 @dataclass(frozen=True)
@@ -131,6 +107,32 @@ class OutputTable:
     node: Node
 
 
+def _output_column(part: int) -> str:
+    """The column of a batch's one result that holds output number `part`'s changes."""
+    return f"__out{part}"
+
+
+def _table_schema(name: str, schema: StructType, key: tuple[str, ...] | None, inferred: Key
+                  ) -> TableSchema:
+    """An output's schema: its columns, and its primary key (`key`, else the one the DAG
+    shows, else none)."""
+    primary_key = key if key is not None else (inferred or ())
+    missing = [k for k in primary_key if k not in schema.names]
+    if missing:
+        raise PipelineDefinitionError(
+            f"output {name!r}: primary key column(s) {', '.join(missing)} not in "
+            f"{', '.join(schema.names)}"
+        )
+    # Every column may hold nulls, keys too: a group-by key or a distinct row can be null.
+    return TableSchema(
+        columns=tuple(
+            Column(name=f.name, type=ColumnType.from_spark(f.dataType.simpleString()))
+            for f in schema.fields
+        ),
+        primary_key=tuple(primary_key),
+    )
+
+
 class Engine:
     """Runs one pipeline. Not thread-safe: one batch at a time, in transaction order."""
 
@@ -139,17 +141,17 @@ class Engine:
         if not pipeline.outputs:
             raise PipelineDefinitionError("the pipeline has no outputs: call pipeline.output(...)")
         self.spark = spark
-        self.pipeline = pipeline
         self.interpreted_rows = interpreted_rows
         self.index_rows = index_rows
         self._ops: list[Operator] = []
         by_id: dict[int, Operator] = {}
+        keys: dict[int, Key] = {}  # a set of unique columns of each node, where one is known
         for node in pipeline.nodes():
             op_type = OPERATORS[type(node)]
             op = op_type(spark, node, [by_id[i.id].schema for i in node.inputs])
             by_id[node.id] = op
+            keys[node.id] = op.key([keys[i.id] for i in node.inputs])
             self._ops.append(op)
-        self._by_id = by_id
         # A delta read by several operators or outputs is computed once (BatchPlan.shared).
         self._consumers = Counter(i.id for op in self._ops for i in op.node.inputs)
         self._consumers.update(out.node.id for out in pipeline.outputs.values())
@@ -157,14 +159,11 @@ class Engine:
         self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
         self.index_bytes = 0  # driver memory the state indexes hold
         self.outputs = {
-            name: OutputTable(name, self._table_schema(name, by_id[out.node.id].schema,
-                                                       out.primary_key, out.node), out.node)
+            name: OutputTable(name, _table_schema(name, by_id[out.node.id].schema,
+                                                  out.primary_key, keys[out.node.id]), out.node)
             for name, out in pipeline.outputs.items()
         }
-        self.sources = {
-            op.node.name: op for op in self._ops
-            if isinstance(op, SourceOp) and isinstance(op.node, SourceNode)
-        }
+        self.sources = {op.name: op for op in self._ops if isinstance(op, SourceOp)}
         self._part_of = {name: i for i, name in enumerate(self.outputs)}
         self._tagging = self._tag_columns()
         self._templates: dict[tuple[object, ...], Template] = {}
@@ -182,109 +181,29 @@ class Engine:
             names = outputs[part].schema.names if part >= 0 else []
             return [F.lit(part).alias(PART), *[
                 (F.struct(*[col(c) for c in [*names, TIME, DIFF]]) if i == part
-                 else F.lit(None)).cast(s).alias(f"__out{i}") for i, s in enumerate(structs)]]
+                 else F.lit(None)).cast(s).alias(_output_column(i)) for i, s in enumerate(structs)]]
 
         return {None: layout(-1), **{name: layout(i) for name, i in self._part_of.items()}}
 
-    def _table_schema(self, name: str, schema: StructType, key: tuple[str, ...] | None,
-                      node: Node) -> TableSchema:
-        inferred = self._key_of(node)
-        primary_key = key if key is not None else (inferred or ())
-        missing = [k for k in primary_key if k not in schema.names]
-        if missing:
-            raise PipelineDefinitionError(
-                f"output {name!r}: primary key column(s) {', '.join(missing)} not in "
-                f"{', '.join(schema.names)}"
-            )
-        # Every column may hold nulls, keys too: a group-by key or a distinct row can be null.
-        return TableSchema(
-            columns=tuple(
-                Column(name=f.name, type=ColumnType.from_spark(f.dataType.simpleString()))
-                for f in schema.fields
-            ),
-            primary_key=tuple(primary_key),
-        )
-
-    def _key_of(self, node: Node) -> tuple[str, ...] | None:
-        """A set of columns that is unique in the table, when the DAG shows one."""
-        if isinstance(node, SourceNode):
-            return (node.schema.primary_key or None) if node.schema else None
-        if isinstance(node, FilterNode | NegateNode):
-            return self._key_of(node.inputs[0])
-        if isinstance(node, SelectNode):
-            key = self._key_of(node.inputs[0])
-            plain = {name for name, expr in node.exprs if expr == f"`{name}`"}
-            return key if key is not None and set(key) <= plain else None
-        if isinstance(node, JoinNode):
-            left, right = (self._key_of(i) for i in node.inputs)
-            on = set(node.on)
-            if left is not None and right is not None and set(right) <= on:
-                return left
-            if left is not None and right is not None and set(left) <= on:
-                return right
-            if left is not None and right is not None:
-                return tuple(dict.fromkeys(left + right))
-            return None
-        if isinstance(node, DistinctNode):
-            return tuple(self._by_id[node.id].schema.names)
-        if isinstance(node, ReduceNode):
-            return node.keys
-        return None
-
-    def _prepared(self, op: SourceOp, changes: pa.Table) -> pa.Table:
-        """The source's changes of a batch, checked against its schema and consolidated."""
-        name = op.node.label
-        want = [*op.columns, TIME, DIFF]
-        missing = [c for c in want if c not in changes.column_names]
-        if missing:
-            raise EngineInputError(f"{name}: changes lack column(s) {', '.join(missing)}")
-        assert isinstance(op.node, SourceNode) and op.node.schema is not None
-        arrow_schema = op.node.schema.arrow_schema(with_changes=True)
-        try:
-            typed = changes.select(want).cast(arrow_schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise EngineInputError(f"{name}: changes do not fit the schema: {exc}") from exc
-        return consolidate_arrow(typed, op.columns)
-
-    def _input(self, op: SourceOp, changes: pa.Table) -> tuple[JavaObject, JavaObject]:
-        """The source's changes of a batch as an RDD of rows, with no Spark job, and the
-        attributes of a leaf over it (a leaf a template can rebind). Small ones are the
-        driver's rows, converted on the driver and shipped in the task; from ARROW_INPUT_ROWS
-        rows on, Arrow record batches the batch's task converts, columnar until then: driver
-        rows of a 500k-row batch made it a quarter slower."""
-        assert isinstance(op.node, SourceNode) and op.node.schema is not None
-        spark_schema = StructType.fromDDL(op.node.schema.spark_ddl(with_changes=True))
-        prepared = self._prepared(op, changes)
-        if changes.num_rows < ARROW_INPUT_ROWS:
-            local = analyzed(self.spark.createDataFrame(prepared, schema=spark_schema))
-            return local.output(), local_rows_of(self.spark, local)
-        conf = self.spark.conf
-        previous = conf.get(_LOCAL_RELATION_BYTES, None)
-        conf.set(_LOCAL_RELATION_BYTES, "0")  # Spark otherwise converts them on the driver
-        try:
-            batches = analyzed(self.spark.createDataFrame(prepared, schema=spark_schema))
-        finally:
-            if previous is None:
-                conf.unset(_LOCAL_RELATION_BYTES)
-            else:
-                conf.set(_LOCAL_RELATION_BYTES, previous)
-        return batches.output(), batches.rdd()
-
-    def _shape(self, changes: Mapping[str, pa.Table]) -> tuple[object, ...]:
+    def _shape(self, changes: Mapping[str, Changes]) -> tuple[object, ...]:
         """What decides every plan of a batch (see `txstream.engine.templates`)."""
         return tuple(sorted(changes)), tuple(s.shape() for s in self._states().values())
 
-    def process(self, changes: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
-        """Run one batch: `changes` maps source names to their columns plus `time` and `diff`
-        (any number of consecutive transactions, all later than those already processed).
-        Returns every output's consolidated changes, sorted by time, and within a time the
-        deletions (-1) before the insertions (+1)."""
+    def process(self, changes: Mapping[str, Changes]) -> dict[str, Changes]:
+        """Run one batch: `changes` maps source names to their changes (any number of
+        consecutive transactions, all later than those already processed; a source without
+        changes may be left out). Returns every output's changes, consolidated and ordered
+        (by time, and within a time the deletions before the insertions)."""
         unknown = sorted(set(changes) - set(self.sources))
         if unknown:
             raise EngineInputError(
                 f"unknown source(s) {', '.join(unknown)}; the pipeline has "
                 f"{', '.join(sorted(self.sources))}"
             )
+        wrong = sorted(name for name, c in changes.items() if not isinstance(c, Changes))
+        if wrong:
+            raise EngineInputError(f"source(s) {', '.join(wrong)}: changes must be "
+                                   "txstream.changes.Changes (Changes.of(table) wraps a table)")
         started = time.perf_counter()
         present = {name: t for name, t in changes.items() if t.num_rows}
         weight = sum(t.num_rows for t in present.values())
@@ -294,8 +213,7 @@ class Engine:
         recorded: Template | None = None
         with call_site(self.spark.sparkContext, "txstream engine batch"):
             if template is not None:
-                rows = {name: self._input(self.sources[name], t)[1]
-                        for name, t in present.items()}
+                rows = {name: self.sources[name].rows(t)[1] for name, t in present.items()}
                 final, staged = instantiate(self.spark, template, rows, weight)
                 outputs: tuple[str, ...] = template.outputs
             else:
@@ -340,12 +258,12 @@ class Engine:
         batches = [(np.arange(rows), (1, 5), 1),
                    (np.arange(half), (6, 10), -1), (np.arange(rows, rows + half), (6, 10), 1),
                    (np.arange(rows + half, rows + half + 10), (11, 11), 1)]
-        schemas = {name: op.node.schema for name, op in self.sources.items()
-                   if isinstance(op.node, SourceNode) and op.node.schema is not None}
+        schemas = {name: op.table_schema for name, op in self.sources.items()}
 
-        def changes(parts: list[tuple[np.ndarray, tuple[int, int], int]]) -> dict[str, pa.Table]:
-            return {name: pa.concat_tables([synthetic_changes(schema, *part) for part in parts])
-                    for name, schema in schemas.items()}
+        def changes(parts: list[tuple[np.ndarray, tuple[int, int], int]]) -> dict[str, Changes]:
+            return {name: consolidate(pa.concat_tables(
+                [synthetic_changes(schema, *part).table for part in parts]), schema.names)
+                for name, schema in schemas.items()}
 
         try:
             for parts in (batches[:1], batches[1:3], batches[3:]):
@@ -372,7 +290,7 @@ class Engine:
                 state.refresh_indexes(self.index_rows)
         self.index_bytes = sum(s.index_bytes for s in self._states().values())
 
-    def _build(self, changes: Mapping[str, pa.Table], weight: int
+    def _build(self, changes: Mapping[str, Changes], weight: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:
         """Plan a batch through the operators: its final frame (None: nothing to compute), the
         outputs it holds, the staged runs, and its template."""
@@ -381,12 +299,10 @@ class Engine:
         sources: dict[str, DataFrame] = {}
         for op in self._ops:
             if isinstance(op, SourceOp):
-                name = op.node.name  # type: ignore[attr-defined]
-                table = changes.get(name)
                 delta = None
-                if table is not None:
-                    output, rows = self._input(op, table)
-                    delta = sources[name] = rdd_leaf(self.spark, output, rows).coalesce(1)
+                if op.name in changes:
+                    output, rows = op.rows(changes[op.name])
+                    delta = sources[op.name] = rdd_leaf(self.spark, output, rows).coalesce(1)
             else:
                 delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
             if delta is not None and self._consumers[op.node.id] > 1:
@@ -417,14 +333,14 @@ class Engine:
         return union_all(parts), present
 
     def _execute(self, final: DataFrame | None, present: tuple[str, ...], interpreted: bool
-                 ) -> tuple[dict[str, pa.Table], float, JobCount]:
+                 ) -> tuple[dict[str, Changes], float, JobCount]:
         """Compute the batch's frame with one Spark action (its expressions `interpreted`, see
         INTERPRETED_ROWS); every output's changes."""
-        results = {name: out.schema.arrow_schema(with_changes=True).empty_table()
+        results = {name: Changes.empty(out.schema.arrow_schema())
                    for name, out in self.outputs.items()}
         if final is None:
             return results, 0.0, JobCount(0, 0)
-        final._jdf.queryExecution().executedPlan()  # planned here, so execution is timed alone
+        plan_now(final)  # so that the execution is timed alone
         # A session setting, read when the job starts: set for every batch, whichever engine.
         self.spark.conf.set("spark.sql.codegen.factoryMode",
                             "NO_CODEGEN" if interpreted else "FALLBACK")
@@ -443,11 +359,11 @@ class Engine:
         tags = table.column(PART)
         for name in present:
             i = self._part_of[name]
-            rows = table.filter(pc.equal(tags, i)).column(f"__out{i}").combine_chunks()
+            rows = table.filter(pc.equal(tags, i)).column(_output_column(i)).combine_chunks()
             changes = pa.Table.from_struct_array(rows)
             schema = self.outputs[name].schema.arrow_schema(with_changes=True)
-            results[name] = changes.cast(schema).sort_by([(TIME, "ascending"),
-                                                          (DIFF, "ascending")])
+            # Consolidated by the operators' plans; ordered here.
+            results[name] = Changes(order(changes.cast(schema)))
         return results, executed, count
 
     def _expression_error(self, exc: PySparkException) -> ExpressionError:
@@ -455,7 +371,7 @@ class Engine:
         the failing fragment of SQL, which is found in the expressions of the tables."""
         fragments = [c.fragment() for c in exc.getQueryContext() if c.fragment()]
         tables = [op.node.label for op in self._ops if any(
-            f in text for f in fragments for text in _expressions(op.node))]
+            f in text for f in fragments for text in op.expressions())]
         where = f"table {' / '.join(tables)}" if tables else "an expression of the pipeline"
         failing = f" (expression `{fragments[0]}`)" if fragments else ""
         return ExpressionError(

@@ -16,16 +16,16 @@ read from Spark's memory with their lineage cut, so plans do not grow with the n
 batches. Runs live in one partition, like every frame of a batch: see `txstream.engine.engine`.
 
 A plan reads a state's small runs as one leaf, whatever their number: a `LogicalRDD` over the
-union of the runs' RDDs (`txstream.engine.leaves`), so a batch's plans have the same shape from
-one batch to the next and can be rebound to the next version's runs instead of built again
-(`txstream.engine.templates`). For that, every run holds its rows in the state's one row type
+union of the runs' RDDs (`txstream.engine.spark_internals`), so a batch's plans have the same
+shape from one batch to the next and can be rebound to the next version's runs instead of built
+again (`txstream.engine.templates`). For that, every run holds its rows in the state's one row type
 (`row_type`): decimals sum to precision 38 at once instead of widening with each merge.
 
 A lookup streams those runs past a hash table of the batch's keys, which costs every row of
 them. A large run (`index`: at least `index_rows` rows) therefore gets a hash index on the
 state's lookup columns once it is installed: Spark's broadcast of its rows as a hash table,
 built by one job, kept until the run is merged away, and probed by every later lookup with the
-batch's keys (`leaves.index_node`). A run's weight (rows of input) bounds its rows, so only
+batch's keys (`spark_internals.index_node`). A run's weight (rows of input) bounds its rows, so only
 runs that weigh `index_rows` are built; one whose build counts fewer rows (a group-by's few
 groups) is dropped at once and stays streamed. Size tiers keep the streamed runs' weight below
 about twice `index_rows`, or their rows below `index_rows` each, so a lookup costs
@@ -47,13 +47,18 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructField, StructType
 
 from txstream.engine.frames import col, null_safe_on, prefixed, semi_join, union_all
-from txstream.engine.leaves import (
-    analyzed,
+from txstream.engine.spark_internals import (
+    attributes,
+    broadcast_bytes,
+    broadcast_exchange,
+    destroy_broadcast,
     frame_of,
+    fresh_attributes,
+    id_of,
     index_node,
     rdd_leaf,
-    rdd_node,
     rdd_of,
+    run_broadcast,
     union_rdd,
 )
 
@@ -71,7 +76,7 @@ class Run:
 
     @cached_property
     def rdd_id(self) -> int:
-        return self.rdd.id()
+        return id_of(self.rdd)
 
 
 Runs = tuple[Run, ...]
@@ -151,8 +156,7 @@ class ZSetState:
         if self.row_type is None:
             self.row_type = _row_type(frame.select(*[col(c) for c in self.keys + self.weights])
                                       .schema)
-            self._prototype = analyzed(frame.sparkSession.createDataFrame(
-                [], self.row_type)).output()
+            self._prototype = attributes(frame.sparkSession.createDataFrame([], self.row_type))
         return frame.select(*[col(f.name).cast(f.dataType).alias(f.name)
                               for f in self.row_type.fields])
 
@@ -210,7 +214,7 @@ class ZSetState:
             self._index_leaves = []
             for i, run in enumerate(self.indexed()):
                 spark = run.frame.sparkSession
-                output = rdd_node(spark, self._prototype, run.rdd).newInstance().output()
+                output = fresh_attributes(spark, self._prototype, run.rdd)
                 self._index_leaves.append(frame_of(spark, self.index_node(i, output)))
         return self._index_leaves
 
@@ -273,8 +277,7 @@ class ZSetState:
         current = {r.rdd_id for r in self.runs}
         before = set(self._indexes)
         for rdd_id in [i for i in self._indexes if i not in current]:
-            # Freed now rather than when the JVM's garbage collector finds the exchange.
-            self._indexes.pop(rdd_id).executeBroadcast().destroy()
+            destroy_broadcast(self._indexes.pop(rdd_id))
         self._unindexed &= current
         if self.lookup_on is None:  # never looked up, so never indexed
             return
@@ -290,15 +293,14 @@ class ZSetState:
                 self._unindexed.add(run.rdd_id)
                 continue
             if rows < index_rows:
-                exchange.executeBroadcast().destroy()
+                destroy_broadcast(exchange)
                 self._unindexed.add(run.rdd_id)
             else:
                 log.info("indexed a state run of %s rows: %.0f MiB of driver memory",
                          f"{rows:,}", size / 2**20)
                 self._indexes[run.rdd_id] = exchange
         if set(self._indexes) != before:  # runs moved between streamed and indexed
-            self.index_bytes = sum(int(e.metrics().apply("dataSize").value())
-                                   for e in self._indexes.values())
+            self.index_bytes = sum(broadcast_bytes(e) for e in self._indexes.values())
             self._leaf = self._index_leaves = None
 
     def _build_index(self, run: Run) -> tuple[JavaObject, int, int]:
@@ -308,17 +310,13 @@ class ZSetState:
         assert self.lookup_on is not None and self.row_type is not None
         spark = run.frame.sparkSession
         key_type = StructType([self.row_type[c] for c in self.lookup_on])
-        placeholder = rdd_leaf(spark, analyzed(spark.createDataFrame([], key_type)).output(),
+        placeholder = rdd_leaf(spark, attributes(spark.createDataFrame([], key_type)),
                                union_rdd(spark, []))
         run_leaf = rdd_leaf(spark, self._prototype, run.rdd)
-        plan = self._index_join(self._probe_keys(placeholder), F.broadcast(run_leaf)) \
-            ._jdf.queryExecution().executedPlan()
-        exchange = _find(plan, "BroadcastExchangeExec")
-        assert exchange is not None, f"no broadcast exchange in {plan.toString()}"
-        exchange.executeBroadcast()
-        metrics = exchange.metrics()
-        return (exchange, int(metrics.apply("numOutputRows").value()),
-                int(metrics.apply("dataSize").value()))
+        exchange = broadcast_exchange(
+            self._index_join(self._probe_keys(placeholder), F.broadcast(run_leaf)))
+        rows, size = run_broadcast(exchange)
+        return exchange, rows, size
 
     def save(self, path: str, runs: Runs) -> None:
         """Write a version's consolidated collection as Parquet under `path` (any
@@ -337,14 +335,3 @@ class ZSetState:
             # Weighed by its size, so small batches after a restore do not rewrite it.
             self.install((Run(loaded, loaded.count()),))
 
-
-def _find(plan: JavaObject, class_name: str) -> JavaObject | None:
-    """The first node of a physical plan of the class `class_name`, depth first."""
-    if plan.getClass().getSimpleName() == class_name:
-        return plan
-    children = plan.children()
-    for i in range(children.size()):
-        found = _find(children.apply(i), class_name)
-        if found is not None:
-            return found
-    return None

@@ -5,7 +5,7 @@ example pipeline (thousands of calls into the JVM, each new frame analyzed), the
 batch: the plans differ only in their leaves. A batch's shape (which sources have changes;
 per state, whether it has streamed runs and how many indexed ones) decides every plan, so the
 first batch of a shape is built by the operators and recorded, and later batches of that shape
-rebind the recorded plans to their own leaves (`leaves.rebind`): the sources' changes, each
+rebind the recorded plans to their own leaves (`spark_internals.rebind`): the sources' changes, each
 state's streamed runs and indexes, the runs a state merges. The frames a batch materializes
 (shared frames, new runs) are recorded in order with the plans they come from, and are
 materialized again from those plans, rebound to the leaves before them.
@@ -29,19 +29,21 @@ from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 
 from txstream.engine.batch import BatchPlan
-from txstream.engine.leaves import (
+from txstream.engine.spark_internals import (
     LeafKey,
     Occurrence,
     Replacement,
-    analyzed,
     cached_relation,
     frame_of,
-    key_of,
+    id_of,
+    leaf_key,
     occurrences,
+    optimized,
     rdd_node,
     rdd_of,
     rebind,
     union_rdd,
+    with_attributes,
 )
 from txstream.engine.state import Merge, Run, StagedRuns, ZSetState
 
@@ -69,20 +71,6 @@ class Template:
     outputs: tuple[str, ...]  # the outputs the final plan holds changes of
 
 
-def _optimized(frame: DataFrame) -> JavaObject:
-    return frame._jdf.queryExecution().optimizedPlan()
-
-
-def leaf_key(frame: DataFrame) -> LeafKey:
-    """The key of the leaf a frame reads (under the coalesce that puts it in one partition)."""
-    plan = analyzed(frame)
-    while plan.nodeName() == "Repartition":
-        plan = plan.child()
-    key = key_of(plan)
-    assert key is not None, f"not a leaf frame: {plan.nodeName()}"
-    return key
-
-
 def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFrame],
            states: Sequence[ZSetState], final: DataFrame, outputs: Sequence[str]
            ) -> Template | None:
@@ -100,14 +88,14 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
     known = set(roles)
     steps = []
     for m in batch.materialized:
-        plan = _optimized(m.source)
+        plan = optimized(m.source)
         found = occurrences(plan)
         if any(o.key not in known for o in found):
             return None
         key = leaf_key(m.leaf)
         known.add(key)
         steps.append(_Step(m.kind, plan, found, key, m.state))
-    plan = _optimized(final)
+    plan = optimized(final)
     found = occurrences(plan)
     if any(o.key not in known for o in found):
         return None
@@ -115,7 +103,7 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
     empty = {key: union_rdd(spark, []) for key in known}
     placeholders: dict[LeafKey, Replacement] = {
         key: (lambda out, rdd=rdd: rdd_node(spark, out, rdd)) for key, rdd in empty.items()}
-    renamed = {key: ("rdd", rdd.id()) for key, rdd in empty.items()}
+    renamed = {key: ("rdd", id_of(rdd)) for key, rdd in empty.items()}
 
     def neutral(plan: JavaObject, found: list[Occurrence]) -> tuple[JavaObject, list[Occurrence]]:
         plan = rebind(spark, plan, found, placeholders)
@@ -161,7 +149,7 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, J
         frame = frame_of(spark, rebind(spark, step.plan, step.found, bindings))
         if step.kind == "shared":
             relation = cached_relation(frame)
-            bindings[step.key] = lambda out, relation=relation: relation.withOutput(out)
+            bindings[step.key] = lambda out, relation=relation: with_attributes(relation, out)
             continue
         assert step.state is not None
         run = frame.localCheckpoint(eager=False)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
+from txstream.changes import Changes
 from txstream.schemas.tables import ColumnType, TableSchema
 
 _MAKERS: dict[str, Callable[[np.ndarray], pa.Array]] = {
@@ -46,11 +47,12 @@ def _column(ctype: ColumnType, ids: np.ndarray) -> pa.Array:
 
 
 def synthetic_changes(schema: TableSchema, ids: np.ndarray, times: tuple[int, int], diff: int
-                      ) -> pa.Table:
-    """Rows `ids` of `schema` as changes of weight `diff`, spread evenly over the transactions
-    `times[0]` to `times[1]`."""
+                      ) -> Changes:
+    """Rows `ids` (distinct, ascending) of `schema` as changes of weight `diff`, spread evenly
+    over the transactions `times[0]` to `times[1]`: in time order, and consolidated as long as
+    distinct ids make distinct rows (see the module doc)."""
     first, last = times
     spread = first + (np.arange(len(ids)) * (last - first + 1)) // max(len(ids), 1)
     columns = [_column(c.type, ids) for c in schema.columns]
     columns += [pa.array(spread, pa.int64()), pa.array(np.full(len(ids), diff), pa.int64())]
-    return pa.Table.from_arrays(columns, schema=schema.arrow_schema(with_changes=True))
+    return Changes(pa.Table.from_arrays(columns, schema=schema.arrow_schema(with_changes=True)))

@@ -1,5 +1,5 @@
 """The incremental operators, one module per kind of DAG node; each owns its node's schema
-rule and its delta rule (in the module's doc comment)."""
+rule, its delta rule (in the module's doc comment), its state and its output's key."""
 
 from txstream.engine.operators.base import Delta, Operator
 from txstream.engine.operators.distinct import DistinctOp

@@ -1,4 +1,7 @@
-"""What every operator is: a node's output schema, checked at build, and its incremental rule.
+"""What every operator is: a node's output schema, checked at build, and its incremental rule;
+and what only it knows of its node, which the engine asks it: the columns unique in its output
+(`key`), the user's SQL in it (`expressions`), and the state it keeps (`states`, declared by
+name).
 
 An operator's `plan` maps its inputs' delta DataFrames (the node's columns plus `time`, `diff`;
 a batch may hold many consecutive transactions) to its own delta, and stages the state changes
@@ -19,11 +22,14 @@ from pyspark.sql.types import StructField, StructType
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import INTERNAL_PREFIX
 from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.spark_internals import one_operator
 from txstream.engine.state import ZSetState
 from txstream.engine.table import Node
 from txstream.schemas.tables import RESERVED_COLUMNS, ColumnType, TableSchemaError
 
 Delta = DataFrame | None
+# A set of columns that is unique in a table (see `Operator.key`), None when none is known.
+Key = tuple[str, ...] | None
 
 # Functions whose value depends on when a batch runs: a retraction would not match its insertion.
 _TIME_DEPENDENT = ("current_timestamp", "current_date", "now(", "localtimestamp",
@@ -64,13 +70,13 @@ def check_row_wise(node: Node, frame: DataFrame, exprs: Sequence[str], operator:
 
     Spark's analyzed plan shows it: exactly one `operator` (Project, Filter) over the input,
     and deterministic."""
-    plan = frame._jdf.queryExecution().analyzed()
+    alone, deterministic = one_operator(frame, operator)
     shown = "; ".join(exprs)
-    if plan.nodeName() != operator or plan.apply(2) is not None:
+    if not alone:
         raise PipelineDefinitionError(
             f"{node.label}: {shown}: aggregate and window functions are not row-wise; use "
             "groupby(...).reduce(...) instead")
-    if not plan.deterministic():
+    if not deterministic:
         raise PipelineDefinitionError(
             f"{node.label}: {shown}: non-deterministic expressions (rand(), uuid(), ...) cannot "
             "be maintained incrementally")
@@ -105,9 +111,21 @@ class Operator(ABC):
             )
 
     def states(self) -> dict[str, ZSetState]:
-        """The operator's state by stable name (for checkpoints); empty when stateless."""
-        return {name: value for name, value in vars(self).items()
-                if isinstance(value, ZSetState)}
+        """The operator's state by name; empty when stateless (as the base class is).
+
+        The names are part of a saved state's layout (a directory each): renaming one makes
+        earlier checkpoints load that state empty, so they never change."""
+        return {}
+
+    def key(self, inputs: Sequence[Key]) -> Key:
+        """A set of columns that is unique in the output, given such a set of each input
+        (None where none is known); None when the operator knows none (as the base class
+        does)."""
+        return None
+
+    def expressions(self) -> list[str]:
+        """The user's SQL text in the node (to find the one a failing batch points at)."""
+        return []
 
     @abstractmethod
     def _resolve(self) -> StructType:

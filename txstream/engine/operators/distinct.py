@@ -16,8 +16,11 @@ from pyspark.sql.types import StructType
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
 from txstream.engine.frames import col
-from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.operators.base import Delta, Key, Operator
 from txstream.engine.state import ZSetState
+
+# A row's multiplicity after each of its changes (a running sum over its timeline).
+_AFTER = "__after"
 
 
 class DistinctOp(Operator):
@@ -25,6 +28,13 @@ class DistinctOp(Operator):
         names = self.input_schemas[0].names
         self.state = ZSetState(names, [DIFF], lookup=names)
         return self.input_schemas[0]
+
+    def states(self) -> dict[str, ZSetState]:
+        return {"state": self.state}
+
+    def key(self, inputs: Sequence[Key]) -> Key:
+        """Every column: the output holds each row once."""
+        return tuple(self.columns)
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
@@ -37,13 +47,13 @@ class DistinctOp(Operator):
             timeline = timeline.unionByName(before.withColumn(TIME, F.lit(BEFORE_BATCH)))
         w = (Window.partitionBy(*[col(c) for c in cols]).orderBy(col(TIME))
              .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-        counted = timeline.withColumn("__after", F.sum(col(DIFF)).over(w))
+        counted = timeline.withColumn(_AFTER, F.sum(col(DIFF)).over(w))
         crossings = counted.where(
             (col(TIME) != BEFORE_BATCH)
-            & ((col("__after") > 0) != ((col("__after") - col(DIFF)) > 0))
+            & ((col(_AFTER) > 0) != ((col(_AFTER) - col(DIFF)) > 0))
         ).select(
             *[col(c) for c in cols], col(TIME),
-            F.when(col("__after") > 0, F.lit(1)).otherwise(F.lit(-1)).cast("long").alias(DIFF),
+            F.when(col(_AFTER) > 0, F.lit(1)).otherwise(F.lit(-1)).cast("long").alias(DIFF),
         )
         batch.append(self.state, d)
         return crossings

@@ -21,9 +21,12 @@ from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
 from txstream.engine.consolidation import consolidate
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.frames import build_side, col, join, prefixed, union_all
-from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.operators.base import Delta, Key, Operator
 from txstream.engine.state import ZSetState
 from txstream.engine.table import JoinNode, PadNode
+
+# Prefix of the right side's columns while the two sides meet.
+_RIGHT = "__r_"
 
 
 class JoinLayout:
@@ -64,16 +67,32 @@ class JoinOp(Operator):
         self.right_state = ZSetState(self.input_schemas[1].names, [DIFF], lookup=self.node.on)
         return self.layout.schema
 
+    def states(self) -> dict[str, ZSetState]:
+        return {"left_state": self.left_state, "right_state": self.right_state}
+
+    def key(self, inputs: Sequence[Key]) -> Key:
+        """A side's key when the other side's key is among the join columns (each of its rows
+        meets at most one row of the other side); otherwise both keys together."""
+        left, right = inputs
+        if left is None or right is None:
+            return None
+        on = set(self.node.on)
+        if set(right) <= on:
+            return left
+        if set(left) <= on:
+            return right
+        return tuple(dict.fromkeys(left + right))
+
     def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
         lay = self.layout
-        r = prefixed(right, "__r_")
+        r = prefixed(right, _RIGHT)
         # SQL join semantics: a null key matches nothing.
-        cond = [left[f"`{k}`"] == r[f"`__r_{k}`"] for k in lay.on]
+        cond = [left[f"`{k}`"] == r[f"`{_RIGHT}{k}`"] for k in lay.on]
         return join(left, r, reduce(lambda a, b: a & b, cond), "inner").select(
             *[left[f"`{c}`"] for c in lay.on + lay.left_rest],
-            *[r[f"`__r_{c}`"].alias(c) for c in lay.right_rest],
-            F.greatest(left[TIME], r[f"__r_{TIME}"]).alias(TIME),
-            (left[DIFF] * r[f"__r_{DIFF}"]).alias(DIFF),
+            *[r[f"`{_RIGHT}{c}`"].alias(c) for c in lay.right_rest],
+            F.greatest(left[TIME], r[f"{_RIGHT}{TIME}"]).alias(TIME),
+            (left[DIFF] * r[f"{_RIGHT}{DIFF}"]).alias(DIFF),
         )
 
     @staticmethod

@@ -34,7 +34,7 @@ from txstream.engine.frames import (
     prefixed,
     semi_join,
 )
-from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.operators.base import Delta, Key, Operator
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
 from txstream.engine.state import ZSetState
 from txstream.engine.table import ReduceNode
@@ -42,8 +42,36 @@ from txstream.schemas.tables import ColumnType
 
 # Open end of a value's presence interval: later than every transaction.
 _FOREVER = 2**62
-# Prefix of a group's accumulators summed over the rows before each row of its timeline.
-_BEFORE = "__b"
+
+# The helper columns of a group-by, named once (with INTERNAL_PREFIX, so no user column is one).
+# In the saved state (a new name would make earlier checkpoints unreadable):
+ACCUMULATOR = "__acc"  # + a number: one of the reducers' linear accumulators
+VALUE = "__v"  # a value of a column that min, max or count_distinct read
+# Within one batch's plans:
+BEFORE = "__before_"  # + an accumulator: its sum over the rows before each row of a timeline
+PREVIOUS = "__previous"  # the row of a group before each row of its timeline (a struct)
+CHANGES = "__changes"  # the retraction and the insertion between two rows of a timeline
+# A touched value present from a time until (excluded) the next change of its count.
+FROM, UNTIL, COUNT = "__from", "__until", "__count"
+# A group's min, max and distinct count of one column's values: of the values the batch
+# touches, at each time; of the values it does not touch (constant over the batch); and of all
+# of them, for value column number i (`value_stats(i)`).
+TOUCHED_STATS = ("__touched_min", "__touched_max", "__touched_count")
+STEADY_STATS = ("__steady_min", "__steady_max", "__steady_count")
+# Prefixes of the columns of the frames that meet in the value columns' joins: the touched
+# values' intervals, their stats at each time, and the untouched values' stats.
+INTERVALS, PRESENT, STEADY = "__intervals_", "__present_", "__steady_"
+
+
+def value_stats(i: int) -> tuple[str, str, str]:
+    """The columns of value column number i's min, max and distinct count."""
+    return f"__min{i}", f"__max{i}", f"__distinct{i}"
+
+
+def _stats(value: Column, names: tuple[str, str, str]) -> list[Column]:
+    """Min, max and count of the rows' `value`, named `names`."""
+    return [F.min(value).alias(names[0]), F.max(value).alias(names[1]),
+            F.count(F.lit(1)).alias(names[2])]
 
 
 class ReduceOp(Operator):
@@ -67,13 +95,13 @@ class ReduceOp(Operator):
             if red.needs_values and red.column not in value_columns:
                 value_columns.append(red.column)  # type: ignore[arg-type]
         # Accumulator ids name columns of the user's; state columns get internal names.
-        self.acc_names = {acc: f"__acc{i}" for i, acc in enumerate(accumulators)}
+        self.acc_names = {acc: f"{ACCUMULATOR}{i}" for i, acc in enumerate(accumulators)}
         self.acc_exprs = {self.acc_names[acc]: e for acc, e in accumulators.items()}
         self.acc_cols = [ROW_COUNT, *self.acc_exprs]
         self.acc_state = ZSetState(keys, self.acc_cols, empty_when=f"`{ROW_COUNT}` = 0",
                                    lookup=keys)
         self.value_index = {c: i for i, c in enumerate(value_columns)}
-        self.value_states = {c: ZSetState([*keys, "__v"], [DIFF], lookup=keys)
+        self.value_states = {c: ZSetState([*keys, VALUE], [DIFF], lookup=keys)
                              for c in value_columns}
         return StructType(fields)
 
@@ -91,7 +119,11 @@ class ReduceOp(Operator):
     def states(self) -> dict[str, ZSetState]:
         values = {f"value_states.{self.value_index[c]}": state
                   for c, state in self.value_states.items()}
-        return {**super().states(), **values}
+        return {"acc_state": self.acc_state, **values}
+
+    def key(self, inputs: Sequence[Key]) -> Key:
+        """The group-by columns: one row per group."""
+        return tuple(self.node.keys)
 
     def _key_window(self, extra: Sequence[str] = ()) -> Window:
         return Window.partitionBy(*[col(c) for c in [*self.keys, *extra]]).orderBy(col(TIME))
@@ -126,20 +158,20 @@ class ReduceOp(Operator):
             # Spark adds the same rows in the same order as for the previous row's running
             # sums: the same value, to the last bit of a double.
             before = window.rowsBetween(Window.unboundedPreceding, -1)
-            sums += [F.sum(col(a)).over(before).alias(f"{_BEFORE}{a}") for a in self.acc_cols]
+            sums += [F.sum(col(a)).over(before).alias(f"{BEFORE}{a}") for a in self.acc_cols]
         return [*[col(k) for k in self.keys], col(TIME), *sums]
 
     @cached_property
     def _previous(self) -> Column:
-        """Each row of a group's timeline with the row before it, as `__prev` (the changes
+        """Each row of a group's timeline with the row before it, as PREVIOUS (the changes
         below read it field by field; Spark would evaluate a window function once per
         reference): a group with no row before has a row count of 0, or none at all."""
         if self._linear:
-            count = F.coalesce(col(f"{_BEFORE}{ROW_COUNT}"), F.lit(0).cast("long"))
-            values = self._output_columns(prefix=_BEFORE)
-            return F.struct(count.alias(ROW_COUNT), *values).alias("__prev")
+            count = F.coalesce(col(f"{BEFORE}{ROW_COUNT}"), F.lit(0).cast("long"))
+            values = self._output_columns(prefix=BEFORE)
+            return F.struct(count.alias(ROW_COUNT), *values).alias(PREVIOUS)
         return F.lag(F.struct(col(ROW_COUNT), *[col(n) for n in self._value_names])) \
-            .over(self._key_window()).alias("__prev")
+            .over(self._key_window()).alias(PREVIOUS)
 
     @cached_property
     def _emit_exprs(self) -> list[Column]:
@@ -148,7 +180,7 @@ class ReduceOp(Operator):
         insertion of this one, both left out when the two rows are equal."""
         keys = self.keys
         value_names = self._value_names
-        prev = col("__prev")
+        prev = col(PREVIOUS)
         was = prev.isNotNull() & (prev[ROW_COUNT] > 0)
         now = col(ROW_COUNT) > 0
         # Null-safe: a null value equal to a null value is an unchanged row.
@@ -163,7 +195,7 @@ class ReduceOp(Operator):
 
         retract = F.when(was & ~same, change([prev[n] for n in value_names], -1))
         insert = F.when(now & ~same, change([col(n) for n in value_names], 1))
-        return [col(TIME), F.array(retract, insert).alias("__changes")]
+        return [col(TIME), F.array(retract, insert).alias(CHANGES)]
 
     @cached_property
     def _new_row(self) -> list[Column]:
@@ -194,19 +226,18 @@ class ReduceOp(Operator):
 
     def _with_values(self, groups: DataFrame, d: DataFrame, touched: DataFrame, column: str,
                      batch: BatchPlan) -> DataFrame:
-        """Add `__min{i}`, `__max{i}`, `__cd{i}`: min, max and distinct count of `column`'s
-        non-null values of each group at each time of `groups` (before the batch, then after
-        each of its transactions)."""
+        """Add `value_stats(i)` of `column` (value column number i): the min, max and distinct
+        count of its non-null values in each group at each time of `groups` (before the batch,
+        then after each of its transactions)."""
         keys = self.keys
-        idx = self.value_index[column]
+        key_cols = [col(k) for k in keys]
         state = self.value_states[column]
         vd = batch.shared(consolidate(
-            d.where(col(column).isNotNull()).select(*[col(k) for k in keys],
-                                                   col(column).alias("__v"), col(TIME),
-                                                   col(DIFF)),
-            [*keys, "__v"],
+            d.where(col(column).isNotNull()).select(*key_cols, col(column).alias(VALUE),
+                                                   col(TIME), col(DIFF)),
+            [*keys, VALUE],
         ))
-        touched_values = vd.select(*[col(k) for k in keys], col("__v")).distinct()
+        touched_values = vd.select(*key_cols, col(VALUE)).distinct()
 
         # The state's values of the touched groups, split in two: values the batch does not
         # touch are constant over it (one min/max/count per group); touched values start the
@@ -215,59 +246,53 @@ class ReduceOp(Operator):
         steady = before = None
         if current is not None:
             current = batch.shared(current)
-            steady = semi_join(current, touched_values, [*keys, "__v"], anti=True) \
-                .groupBy(*[col(k) for k in keys]).agg(
-                    F.min("__v").alias("__smin"), F.max("__v").alias("__smax"),
-                    F.count(F.lit(1)).alias("__scnt"),
-                )
-            before = semi_join(current, touched_values, [*keys, "__v"])
+            steady = semi_join(current, touched_values, [*keys, VALUE], anti=True) \
+                .groupBy(*key_cols).agg(*_stats(F.col(VALUE), STEADY_STATS))
+            before = semi_join(current, touched_values, [*keys, VALUE])
 
-        # Touched values: their count over the batch as intervals [start, end).
+        # Touched values: their count over the batch as intervals [FROM, UNTIL).
         vtimeline = vd
         if before is not None:
             vtimeline = vtimeline.unionByName(before.withColumn(TIME, F.lit(BEFORE_BATCH)))
-        w = self._key_window(["__v"])
+        w = self._key_window([VALUE])
         intervals = vtimeline.select(
-            *[col(k) for k in keys], col("__v"),
-            col(TIME).alias("__start"),
-            F.lead(col(TIME), 1, _FOREVER).over(w).alias("__end"),
+            *key_cols, col(VALUE),
+            col(TIME).alias(FROM),
+            F.lead(col(TIME), 1, _FOREVER).over(w).alias(UNTIL),
             F.sum(col(DIFF)).over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow))
-            .alias("__c"),
-        ).where(col("__c") > 0)
-        iv = prefixed(intervals, "__i_")
-        queries = build_side(groups.select(*[col(k) for k in keys], col(TIME)))
+            .alias(COUNT),
+        ).where(col(COUNT) > 0)
+        iv = prefixed(intervals, INTERVALS)
+        queries = build_side(groups.select(*key_cols, col(TIME)))
         present = join(
             queries, iv,
-            null_safe_on(queries, iv, keys, [f"__i_{k}" for k in keys])
-            & (iv["__i___start"] <= queries[TIME]) & (queries[TIME] < iv["__i___end"]),
+            null_safe_on(queries, iv, keys, [f"{INTERVALS}{k}" for k in keys])
+            & (iv[f"{INTERVALS}{FROM}"] <= queries[TIME])
+            & (queries[TIME] < iv[f"{INTERVALS}{UNTIL}"]),
             "inner",
         ).groupBy(*[queries[f"`{k}`"] for k in keys], queries[TIME]).agg(
-            F.min("__i___v").alias("__tmin"), F.max("__i___v").alias("__tmax"),
-            F.count(F.lit(1)).alias("__tcnt"),
-        )
-        p = build_side(prefixed(present, "__p_"))
+            *_stats(F.col(f"{INTERVALS}{VALUE}"), TOUCHED_STATS))
+        p = build_side(prefixed(present, PRESENT))
         joined = join(
             groups, p,
-            null_safe_on(groups, p, [*keys, TIME], [f"__p_{c}" for c in [*keys, TIME]]),
+            null_safe_on(groups, p, [*keys, TIME], [f"{PRESENT}{c}" for c in [*keys, TIME]]),
             "left",
         )
-        stats = [F.col("__p___tmin"), F.col("__p___tmax"), F.col("__p___tcnt")]
+        low, high, count = [F.col(f"{PRESENT}{n}") for n in TOUCHED_STATS]
         if steady is not None:
-            s = build_side(prefixed(steady, "__q_"))
+            q = build_side(prefixed(steady, STEADY))
             joined = join(
-                joined, s, null_safe_on(joined, s, keys, [f"__q_{k}" for k in keys]), "left"
+                joined, q, null_safe_on(joined, q, keys, [f"{STEADY}{k}" for k in keys]), "left"
             )
-            stats = [
-                F.least(F.col("__p___tmin"), F.col("__q___smin")),
-                F.greatest(F.col("__p___tmax"), F.col("__q___smax")),
-                F.coalesce(F.col("__p___tcnt"), F.lit(0))
-                + F.coalesce(F.col("__q___scnt"), F.lit(0)),
-            ]
+            steady_low, steady_high, steady_count = [F.col(f"{STEADY}{n}") for n in STEADY_STATS]
+            low, high = F.least(low, steady_low), F.greatest(high, steady_high)
+            count = F.coalesce(count, F.lit(0)) + F.coalesce(steady_count, F.lit(0))
         batch.append(state, vd)
+        names = value_stats(self.value_index[column])
         return joined.select(
             *[groups[f"`{c}`"] for c in groups.columns],
-            stats[0].alias(f"__min{idx}"), stats[1].alias(f"__max{idx}"),
-            F.coalesce(stats[2], F.lit(0)).cast("long").alias(f"__cd{idx}"),
+            low.alias(names[0]), high.alias(names[1]),
+            F.coalesce(count, F.lit(0)).cast("long").alias(names[2]),
         )
 
     def _output_columns(self, prefix: str = "") -> list[Column]:
@@ -281,7 +306,7 @@ class ReduceOp(Operator):
             values = None
             if red.needs_values:
                 i = self.value_index[red.column]  # type: ignore[index]
-                values = ValueStats(col(f"__min{i}"), col(f"__max{i}"), col(f"__cd{i}"))
+                values = ValueStats(*[col(n) for n in value_stats(i)])
             value = red.value(self.column_types[name], acc, values)
             exprs.append(value.cast(self.schema[name].dataType).alias(name))
         return exprs
@@ -293,4 +318,4 @@ class ReduceOp(Operator):
         if not self._linear:
             rows = rows.select("*", self._previous)
         changes = rows.select(*self._emit_exprs).where(col(TIME) != BEFORE_BATCH)
-        return changes.select(F.inline(F.filter("__changes", lambda c: c.isNotNull())))
+        return changes.select(F.inline(F.filter(CHANGES, lambda c: c.isNotNull())))

@@ -4,24 +4,81 @@ rule is the operator itself: d(f(A)) = f(dA), each row keeping its time and diff
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
+import pyarrow as pa
+from py4j.java_gateway import JavaObject
 from pyspark.sql.types import StructType
 
+from txstream.changes import Changes
+from txstream.changes import consolidate as consolidate_changes
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import DIFF, TIME
 from txstream.engine.consolidation import consolidate
-from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.errors import EngineInputError, PipelineDefinitionError
 from txstream.engine.frames import col, union_all
-from txstream.engine.operators.base import Delta, Operator, check_row_wise, first_line
+from txstream.engine.operators.base import Delta, Key, Operator, check_row_wise, first_line
+from txstream.engine.spark_internals import input_rows
 from txstream.engine.table import FilterNode, SelectNode, SourceNode
+from txstream.schemas.tables import TableSchema
+
+# From this many rows on, a source's changes enter Spark as Arrow record batches the batch's
+# task converts, columnar until then; below it, as rows converted on the driver (see
+# `SourceOp.rows`): driver rows of a 500k-row batch made it a quarter slower.
+ARROW_INPUT_ROWS = 50_000
 
 
 class SourceOp(Operator):
     """An input table: its delta is the batch's changes of the source, consolidated on entry."""
 
+    node: SourceNode
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def table_schema(self) -> TableSchema:
+        assert self.node.schema is not None, "Pipeline.source always gives a schema"
+        return self.node.schema
+
     def _resolve(self) -> StructType:
-        assert isinstance(self.node, SourceNode) and self.node.schema is not None
-        return StructType.fromDDL(self.node.schema.spark_ddl())
+        return StructType.fromDDL(self.table_schema.spark_ddl())
+
+    def key(self, inputs: Sequence[Key]) -> Key:
+        return tuple(self.table_schema.primary_key) or None
+
+    @cached_property
+    def _change_types(self) -> tuple[pa.Schema, StructType]:
+        """The source's changes' types in Arrow and in Spark (made once: a Spark type parsed
+        from DDL is a round trip to the JVM)."""
+        schema = self.table_schema
+        return (schema.arrow_schema(with_changes=True),
+                StructType.fromDDL(schema.spark_ddl(with_changes=True)))
+
+    def prepared(self, changes: Changes) -> pa.Table:
+        """The source's changes of a batch in the schema's types, consolidated: the operators
+        rely on consolidated input, and a `Changes` made with `Changes.of` (or cast to the
+        schema's types here) is not known to be."""
+        want = [*self.columns, TIME, DIFF]
+        table = changes.table
+        missing = [c for c in want if c not in table.column_names]
+        if missing:
+            raise EngineInputError(f"{self.node.label}: changes lack column(s) "
+                                   f"{', '.join(missing)}")
+        try:
+            typed = table.select(want).cast(self._change_types[0])
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise EngineInputError(f"{self.node.label}: changes do not fit the schema: {exc}"
+                                   ) from exc
+        return consolidate_changes(typed, self.columns).table
+
+    def rows(self, changes: Changes) -> tuple[JavaObject, JavaObject]:
+        """The source's changes of a batch as an RDD of rows, with no Spark job, and the
+        attributes of a leaf over it (a leaf a template can rebind); from ARROW_INPUT_ROWS rows
+        on, as Arrow record batches."""
+        return input_rows(self.spark, self.prepared(changes), self._change_types[1],
+                          columnar=changes.num_rows >= ARROW_INPUT_ROWS)
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         return deltas[0]
@@ -35,6 +92,15 @@ class SelectOp(Operator):
 
     def _exprs(self) -> list[str]:
         return [f"{expr} AS `{name}`" for name, expr in self.node.exprs]
+
+    def expressions(self) -> list[str]:
+        return [expr for _, expr in self.node.exprs]
+
+    def key(self, inputs: Sequence[Key]) -> Key:
+        """The input's key, when every column of it is selected as it is."""
+        key = inputs[0]
+        plain = {name for name, expr in self.node.exprs if expr == f"`{name}`"}
+        return key if key is not None and set(key) <= plain else None
 
     def _resolve(self) -> StructType:
         try:
@@ -53,6 +119,12 @@ class SelectOp(Operator):
 
 class FilterOp(Operator):
     node: FilterNode
+
+    def expressions(self) -> list[str]:
+        return [self.node.predicate]
+
+    def key(self, inputs: Sequence[Key]) -> Key:
+        return inputs[0]
 
     def _resolve(self) -> StructType:
         empty = self._empty(self.input_schemas[0])
@@ -76,6 +148,9 @@ class FilterOp(Operator):
 class NegateOp(Operator):
     def _resolve(self) -> StructType:
         return self.input_schemas[0]
+
+    def key(self, inputs: Sequence[Key]) -> Key:
+        return inputs[0]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]

@@ -1,28 +1,62 @@
-"""The leaves of a batch's plans, as Spark's own logical nodes built through py4j, and the
-rebinding of a plan to other leaves.
+"""Every use the engine makes of Spark's internal (JVM) API, in one module: Spark keeps these
+classes stable neither in name nor in signature across minor releases, so upgrading Spark means
+checking this module (and running the engine's tests), nothing else. pyproject.toml pins pyspark
+to the minor release they were written and tested against.
 
-A batch's plans read four kinds of leaves: input deltas and state (an RDD of rows each, a
+What the engine builds through py4j is the leaves of a batch's plans, as Spark's own logical
+nodes. A batch's plans read four kinds of leaves: input deltas and state (an RDD of rows each, a
 `LogicalRDD`), frames computed once per batch (an `InMemoryRelation`, see `BatchPlan.shared`),
 and the hash indexes of large state runs (a `LogicalQueryStage`, see `index_node`). Each leaf
 has a key that survives Spark's copies of it (the deduplication of a self-join gives a copy
 fresh attribute ids): the id of its RDD, the name of its cached relation, or its stage's id.
 `rebind` replaces leaves by key in an analyzed (or optimized) plan, keeping each occurrence's
 attributes, so the rest of the plan stays valid without being analyzed again.
+
+The internal API used, by class (org.apache.spark unless Scala or Java):
+
+- `sql.classic.Dataset.ofRows(session, plan)`, and pyspark's `sql.classic.dataframe.DataFrame`
+  (`ClassicDataFrame`) over it: a frame over a plan built here (`frame_of`).
+- `DataFrame._jdf.queryExecution()`: `.analyzed()`, `.optimizedPlan()`, `.executedPlan()`.
+- `sql.catalyst.plans.logical.LogicalPlan` (any node): `nodeName()`, `output()`, `child()`,
+  `children()`, `apply(i)`, `deterministic()`, `collectLeaves()`, `transformUp(partial
+  function)` (given an immutable Scala `Map` as the partial function), `setAnalyzed()`,
+  `newInstance()` (of a leaf); `sql.catalyst.plans.logical.LocalRelation.data()`.
+- `sql.execution.LogicalRDD(output, rdd, outputPartitioning, outputOrdering, isStreaming,
+  stats, session, originStats, originConstraints, stream)`: its ten-argument constructor,
+  `rdd()`; `sql.catalyst.plans.physical.UnknownPartitioning(n)`.
+- `sql.execution.columnar.InMemoryRelation.apply(storageLevel, queryExecution, tableName)`,
+  `cacheBuilder().tableName()`, `withOutput(attributes)`; `storage.StorageLevel.MEMORY_AND_DISK`.
+- `sql.execution.adaptive.LogicalQueryStage(logicalPlan, physicalPlan)`, `physicalPlan()`;
+  `sql.execution.adaptive.BroadcastQueryStageExec(id, plan, canonicalized)`;
+  `sql.execution.exchange.ReusedExchangeExec(output, exchange)`; of a
+  `sql.execution.exchange.BroadcastExchangeExec`: `executeBroadcast()` (and its `destroy()`),
+  `metrics()` (`numOutputRows`, `dataSize`), `canonicalized()`, `getClass().getSimpleName()`.
+- `SparkContext` (JVM side): `emptyRDD`, `union(Seq, ClassTag)`, `parallelize(Seq, n,
+  ClassTag)`; `rdd.RDD.id()`.
+- Scala and Java: `scala.collection.immutable.Nil`, `scala.collection.immutable.Map.empty()`,
+  `scala.Option` (`empty()`, `apply`), `scala.reflect.ClassTag.AnyRef()`,
+  `scala.jdk.javaapi.CollectionConverters.asScala`, `java.util.ArrayList`.
+- The session setting `spark.sql.execution.arrow.localRelationThreshold` (see `input_rows`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
+import pyarrow as pa
 from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+from pyspark.sql.types import StructType
 
 LeafKey = tuple[str, int | str]
 _names = itertools.count(1)
+# Below this size, createDataFrame converts Arrow data to rows on the driver.
+_LOCAL_RELATION_BYTES = "spark.sql.execution.arrow.localRelationThreshold"
 
 
 def frame_of(spark: SparkSession, plan: JavaObject) -> DataFrame:
@@ -33,6 +67,27 @@ def frame_of(spark: SparkSession, plan: JavaObject) -> DataFrame:
 
 def analyzed(frame: DataFrame) -> JavaObject:
     return frame._jdf.queryExecution().analyzed()
+
+
+def optimized(frame: DataFrame) -> JavaObject:
+    return frame._jdf.queryExecution().optimizedPlan()
+
+
+def plan_now(frame: DataFrame) -> None:
+    """Plan `frame` physically now (Spark keeps the plan for the action that runs it)."""
+    frame._jdf.queryExecution().executedPlan()
+
+
+def attributes(frame: DataFrame) -> JavaObject:
+    """The attributes a frame's analyzed plan outputs."""
+    return analyzed(frame).output()
+
+
+def one_operator(frame: DataFrame, operator: str) -> tuple[bool, bool]:
+    """Whether `frame`'s analyzed plan is exactly one `operator` node (`Project`, `Filter`)
+    over a leaf, and whether that plan is deterministic."""
+    plan = analyzed(frame)
+    return plan.nodeName() == operator and plan.apply(2) is None, plan.deterministic()
 
 
 def _module(spark: SparkSession, path: str) -> JavaObject:
@@ -95,6 +150,46 @@ def _jvm(spark: SparkSession) -> _Jvm:
     )
 
 
+# --- input -----------------------------------------------------------------------------------
+
+@contextmanager
+def _arrow_on_executors(spark: SparkSession) -> Iterator[None]:
+    """`createDataFrame` of Arrow data keeps its record batches for the task to convert
+    (Spark otherwise converts small ones to rows on the driver)."""
+    conf = spark.conf
+    previous = conf.get(_LOCAL_RELATION_BYTES, None)
+    conf.set(_LOCAL_RELATION_BYTES, "0")
+    try:
+        yield
+    finally:
+        if previous is None:
+            conf.unset(_LOCAL_RELATION_BYTES)
+        else:
+            conf.set(_LOCAL_RELATION_BYTES, previous)
+
+
+def input_rows(spark: SparkSession, table: pa.Table, schema: StructType, columnar: bool
+               ) -> tuple[JavaObject, JavaObject]:
+    """`table` as an RDD of rows, with no Spark job, and the attributes of a leaf over it (a
+    leaf `rebind` can replace). Not `columnar`: the driver's rows, converted on the driver and
+    shipped in the task, as one partition; `columnar`: Arrow record batches the task
+    converts."""
+    if not columnar:
+        local = analyzed(spark.createDataFrame(table, schema=schema))
+        j = _jvm(spark)
+        return local.output(), j.context.parallelize(local.data(), 1, j.rows)
+    with _arrow_on_executors(spark):
+        batches = analyzed(spark.createDataFrame(table, schema=schema))
+    return batches.output(), batches.rdd()
+
+
+# --- leaves ----------------------------------------------------------------------------------
+
+def id_of(rdd: JavaObject) -> int:
+    """An RDD's id, unique in its context."""
+    return rdd.id()
+
+
 def union_rdd(spark: SparkSession, rdds: Sequence[JavaObject]) -> JavaObject:
     """The rows of `rdds` (RDD[InternalRow]) as a new RDD (a leaf key of its own), with no job
     and no closure."""
@@ -116,6 +211,12 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> JavaOb
                          j.none, False)
 
 
+def fresh_attributes(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> JavaObject:
+    """Attributes of the same names and types as `output`, with new ids, for a leaf of
+    `rdd`."""
+    return rdd_node(spark, output, rdd).newInstance().output()
+
+
 def rdd_leaf(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> DataFrame:
     """`rdd` as a frame with fresh attributes of the same names and types as `output`."""
     return frame_of(spark, rdd_node(spark, output, rdd).newInstance())
@@ -126,13 +227,6 @@ def rdd_of(frame: DataFrame) -> JavaObject:
     return analyzed(frame).rdd()
 
 
-def local_rows_of(spark: SparkSession, relation: JavaObject) -> JavaObject:
-    """The rows of a local relation (an analyzed `createDataFrame`) as an RDD of one
-    partition: a leaf `rebind` can replace."""
-    j = _jvm(spark)
-    return j.context.parallelize(relation.data(), 1, j.rows)
-
-
 def cached_relation(frame: DataFrame) -> JavaObject:
     """The in-memory relation Spark's cache builds for `frame`, under a name of its own (its
     key), not registered in the cache manager (which every later plan would be matched
@@ -140,6 +234,11 @@ def cached_relation(frame: DataFrame) -> JavaObject:
     j = _jvm(frame.sparkSession)
     return j.in_memory_relation.apply(j.memory_and_disk, frame._jdf.queryExecution(),
                                       j.option.apply(f"txstream-{next(_names)}"))
+
+
+def with_attributes(relation: JavaObject, output: JavaObject) -> JavaObject:
+    """A cached relation read under the attributes `output`."""
+    return relation.withOutput(output)
 
 
 def index_node(spark: SparkSession, output: JavaObject, rdd: JavaObject, exchange: JavaObject
@@ -158,6 +257,50 @@ def index_node(spark: SparkSession, output: JavaObject, rdd: JavaObject, exchang
     return j.query_stage(rdd_node(spark, output, rdd), stage)
 
 
+# --- broadcast exchanges (the state's indexes) -----------------------------------------------
+
+def broadcast_exchange(frame: DataFrame) -> JavaObject:
+    """The broadcast exchange of `frame`'s physical plan (planned here), not yet run."""
+    plan = frame._jdf.queryExecution().executedPlan()
+    exchange = _find(plan, "BroadcastExchangeExec")
+    assert exchange is not None, f"no broadcast exchange in {plan.toString()}"
+    return exchange
+
+
+def run_broadcast(exchange: JavaObject) -> tuple[int, int]:
+    """Run `exchange`'s job; the rows and bytes it holds."""
+    exchange.executeBroadcast()
+    return int(_metric(exchange, "numOutputRows")), broadcast_bytes(exchange)
+
+
+def broadcast_bytes(exchange: JavaObject) -> int:
+    """Spark's estimate of the bytes of a run exchange's hash table."""
+    return int(_metric(exchange, "dataSize"))
+
+
+def destroy_broadcast(exchange: JavaObject) -> None:
+    """Free a run exchange's broadcast now, not when the JVM's garbage collector finds it."""
+    exchange.executeBroadcast().destroy()
+
+
+def _metric(exchange: JavaObject, name: str) -> int:
+    return exchange.metrics().apply(name).value()
+
+
+def _find(plan: JavaObject, class_name: str) -> JavaObject | None:
+    """The first node of a physical plan of the class `class_name`, depth first."""
+    if plan.getClass().getSimpleName() == class_name:
+        return plan
+    children = plan.children()
+    for i in range(children.size()):
+        found = _find(children.apply(i), class_name)
+        if found is not None:
+            return found
+    return None
+
+
+# --- rebinding -------------------------------------------------------------------------------
+
 def key_of(leaf: JavaObject) -> LeafKey | None:
     """The key of a leaf `rebind` can replace; None for others (constant relations)."""
     name = leaf.nodeName()
@@ -168,6 +311,16 @@ def key_of(leaf: JavaObject) -> LeafKey | None:
     if name == "LogicalQueryStage":
         return ("index", leaf.physicalPlan().id())
     return None
+
+
+def leaf_key(frame: DataFrame) -> LeafKey:
+    """The key of the leaf a frame reads (under the coalesce that puts it in one partition)."""
+    plan = analyzed(frame)
+    while plan.nodeName() == "Repartition":
+        plan = plan.child()
+    key = key_of(plan)
+    assert key is not None, f"not a leaf frame: {plan.nodeName()}"
+    return key
 
 
 def leaves(plan: JavaObject) -> list[JavaObject]:
