@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from txstream.changes import DIFF, TIME, Changes
 from txstream.engine import Engine, Pipeline
 from txstream.engine import __file__ as engine_module
 from txstream.engine import reducers as r
@@ -88,8 +89,8 @@ def changes(columns: dict[str, np.ndarray], time_: np.ndarray | int, diff: np.nd
             ) -> pa.Table:
     """An engine input: the columns plus `time` and `diff` (scalars broadcast to every row)."""
     n = len(next(iter(columns.values())))
-    extra = {"time": np.broadcast_to(np.int64(time_), n) if np.isscalar(time_) else time_,
-             "diff": np.broadcast_to(np.int64(diff), n) if np.isscalar(diff) else diff}
+    extra = {TIME: np.broadcast_to(np.int64(time_), n) if np.isscalar(time_) else time_,
+             DIFF: np.broadcast_to(np.int64(diff), n) if np.isscalar(diff) else diff}
     return pa.table({name: pa.array(np.ascontiguousarray(values))
                      for name, values in {**columns, **extra}.items()})
 
@@ -119,6 +120,12 @@ def b_frame(spark: SparkSession, size: int) -> DataFrame:
     k = F.col("id")
     return spark.range(size).select(
         k.alias("k"), (((k * V_MULT) % V_MOD).cast("double") / F.lit(V_SCALE)).alias("w"))
+
+
+def engine_input(tables: dict[str, pa.Table]) -> dict[str, Changes]:
+    """Tables of changes as the engine takes them, wrapped as they are (the engine
+    consolidates its input, in the time measured, as the service's input is)."""
+    return {name: Changes.of(table) for name, table in tables.items()}
 
 
 def seconds_of(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -152,13 +159,14 @@ def latency(spark: SparkSession, state_events: int, transactions: int) -> dict[s
     start = time.perf_counter()
     for lo in range(0, state_events, LOAD_EVENTS_PER_BATCH):
         size = min(LOAD_EVENTS_PER_BATCH, state_events - lo)
-        engine.process(as_changes([next(stream) for _ in range(size)], rows, time_))
+        engine.process(engine_input(as_changes([next(stream) for _ in range(size)], rows,
+                                               time_)))
         time_ += 1
     load_s = time.perf_counter() - start
     log(f"latency S={state_events:,}: loaded in {load_s:.1f} s")
     stats = []
     for j in range(10 + transactions):  # the first ten warm up (and merge the loaded runs)
-        engine.process(as_changes([next(stream) for _ in range(10)], rows, time_))
+        engine.process(engine_input(as_changes([next(stream) for _ in range(10)], rows, time_)))
         time_ += 1
         assert engine.last_batch is not None
         if j >= 10:
@@ -205,7 +213,7 @@ def throughput(spark: SparkSession, events: int, keys: int, transactions: int,
         start = time.perf_counter()
         for chunk in chunks:
             t0 = time.perf_counter()
-            outputs.append(engine.process({"events": chunk})["sums"])
+            outputs.append(engine.process(engine_input({"events": chunk}))["sums"].table)
             job_s.append(time.perf_counter() - t0)
             assert engine.last_batch is not None
             spark_jobs.append(engine.last_batch.jobs)
@@ -240,9 +248,9 @@ def pathway_peer(events: int, keys: int, transactions: int) -> dict[str, Any]:
 
 def check_integrated(diffs: pa.Table, want_n: np.ndarray, want_s: np.ndarray) -> None:
     """Summing the diff stream must leave exactly one row per key, equal to numpy's totals."""
-    net = diffs.to_pandas().groupby(["k", "n", "s"], as_index=False)["diff"].sum()
-    net = net[net["diff"] != 0].sort_values("k")
-    assert (net["diff"] == 1).all(), "integrated output has multiplicities other than 1"
+    net = diffs.to_pandas().groupby(["k", "n", "s"], as_index=False)[DIFF].sum()
+    net = net[net[DIFF] != 0].sort_values("k")
+    assert (net[DIFF] == 1).all(), "integrated output has multiplicities other than 1"
     assert np.array_equal(net["k"].to_numpy(), np.arange(len(want_n))), "wrong set of keys"
     assert np.array_equal(net["n"].to_numpy(), want_n), "wrong counts"
     assert np.array_equal(net["s"].to_numpy(), want_s), "wrong sums"
@@ -270,7 +278,7 @@ class Truth:
 
     def after(self, txn: pa.Table) -> Truth:
         g, v, k = (txn[c].to_numpy() for c in ("g", "v", "k"))
-        d = txn["diff"].to_numpy()
+        d = txn[DIFF].to_numpy()
         return Truth(
             self.counts + np.bincount(g, weights=d, minlength=len(self.counts)).astype(np.int64),
             self.sums + np.bincount(g, weights=v * d, minlength=len(self.sums)),
@@ -294,7 +302,7 @@ def check_groupby_delta(out: pa.Table, txn: pa.Table, before: Truth, after: Trut
     """The transaction's output retracts the touched groups' old rows and inserts new ones."""
     touched = np.unique(txn["g"].to_numpy())
     g, n, s = (out[c].to_numpy() for c in ("g", "n", "s"))
-    d = out["diff"].to_numpy()
+    d = out[DIFF].to_numpy()
     plus, minus = d == 1, d == -1
     assert (plus | minus).all() and np.isin(g, touched).all(), "diff or group out of place"
     assert len(np.unique(g[plus])) == plus.sum() and len(np.unique(g[minus])) == minus.sum()
@@ -311,7 +319,7 @@ def check_join_delta(out: pa.Table, txn: pa.Table) -> None:
     """Every changed row of `a` matches exactly one row of `b`: the output is the changes."""
     got = out.sort_by("id")
     want = txn.sort_by("id")
-    for c in ("id", "k", "g", "v", "diff"):
+    for c in ("id", "k", "g", "v", DIFF):
         assert np.array_equal(got[c].to_numpy(), want[c].to_numpy()), f"join output: {c}"
     assert np.array_equal(got["w"].to_numpy(), value_of(want["k"].to_numpy())), "join output: w"
 
@@ -320,7 +328,7 @@ def recompute(spark: SparkSession, query: Callable[[DataFrame], DataFrame], a_ba
               applied: list[pa.Table]) -> pa.Table:
     """`query`'s whole result from scratch, on `a` as of the last applied transaction."""
     net = pa.concat_tables(applied)
-    is_del = pc.equal(net["diff"], -1)
+    is_del = pc.equal(net[DIFF], -1)
     deleted = spark.createDataFrame(net.filter(is_del).select(["id"]), schema="id BIGINT")
     inserted = spark.createDataFrame(net.filter(pc.invert(is_del))
                                      .select(["id", "g", "k", "v"]),
@@ -347,7 +355,7 @@ def load(engine: Engine, source: str, schema_rows: Callable[[np.ndarray], dict[s
     """Feeds ids 0..size-1 in a few large transactions; returns the next free time."""
     batches = max(2, math.ceil(size / LOAD_BATCH_ROWS))
     for j, ids in enumerate(np.array_split(np.arange(size, dtype=np.int64), batches)):
-        engine.process({source: changes(schema_rows(ids), first_time + j, 1)})
+        engine.process(engine_input({source: changes(schema_rows(ids), first_time + j, 1)}))
     return first_time + batches
 
 
@@ -393,7 +401,8 @@ def state_cost(spark: SparkSession, workload: str, size: int, reps: int) -> dict
     indexes: list[int] = []  # indexed state runs each transaction's lookups probed
     for j, txn in enumerate(txns):
         before, truth = truth, truth.after(txn)
-        elapsed, result = seconds_of(lambda txn=txn: engine.process({"a": txn})["out"])
+        elapsed, result = seconds_of(
+            lambda txn=txn: engine.process(engine_input({"a": txn}))["out"].table)
         assert engine.last_batch is not None
         n_jobs = engine.last_batch.jobs
         probed = engine.last_batch.indexes
