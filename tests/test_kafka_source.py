@@ -1,12 +1,12 @@
-"""Kafka input side against the broker fixture: formats, semantics, bad records, mini-batches."""
+"""The Kafka input end to end against the broker fixture: mini-batches, upserts, bad records to
+the dead-letter topic, metadata columns and Debezium read from real records; the decoder's
+formats and checks record by record are tested without a broker in test_decoder."""
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 import time
-from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -37,12 +37,6 @@ from txstream.sources.transactions import TransactionBuilder
 # ---- append_only and mini-batches ---------------------------------------------------------
 
 
-def _errors_by_offset(kafka: KafkaEndpoint, dlq: str, count: int) -> dict[int, str]:
-    """The reasons of the first `count` dead letters, by the offset of their record."""
-    return {int(x["txstream.offset"]): x["txstream.error"]
-            for x in read_dead_letters(kafka, dlq, count)}
-
-
 def test_append_only_json_in_numbered_batches(kafka: KafkaEndpoint, topic_name: str,
                                                builders: list[TransactionBuilder]) -> None:
     kafka.create_topic(topic_name, 2)
@@ -62,16 +56,6 @@ def test_append_only_json_in_numbered_batches(kafka: KafkaEndpoint, topic_name: 
     }
     assert txs[-1].offsets == {topic_name: {0: 6, 1: 4}}
     assert b.stats.events == 10 and b.stats.transactions == 3 and b.stats.bad_records == 0
-
-
-def test_duplicate_rows_in_one_batch_are_consolidated(kafka: KafkaEndpoint, topic_name: str,
-                                                      builders: list[TransactionBuilder]) -> None:
-    kafka.create_topic(topic_name, 1)
-    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
-    builders.append(b := make_builder(kafka, [spec]))
-    produce(kafka, topic_name, [(None, {"id": 1, "item": "a", "qty": 1})] * 3)
-    txs = poll_until(b, lambda ts: len(ts) == 1)
-    assert rows(txs[0]) == [{"id": 1, "item": "a", "qty": 1, "time": 1, "diff": 3}]
 
 
 # ---- upsert -------------------------------------------------------------------------------
@@ -107,29 +91,6 @@ def test_upsert_emits_retractions_nets_and_deletes(kafka: KafkaEndpoint, topic_n
     t3 = poll_until(b, lambda ts: len(ts) >= 1)
     assert rows(t3[0]) == []  # an upsert that changes nothing emits nothing
     assert b.stats.unchanged_upserts == 1
-
-
-def test_upsert_delete_marker_and_multi_transaction_poll(
-    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
-) -> None:
-    kafka.create_topic(topic_name, 1)
-    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert",
-                      delete_field="deleted")
-    builders.append(b := make_builder(kafka, [spec], policy=FAST.model_copy(
-        update={"max_events": 2})))
-    produce(kafka, topic_name, [
-        ("1", {"id": 1, "item": "a", "qty": 1}), ("1", {"id": 1, "item": "a", "qty": 2}),  # T1
-        ("1", {"id": 1, "item": "b", "qty": 2}), ("2", {"id": 2, "item": "z", "qty": 0}),  # T2
-        ("1", {"id": 1, "deleted": True}), ("2", {"id": 2, "item": "z", "qty": 0}),  # T3
-    ])
-    txs = poll_until(b, lambda ts: len(ts) >= 3)
-    assert [rows(t) for t in txs] == [
-        [{"id": 1, "item": "a", "qty": 2, "time": 1, "diff": 1}],
-        [{"id": 1, "item": "a", "qty": 2, "time": 2, "diff": -1},
-         {"id": 1, "item": "b", "qty": 2, "time": 2, "diff": 1},
-         {"id": 2, "item": "z", "qty": 0, "time": 2, "diff": 1}],
-        [{"id": 1, "item": "b", "qty": 2, "time": 3, "diff": -1}],
-    ]
 
 
 # ---- bad input ----------------------------------------------------------------------------
@@ -222,35 +183,6 @@ def test_nested_paths_and_metadata_columns(kafka: KafkaEndpoint, topic_name: str
     assert (r2["city"], r2["k"], r2["off"]) == (None, None, 1)
 
 
-def test_insert_delete_json_integer_and_named_diffs(
-    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
-) -> None:
-    kafka.create_topic(topic_name, 1)
-    other = f"{topic_name}-named"
-    kafka.create_topic(other, 1)
-    numeric = SourceSpec(name="numeric", topic=topic_name, schema=ORDERS,
-                         semantics="insert_delete")
-    named = SourceSpec(name="named", topic=other, schema=ORDERS, semantics="insert_delete",
-                       diff_field="meta.op", diff_values={"insert": 1, "delete": -1})
-    builders.append(b := make_builder(kafka, [numeric, named], dlq))
-    produce(kafka, topic_name, [
-        (None, {"id": 1, "item": "a", "qty": 1, "diff": 1}),
-        (None, {"id": 2, "item": "b", "qty": 1, "diff": 1}),
-        (None, {"id": 2, "item": "b", "qty": 1, "diff": -1}),
-        (None, {"id": 3, "item": "c", "qty": 1, "diff": 0}),  # bad: zero
-        (None, {"id": 4, "item": "d", "qty": 1}),  # bad: no diff
-    ])
-    produce(kafka, other, [
-        (None, {"id": 7, "item": "x", "qty": 1, "meta": {"op": "delete"}}),
-        (None, {"id": 8, "item": "y", "qty": 1, "meta": {"op": "upsert"}}),  # bad: unknown
-    ])
-    txs = poll_until(b, lambda ts: bool(ts) and ts[-1].offsets == {topic_name: {0: 5},
-                                                                   other: {0: 2}})
-    assert integrate(txs, "numeric") == {(("id", 1), ("item", "a"), ("qty", 1)): 1}
-    assert integrate(txs, "named") == {(("id", 7), ("item", "x"), ("qty", 1)): -1}
-    assert b.stats.bad_records == 3
-
-
 def _debezium(op: str, before: dict | None, after: dict | None, wrapped: bool) -> dict:
     envelope = {"op": op, "before": before, "after": after, "source": {"lsn": 1}}
     return {"schema": {"type": "struct"}, "payload": envelope} if wrapped else envelope
@@ -289,111 +221,6 @@ def test_debezium_create_update_delete_snapshot(
     b.commit(t2)
     (letter,) = read_dead_letters(kafka, dlq, 1)
     assert "unknown Debezium op 't'" in letter["txstream.error"]
-
-
-def test_column_types_dates_timestamps_booleans(
-    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
-) -> None:
-    kafka.create_topic(topic_name, 1)
-    schema = TableSchema.of({"id": "bigint", "day": "date", "at": "timestamp", "ok": "boolean",
-                             "price": "double"})
-    spec = SourceSpec(name="typed", topic=topic_name, schema=schema)
-    builders.append(b := make_builder(kafka, [spec], dlq))
-    produce(kafka, topic_name, [
-        (None, {"id": 1, "day": "2024-02-29", "at": "2024-02-29T10:00:00+01:00", "ok": True,
-                "price": 2}),
-        (None, {"id": 2, "day": "2024-02-30"}),  # not a date
-        (None, {"id": 3, "day": 19000}),  # a number where a date is due
-        (None, {"id": 4, "ok": "yes"}),  # not a boolean
-    ])
-    (t,) = poll_until(b, lambda ts: len(ts) == 1)
-    (row,) = t.changes["typed"].to_pylist()
-    assert str(row["day"]) == "2024-02-29" and row["at"].isoformat() == "2024-02-29T09:00:00+00:00"
-    assert row["ok"] is True and row["price"] == 2.0
-    assert b.stats.bad_records == 3
-    b.commit(t)
-    errors = _errors_by_offset(kafka, dlq, 3)
-    assert "not a date" in errors[1] and "day" in errors[2] and "ok" in errors[3]
-
-
-def test_garbage_never_stops_the_stream_and_every_record_is_accounted_for(
-    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
-) -> None:
-    kafka.create_topic(topic_name, 1)
-    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert")
-    builders.append(b := make_builder(kafka, [spec]))
-    rng = random.Random(4)
-    garbage = [b"[" * 100_000, b"\xff\xfe{", b'{"id": 1}\n{"id": 2}', b"null", b'"text"',
-               b'{"id": {"nested": 1}}', b'{"id": 1e400}', b'{"id": -9223372036854775809}']
-    garbage += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40))) for _ in range(30)]
-    good = [(str(i), order_row(i)) for i in range(20)]
-    records: list[Record] = [*good[:10], *((str(100 + i), g) for i, g in enumerate(garbage)),
-                             *good[10:]]
-    produce(kafka, topic_name, records)
-    txs = poll_until(b, lambda ts: b.stats.events == len(records) and bool(ts)
-                     and ts[-1].offsets[topic_name][0] == len(records))
-    assert integrate(txs, "orders") == {tuple(order_row(i).items()): 1 for i in range(20)}
-    assert b.stats.bad_records == len(garbage)
-
-
-def test_values_padded_with_whitespace_are_read_in_their_place(
-    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
-) -> None:
-    """Values the batch-wide screen cannot pass (JSON whitespace around the object) are
-    checked one by one and parsed with the others, in stream order: an upsert source keeps
-    the last value of a key."""
-    kafka.create_topic(topic_name, 1)
-    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert")
-    builders.append(b := make_builder(kafka, [spec]))
-    padded = [b" \t", b"\r\n ", b"\n"]
-
-    def row(i: int) -> dict[str, Any]:
-        return {"id": i % 4, "item": f"i{i}", "qty": i}
-
-    records: list[Record] = [
-        (str(i % 4), padded[i % 3] + json.dumps(row(i)).encode() + padded[i % 2]
-         if i % 3 else row(i))
-        for i in range(12)
-    ]
-    records.append(("9", b" null "))
-    produce(kafka, topic_name, records)
-    txs = poll_until(b, lambda ts: b.stats.events == len(records) and bool(ts)
-                     and ts[-1].offsets[topic_name][0] == len(records))
-    rows = integrate(txs, "orders")
-    assert rows == {tuple(row(i).items()): 1 for i in range(8, 12)}
-    assert b.stats.bad_records == 1
-
-
-def order_row(i: int) -> dict[str, Any]:
-    return {"id": i, "item": f"i{i}", "qty": i}
-
-
-@pytest.mark.parametrize("semantics", ["upsert", "insert_delete"])
-def test_key_columns_are_required_whatever_the_schema_says(
-    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder],
-    semantics: str,
-) -> None:
-    # As a YAML schema declares it: every column nullable by default, the key too.
-    schema = TableSchema.model_validate({
-        "columns": [{"name": "id", "type": "bigint"}, {"name": "item", "type": "text"},
-                    {"name": "qty", "type": "int"}],
-        "primary_key": ["id"]})
-    kafka.create_topic(topic_name, 1)
-    spec = SourceSpec(name="orders", topic=topic_name, schema=schema, semantics=semantics)
-    assert not spec.table_schema.column("id").nullable
-    builders.append(b := make_builder(kafka, [spec], dlq))
-    extra = {"diff": 1} if semantics == "insert_delete" else {}
-    produce(kafka, topic_name, [("1", {"id": 1, "item": "a", "qty": 1, **extra}),
-                                ("2", {"item": "no key", "qty": 2, **extra}),
-                                ("3", {"id": None, "item": "null key", "qty": 3, **extra}),
-                                ("4", {"id": 4, "item": "d", "qty": 4, **extra})])
-    txs = poll_until(b, n_events(2))
-    assert integrate(txs, "orders") == {
-        (("id", 1), ("item", "a"), ("qty", 1)): 1, (("id", 4), ("item", "d"), ("qty", 4)): 1}
-    assert b.stats.bad_records == 2
-    b.commit(txs[-1])
-    letters = read_dead_letters(kafka, dlq, 2)
-    assert all("required field 'id'" in x["txstream.error"] for x in letters)
 
 
 def test_a_record_too_large_for_the_dead_letter_topic_goes_there_truncated(
@@ -456,82 +283,6 @@ def test_a_dead_letter_the_broker_refused_is_sent_again_before_offsets_move(
             b.close()
     finally:
         broker.stop()
-
-
-def test_values_no_sink_can_store_are_dead_lettered_when_decoded(
-    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
-) -> None:
-    kafka.create_topic(topic_name, 1)
-    schema = TableSchema.of({"id": "bigint", "name": "text", "day": "date", "at": "timestamp"})
-    spec = SourceSpec(name="typed", topic=topic_name, schema=schema)
-    builders.append(b := make_builder(kafka, [spec], dlq))
-    produce(kafka, topic_name, [
-        (None, {"id": 1, "name": "fine", "day": "0001-01-01", "at": "9999-12-31T23:59:59Z"}),
-        (None, {"id": 2, "name": "nul\u0000inside"}),
-        (None, {"id": 3, "day": "0000-01-01"}),
-        (None, {"id": 4, "at": "0000-06-01T00:00:00Z"}),
-    ])
-    (t,) = poll_until(b, lambda ts: len(ts) == 1)
-    assert t.changes["typed"].column("id").to_pylist() == [1]
-    assert b.stats.bad_records == 3
-    b.commit(t)
-    errors = _errors_by_offset(kafka, dlq, 3)
-    assert "'name'" in errors[1] and "NUL" in errors[1]
-    assert "'day'" in errors[2] and "year 1 to 9999" in errors[2]
-    assert "'at'" in errors[3] and "year 1 to 9999" in errors[3]
-
-
-def test_decimals_are_read_from_their_json_text(
-    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
-) -> None:
-    kafka.create_topic(topic_name, 1)
-    spec = SourceSpec(name="money", topic=topic_name,
-                      schema=TableSchema.of({"id": "bigint", "amount": "decimal(19,2)"}))
-    builders.append(b := make_builder(kafka, [spec], dlq))
-    produce(kafka, topic_name, [
-        (None, '{"id": 1, "amount": 12345678901234567.89}'),  # more digits than a double has
-        (None, '{"id": 2, "amount": "-0.10"}'),
-        (None, '{"id": 3, "amount": 5}'),
-        (None, '{"id": 4, "amount": 0.125}'),  # three places: not a decimal(19,2)
-        (None, '{"id": 5, "amount": "ten"}'),
-    ])
-    (t,) = poll_until(b, lambda ts: len(ts) == 1)
-    assert t.changes["money"].column("amount").to_pylist() == [
-        Decimal("12345678901234567.89"), Decimal("-0.10"), Decimal("5.00")]
-    assert b.stats.bad_records == 2
-    b.commit(t)
-    errors = _errors_by_offset(kafka, dlq, 2)
-    assert "'amount'" in errors[3] and "2 decimal places" in errors[3]
-    assert "'amount'" in errors[4] and "decimal" in errors[4]
-
-
-@pytest.mark.parametrize("mode", ["precise", "string"])
-def test_debezium_decimal_encodings(
-    kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder],
-    mode: str,
-) -> None:
-    kafka.create_topic(topic_name, 1)
-    schema = TableSchema.of({"id": "bigint", "amount": "decimal(12,2)"}, primary_key=["id"])
-    # Debezium's default is `precise`: the setting left out means it.
-    spec = SourceSpec(name="orders", topic=topic_name, schema=schema, format="debezium",
-                      semantics="upsert",
-                      **({"decimal_handling_mode": mode} if mode != "precise" else {}))
-    builders.append(b := make_builder(kafka, [spec], dlq))
-    # 429.04 and -0.01: unscaled 42904 = 0x00A798 and -1 = 0xFF, as Kafka Connect writes them.
-    good = ["AKeY", "/w=="] if mode == "precise" else ["429.04", "-0.01"]
-    produce(kafka, topic_name, [
-        ('{"id": 1}', _debezium("c", None, {"id": 1, "amount": good[0]}, wrapped=True)),
-        ('{"id": 2}', _debezium("c", None, {"id": 2, "amount": good[1]}, wrapped=False)),
-        ('{"id": 3}', _debezium("c", None, {"id": 3, "amount": "AKeY!"}, wrapped=False)),
-    ])
-    (t,) = poll_until(b, lambda ts: len(ts) == 1)
-    assert t.changes["orders"].column("amount").to_pylist() == [Decimal("429.04"),
-                                                                Decimal("-0.01")]
-    b.commit(t)
-    (letter,) = read_dead_letters(kafka, dlq, 1)
-    assert "amount'" in letter["txstream.error"]
-    if mode == "precise":
-        assert "decimal_handling_mode" in letter["txstream.error"]
 
 
 def test_decimal_handling_mode_is_for_debezium_sources() -> None:

@@ -1,6 +1,8 @@
-"""Transaction boundaries against the broker fixture: upstream transactions (Kafka transactional
-producers, counts, id changes, aborts), several sources with one numbering, state round trips;
-and the vectorized upsert against a row-at-a-time model."""
+"""The transaction builder end to end against the broker fixture: upstream transactions of
+Kafka transactional producers (counts, aborts, poison records), several sources with one
+numbering, state round trips and replays, the caught-up rule with the client's reports; and,
+without a broker, the vectorized upsert against a row-at-a-time model and the consumer's
+positions. The rules themselves are tested on the pure core in test_boundaries."""
 
 from __future__ import annotations
 
@@ -167,23 +169,6 @@ def test_aborted_complete_upstream_transaction_never_appears(
     assert [t.upstream_id for t in txs] == ["G"] and integrate(txs, "orders") == expect([1])
 
 
-def test_upstream_ids_closed_by_id_change_and_end_of_partition(
-    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
-) -> None:
-    kafka.create_topic(topic_name, 2)
-    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, upstream=BY_ID_CHANGE)
-    # Written before the builder starts, so that one fetch brings both partitions: this rule
-    # trusts the fetch order (see the limits in txstream.sources.transactions).
-    produce(kafka, topic_name, [(None, order(1, tx=7)), (None, order(2, tx=8)),
-                                (None, order(3, tx=9))], partition=0)
-    produce(kafka, topic_name, [(None, order(4, tx=7)), (None, order(5, tx=8))], partition=1)
-    builders.append(b := make_builder(kafka, [spec]))
-    txs = poll_until(b, lambda ts: len(ts) == 3)
-    assert [t.upstream_id for t in txs] == ["7", "8", "9"] and [t.number for t in txs] == [1, 2, 3]
-    assert [integrate([t], "orders") for t in txs] == [expect([1, 4]), expect([2, 5]),
-                                                        expect([3])]
-
-
 def test_poison_record_does_not_hold_back_or_drop_its_transaction(
     kafka: KafkaEndpoint, topic_name: str, dlq: str, builders: list[TransactionBuilder]
 ) -> None:
@@ -227,24 +212,6 @@ def test_sources_share_one_numbering_and_one_upstream_transaction_spans_topics(
         {"id": 50, "item": "i50", "qty": 50, "time": 2, "diff": -1},
     ]
     assert txs[1].changes["orders"].num_rows == 0
-
-
-def test_mixed_batch_and_upstream_sources_number_together(
-    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
-) -> None:
-    other = f"{topic_name}-batch"
-    kafka.create_topic(topic_name, 1)
-    kafka.create_topic(other, 1)
-    batch = SourceSpec(name="events", topic=other, schema=ORDERS)
-    builders.append(b := make_builder(kafka, [counted_source(topic_name), batch]))
-    produce(kafka, other, [(None, order(1)), (None, order(2))])
-    txn = UpstreamProducer(kafka, topic_name, "U", 1)
-    txn.send(3, 0)
-    txn.commit()
-    txs = poll_until(b, lambda ts: len(ts) == 2)
-    assert sorted(t.number for t in txs) == [1, 2]
-    assert integrate(txs, "events") == expect([1, 2])
-    assert integrate(txs, "orders") == expect([3])
 
 
 # ---- restart ------------------------------------------------------------------------------
@@ -293,75 +260,6 @@ def test_state_round_trip_keeps_numbers_upsert_rows_and_emitted_transactions(
         assert second.stats.replayed_skipped == 1 and second.stats.late_upstream_records == 0
     finally:
         second.close()
-
-
-def test_a_replayed_upstream_transaction_waits_for_its_records(
-    kafka: KafkaEndpoint, topic_name: str
-) -> None:
-    """Emitted but not committed before a crash, an upstream transaction is replayed with its
-    number: it stays open until its records are read again, never emitted empty (the poll
-    right after the restore reads nothing yet)."""
-    kafka.create_topic(topic_name, 1)
-    spec = counted_source(topic_name)
-    group = uuid.uuid4().hex
-    first = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=FAST)
-    try:
-        txn = UpstreamProducer(kafka, topic_name, "R", 2)
-        txn.send(1, 0)
-        txn.send(2, 0)
-        txn.commit()
-        (emitted,) = poll_until(first, lambda ts: len(ts) == 1)
-        state = first.state()
-    finally:
-        first.close()
-    second = TransactionBuilder(kafka.bootstrap_servers, [spec], group_id=group, policy=FAST)
-    try:
-        second.restore(state, replay=[emitted.log_entry()])
-        assert poll_once(second, 0) == []
-        (again,) = poll_until(second, lambda ts: len(ts) == 1)
-        assert (again.number, again.upstream_id) == (1, "R")
-        assert integrate([again], "orders") == expect([1, 2])
-    finally:
-        second.close()
-
-
-def test_a_later_upstream_transaction_waits_for_an_earlier_open_one(
-    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
-) -> None:
-    """Partition order A1 B1 A2: B is complete first but goes after A (records of a partition
-    are in commit order), so upserts of one key apply in that order."""
-    kafka.create_topic(topic_name, 1)
-    spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS, semantics="upsert",
-                      upstream=COUNTED)
-    builders.append(b := make_builder(kafka, [spec]))
-    headers = {name: [("txid", name.encode()), ("txn", b"2" if name == "A" else b"1")]
-               for name in ("A", "B")}
-    produce(kafka, topic_name, [("1", order(1, qty=1), headers["A"]),
-                                ("1", order(1, qty=2), headers["B"])])
-    for _ in range(3):
-        assert poll_once(b, 0.2) == []
-    produce(kafka, topic_name, [("2", order(2), headers["A"])])
-    txs = poll_until(b, lambda ts: len(ts) == 2)
-    assert [(t.number, t.upstream_id) for t in txs] == [(1, "A"), (2, "B")]
-    assert rows(txs[1]) == [{"id": 1, "item": "i1", "qty": 1, "time": 2, "diff": -1},
-                            {"id": 1, "item": "i1", "qty": 2, "time": 2, "diff": 1}]
-
-
-def test_partitions_disagreeing_on_the_commit_order_do_not_hold_transactions_forever(
-    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
-) -> None:
-    """Partition 0 says A then B, partition 1 says B then A: both complete, each waits for the
-    other. They are emitted all the same, in the order they completed."""
-    kafka.create_topic(topic_name, 2)
-    builders.append(b := make_builder(kafka, [counted_source(topic_name)]))
-    headers = {name: [("txid", name.encode()), ("txn", b"2")] for name in ("A", "B")}
-    produce(kafka, topic_name, [("1", order(1), headers["A"]), ("2", order(2), headers["B"])],
-            partition=0)
-    produce(kafka, topic_name, [("3", order(3), headers["B"]), ("4", order(4), headers["A"])],
-            partition=1)
-    txs = poll_until(b, lambda ts: len(ts) == 2)
-    assert sorted(t.upstream_id for t in txs) == ["A", "B"]
-    assert integrate(txs, "orders") == expect([1, 2, 3, 4])
 
 
 # ---- the vectorized upsert against a row-at-a-time model ----------------------------------
@@ -477,27 +375,20 @@ def test_replay_rebuilds_emitted_mini_batches_with_their_numbers(
         second.close()
 
 
-@pytest.mark.parametrize("rule_on", [True, False])
 def test_a_mini_batch_closes_when_the_consumer_has_caught_up(
-    kafka: KafkaEndpoint, topic_name: str, rule_on: bool
+    kafka: KafkaEndpoint, topic_name: str
 ) -> None:
     """A backlog is cut at `max_events`; its remainder, and then a lone record, close as soon
-    as every partition is read to its end, not `max_delay_ms` later. Without the rule they wait
-    for the delay."""
+    as every partition is read to its end (the client's reports), not `max_delay_ms` later.
+    (Without the rule they wait for the delay: see the mini-batch model in test_boundaries.)"""
     kafka.create_topic(topic_name, 2)
     spec = SourceSpec(name="orders", topic=topic_name, schema=ORDERS)
     policy = FAST.model_copy(update={"max_events": 4, "max_delay_ms": 60_000,
-                                     "close_when_caught_up": rule_on})
+                                     "close_when_caught_up": True})
     # Written before the builder starts, so that its first fetch sees the whole backlog.
     produce(kafka, topic_name, [(None, order(i)) for i in range(10)])
     builder = make_builder(kafka, [spec], policy=policy)
     try:
-        if not rule_on:
-            backlog = poll_until(builder, lambda ts: len(ts) == 2)
-            assert [len(rows(t)) for t in backlog] == [4, 4]
-            late = [t for _ in range(10) for t in poll_once(builder, 0.2)]
-            assert late == [], "the remainder waits for max_delay_ms"
-            return
         backlog = poll_until(builder, lambda ts: sum(len(rows(t)) for t in ts) == 10, 5)
         assert [len(rows(t)) for t in backlog] == [4, 4, 2]
         produce(kafka, topic_name, [(None, order(10))], partition=1)
@@ -592,19 +483,6 @@ def test_end_marker_closes_upstream_transactions_and_late_records_are_dead_lette
     (letter,) = read_dead_letters(kafka, dlq, 1)
     assert "after the transaction was emitted as #1" in letter["txstream.error"]
     assert letter["value"] == _json(5)
-
-
-def test_unreadable_count_header_rejects_the_record_only(
-    kafka: KafkaEndpoint, topic_name: str, builders: list[TransactionBuilder]
-) -> None:
-    kafka.create_topic(topic_name, 1)
-    builders.append(b := make_builder(kafka, [counted_source(topic_name)]))
-    produce(kafka, topic_name, [
-        (None, order(1), [("txid", b"C"), ("txn", b"lots")]),
-        (None, order(2), [("txid", b"C"), ("txn", b"2")]),
-    ])
-    (t,) = poll_until(b, lambda ts: len(ts) == 1)
-    assert integrate([t], "orders") == expect([2]) and b.stats.bad_records == 1
 
 
 class _Consumed:
