@@ -25,6 +25,23 @@ FAST = BatchPolicy(max_events=1000, max_delay_ms=200, upstream_timeout_ms=3000)
 
 Record = tuple[Any, Any] | tuple[Any, Any, list[tuple[str, bytes]]]
 
+# (key, value) of an upsert source with max_value_bytes=200: five good records, then eight bad
+# ones; `BAD_ORDER` interleaves them (the bad ones at offsets 1-4 and 7-10).
+GOOD_RECORDS: list[Record] = [(str(i), {"id": i, "item": "ok", "qty": i}) for i in range(5)]
+BAD_RECORDS: list[Record] = [
+    ("10", b'{"id": 10, "item": "x", "qty": '),  # malformed JSON
+    ("11", {"id": 11, "item": "x", "qty": "many"}),  # wrong type
+    ("12", {"item": "x", "qty": 1}),  # missing non-nullable key column
+    ("13", {"id": 13, "item": "x" * 300, "qty": 1}),  # oversize
+    (None, {"id": 14, "item": "x", "qty": 1}),  # null key on an upsert source
+    ("15", {"id": 15, "item": "x", "qty": 2**40}),  # int overflow
+    ("16", b"[1, 2]"),  # not an object
+    ("17", b""),  # empty value
+]
+BAD_ORDER: list[Record] = [GOOD_RECORDS[0], *BAD_RECORDS[:4], *GOOD_RECORDS[1:3],
+                           *BAD_RECORDS[4:], *GOOD_RECORDS[3:]]
+BAD_OFFSETS = [1, 2, 3, 4, 7, 8, 9, 10]
+
 
 def _bytes(x: Any) -> bytes | None:
     if x is None or isinstance(x, bytes):

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka_helpers import ORDERS
+from kafka_helpers import BAD_OFFSETS, BAD_ORDER, ORDERS
 
 from txstream.changes import DIFF, TIME
 from txstream.schemas.sources import RecordField, SourceSpec, UpstreamTransactions
@@ -160,22 +160,11 @@ def test_rows_of_a_dropped_transaction_become_dead_letters() -> None:
 def test_bad_records_are_isolated_with_their_reasons() -> None:
     spec = SourceSpec(name="orders", topic="t", schema=ORDERS, semantics="upsert",
                       max_value_bytes=200)
-    good = [(str(i), {"id": i, "item": "ok", "qty": i}) for i in range(5)]
-    bad: list[tuple[Value, Value]] = [
-        ("10", b'{"id": 10, "item": "x", "qty": '),  # malformed JSON
-        ("11", {"id": 11, "item": "x", "qty": "many"}),  # wrong type
-        ("12", {"item": "x", "qty": 1}),  # missing non-nullable key column
-        ("13", {"id": 13, "item": "x" * 300, "qty": 1}),  # oversize
-        (None, {"id": 14, "item": "x", "qty": 1}),  # null key on an upsert source
-        ("15", {"id": 15, "item": "x", "qty": 2**40}),  # int overflow
-        ("16", b"[1, 2]"),  # not an object
-        ("17", b""),  # empty value
-    ]
-    records = [good[0], *bad[:4], good[1], good[2], *bad[4:], good[3], good[4]]
+    records = BAD_ORDER
     batch = decode(spec, [v for _, v in records], [k for k, _ in records])
     assert own(batch, spec) == [{"id": i, "item": "ok", "qty": i} for i in range(5)]
     reasons = errors(batch)
-    assert sorted(reasons) == [1, 2, 3, 4, 7, 8, 9, 10]
+    assert sorted(reasons) == BAD_OFFSETS
     assert "malformed JSON" in reasons[1]
     assert reasons[2].startswith("field 'qty': Input should be a valid int")
     assert "'id'" in reasons[3] and "max_value_bytes" in reasons[4]

@@ -1,1 +1,20 @@
-"""The input side: Kafka records -> decoded rows -> numbered transactions."""
+"""The input side: Kafka records -> decoded rows -> numbered transactions.
+
+Pure (no Kafka client; tested without a broker):
+    kafka_source       what records become: RawRecords, decoded rows' bookkeeping, BadRecord
+    decoder            SourceDecoder: one topic's RawRecords -> rows + bad records
+    json_values, field_checks, single_records, debezium_decimals   the decoder's parts
+    boundaries         TransactionBoundaries: records as arrays -> closed transactions
+    open_transactions, positions   its parts: rules, mini-batches, emission order, offsets
+    debezium_metadata  Debezium END events -> expected counts
+    pending            decoded rows of open transactions -> one Changes per source
+    upsert             the current row of every key of an upsert source
+    transaction_batch  Transaction, TransactionBatch: what the input hands to the service
+    source_checks, source_state   sources checked together; what a restart resumes from
+With the Kafka client:
+    transactions       TransactionBuilder: polls, decodes, commits (thin)
+    consumed           the client's records as plain data
+    dead_letters       the dead-letter producer
+    kafka_monitor      lag and latency, off the service's threads
+    kafka_input        KafkaInput: the builder and the monitor as the service sees them
+"""

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -62,8 +61,12 @@ import pyarrow.compute as pc
 from txstream.schemas.sources import BatchPolicy
 from txstream.sources.kafka_source import KafkaSourceError
 from txstream.sources.open_transactions import (
+    BoundaryCounts,
+    Closing,
+    LateRecord,
     MiniBatches,
     OpenTransaction,
+    Placement,
     PolledRecords,
     TopicRule,
     emission_order,
@@ -77,40 +80,6 @@ log = logging.getLogger(__name__)
 # Emitted upstream transactions kept to recognize late records, beyond those whose records may
 # still be read again after a restore.
 _LATE_WINDOW = 10_000
-
-
-@dataclass(frozen=True)
-class LateRecord:
-    """A record of an upstream transaction emitted before it was read."""
-
-    index: int  # in the poll's records
-    upstream_id: str
-    number: int  # the transaction's
-
-
-@dataclass
-class Placement:
-    """Where one poll's records went."""
-
-    keys: pa.Array  # per record, the key of its open transaction; null: in none
-    late: list[LateRecord]
-
-
-@dataclass
-class Closing:
-    """What `close_ready` closed: transactions in emission order, and the expired ones."""
-
-    transactions: list[Transaction]
-    numbers: dict[str, int]  # key of each closed transaction -> its number
-    expired: list[OpenTransaction]
-
-
-@dataclass
-class BoundaryCounts:
-    transactions: int = 0  # closed
-    incomplete_upstream: int = 0  # upstream transactions expired
-    replayed_skipped: int = 0  # records of transactions emitted before a restart
-    late_upstream_records: int = 0  # records of an upstream transaction already emitted
 
 
 class TransactionBoundaries:

@@ -5,7 +5,7 @@ plain sequences for its decoder (`raw_records`)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
 from confluent_kafka import KafkaError, Message
@@ -27,6 +27,9 @@ class _PerMessage(Sequence[_T]):
     def __len__(self) -> int:
         return len(self._messages)
 
+    def __iter__(self) -> Iterator[_T]:
+        return map(self._read, self._messages)
+
     @overload
     def __getitem__(self, i: int) -> _T: ...
 
@@ -43,13 +46,14 @@ def raw_records(messages: Sequence[Message], topic: str | None = None,
                 partitions: Sequence[int] | None = None, offsets: Sequence[int] | None = None
                 ) -> RawRecords:
     """Consumed records of one topic (`topic`, or the first record's) as the decoder takes
-    them: values read now, partitions and offsets given or read now, the other fields only
-    when the decoder asks for them."""
+    them: values read now, the other fields (partitions and offsets unless given) only when
+    the decoder asks for them."""
     n = len(messages)
     return RawRecords(
         topic=topic if topic is not None else (messages[0].topic() if n else ""),
-        partitions=partitions if partitions is not None else [m.partition() for m in messages],
-        offsets=offsets if offsets is not None else [m.offset() for m in messages],
+        partitions=partitions if partitions is not None else _PerMessage(messages,
+                                                                         Message.partition),
+        offsets=offsets if offsets is not None else _PerMessage(messages, Message.offset),
         values=list(map(Message.value, messages)),
         keys=_PerMessage(messages, Message.key),
         headers=_PerMessage(messages, Message.headers),

@@ -29,16 +29,12 @@ from txstream.sources.field_checks import (
 )
 from txstream.sources.json_values import JsonReader, ParsedJson
 from txstream.sources.kafka_source import (
-    DELETE,
     SEQ,
-    SIGN,
-    UPSTREAM_COUNT,
-    UPSTREAM_END,
-    UPSTREAM_ID,
     BadRecord,
     DecodedBatch,
     Headers,
     RawRecords,
+    bookkeeping,
     rows_schema,
 )
 from txstream.sources.single_records import tombstone_rows, with_upstream
@@ -193,12 +189,8 @@ class SourceDecoder:
             table = pa.table(
                 {
                     **cols,
-                    SEQ: pa.array(indices),
-                    SIGN: diff_arr,
-                    DELETE: pa.array(np.full(n, delete)),
-                    UPSTREAM_ID: txid,
-                    UPSTREAM_COUNT: txcount,
-                    UPSTREAM_END: txend,
+                    **bookkeeping(pa.array(indices), diff_arr, pa.array(np.full(n, delete)),
+                                  txid, txcount, txend),
                 },
                 schema=self._out_schema,
             )

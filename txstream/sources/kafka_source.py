@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +27,13 @@ UPSTREAM_END = "__upstream_end"  # the record carries the upstream transaction's
 BOOKKEEPING = (SEQ, SIGN, DELETE, UPSTREAM_ID, UPSTREAM_COUNT, UPSTREAM_END)
 
 Headers = list[tuple[str, bytes]]
+
+
+def bookkeeping(seq: Any, sign: Any, delete: Any, upstream_id: Any, upstream_count: Any,
+                upstream_end: Any) -> dict[str, Any]:
+    """The bookkeeping columns of decoded rows (values or arrays) by name."""
+    return {SEQ: seq, SIGN: sign, DELETE: delete, UPSTREAM_ID: upstream_id,
+            UPSTREAM_COUNT: upstream_count, UPSTREAM_END: upstream_end}
 
 
 class KafkaSourceError(RuntimeError):

@@ -2,7 +2,8 @@
 offsets and partitions.
 
 * `TopicRule`: how one source topic's records form transactions; `PolledRecords`: one poll's
-  records as arrays; `MiniBatches`: the mini-batch rule.
+  records as arrays; `Placement` and `Closing`: what the core makes of them; `MiniBatches`:
+  the mini-batch rule.
 * `OpenTransaction`, and `emission_order`: complete ones leave one after every transaction that
   has a record before its first in a partition they share (records of one partition are in
   commit order), the one completed first when several are free.
@@ -18,10 +19,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from txstream.schemas.sources import BatchPolicy, SourceSpec
 from txstream.sources.positions import Partition
-from txstream.sources.transaction_batch import Offsets, Ranges
+from txstream.sources.transaction_batch import Offsets, Ranges, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -84,18 +86,54 @@ class PolledRecords:
            upstream_ids: Sequence[str | None] | None = None,
            expected_counts: Sequence[int] | None = None,
            end_markers: Sequence[bool] | None = None) -> PolledRecords:
+        """Records without upstream transactions unless told (no id, no count, no marker)."""
         n = len(topics)
-        return cls(np.array(topics, dtype=object), np.asarray(partitions, dtype=np.int64),
-                   np.asarray(offsets, dtype=np.int64),
-                   np.array(upstream_ids if upstream_ids is not None else [None] * n,
-                            dtype=object),
-                   np.asarray(expected_counts if expected_counts is not None else [-1] * n,
-                              dtype=np.int64),
-                   np.asarray(end_markers if end_markers is not None else [False] * n,
-                              dtype=bool))
+        ids = np.full(n, None, dtype=object)
+        if upstream_ids is not None:
+            ids[:] = list(upstream_ids)
+        return cls(np.asarray(topics, dtype=object), np.asarray(partitions, dtype=np.int64),
+                   np.asarray(offsets, dtype=np.int64), ids,
+                   np.asarray(expected_counts, dtype=np.int64) if expected_counts is not None
+                   else np.full(n, -1, dtype=np.int64),
+                   np.asarray(end_markers, dtype=bool) if end_markers is not None
+                   else np.zeros(n, dtype=bool))
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+
+@dataclass(frozen=True)
+class LateRecord:
+    """A record of an upstream transaction emitted before it was read."""
+
+    index: int  # in the poll's records
+    upstream_id: str
+    number: int  # the transaction's
+
+
+@dataclass
+class Placement:
+    """Where one poll's records went."""
+
+    keys: pa.Array  # per record, the key of its open transaction; null: in none
+    late: list[LateRecord]
+
+
+@dataclass
+class Closing:
+    """What `close_ready` closed: transactions in emission order, and the expired ones."""
+
+    transactions: list[Transaction]
+    numbers: dict[str, int]  # key of each closed transaction -> its number
+    expired: list[OpenTransaction]
+
+
+@dataclass
+class BoundaryCounts:
+    transactions: int = 0  # closed
+    incomplete_upstream: int = 0  # upstream transactions expired
+    replayed_skipped: int = 0  # records of transactions emitted before a restart
+    late_upstream_records: int = 0  # records of an upstream transaction already emitted
 
 
 @dataclass

@@ -12,16 +12,7 @@ import pyarrow as pa
 
 from txstream.schemas.sources import RecordField, SourceSpec, split_path
 from txstream.sources.json_values import walk
-from txstream.sources.kafka_source import (
-    DELETE,
-    SEQ,
-    SIGN,
-    UPSTREAM_COUNT,
-    UPSTREAM_END,
-    UPSTREAM_ID,
-    BadRecord,
-    Headers,
-)
+from txstream.sources.kafka_source import BadRecord, Headers, bookkeeping
 
 
 def upstream_of(spec: SourceSpec, headers: Headers | None, value: Any
@@ -77,9 +68,9 @@ def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
                    ) -> tuple[pa.Table, dict[int, str]]:
     """Upsert deletes from the tombstones at `indices`: the key columns come from the record's
     key (a JSON object of the key columns, optionally in a Debezium `payload`, or for a
-    one-column key its JSON scalar or raw text). Returns the rows (`out_schema`, SEQ holding the
-    record's index) and the reasons of the tombstones rejected, by index. Tombstones are few,
-    so this is per record."""
+    one-column key its JSON scalar or raw text). Returns the rows (`out_schema`, each one's
+    sequence column holding its record's index) and the reasons of the tombstones rejected, by
+    index. Tombstones are few, so this is per record."""
     pk = list(spec.table_schema.primary_key)
     rows: list[dict[str, Any]] = []
     kept: list[int] = []
@@ -107,8 +98,7 @@ def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
                 errors[i] = ("tombstone without an upstream transaction id; tombstones have "
                              "no value, so put the id in a header")
                 continue
-        rows.append({**row, SEQ: i, SIGN: 1, DELETE: True, UPSTREAM_ID: txid,
-                     UPSTREAM_COUNT: txcount, UPSTREAM_END: txend})
+        rows.append({**row, **bookkeeping(i, 1, True, txid, txcount, txend)})
         kept.append(i)
     try:
         table = pa.Table.from_pylist(rows, schema=out_schema)
