@@ -6,6 +6,8 @@ and Debezium rules; expiry and late records."""
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -387,3 +389,13 @@ def test_records_of_transactions_committed_before_a_restore_are_skipped() -> Non
                           Rec(("t", 0), 4, "A", 2)])
     assert [(t.number, t.upstream_id) for t in closing.transactions] == [(3, "A")]
     assert core.counts.replayed_skipped == 1 and core.counts.late_upstream_records == 0
+
+
+def test_the_pure_parts_of_the_input_import_no_kafka_client() -> None:
+    """The boundaries, the decoder and the pending changes run without confluent_kafka."""
+    pure = ["boundaries", "open_transactions", "positions", "decoder", "json_values",
+            "field_checks", "single_records", "kafka_source", "pending", "upsert",
+            "debezium_metadata", "transaction_batch", "source_checks", "source_state"]
+    code = ("import sys\n" + "".join(f"import txstream.sources.{m}\n" for m in pure)
+            + "assert 'confluent_kafka' not in sys.modules, 'confluent_kafka imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
