@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaPartition
 
-from txstream.changes import TIME, Changes
+from txstream.changes import Changes
 from txstream.kafka_client import client_settings
 from txstream.schemas.kafka import PLAINTEXT, KafkaSecurity
 from txstream.schemas.sources import BatchPolicy, SourceSpec
@@ -326,12 +326,9 @@ class TransactionBuilder:
         core = self._core
         after = core.committed_number
         later: dict[str, list[Changes]] = {}
-        for batch in self._uncommitted:
+        for batch in self._uncommitted:  # the first may be committed in part
             for name, changes in batch.changes.items():
-                if batch.first <= after:  # partly committed: its later transactions only
-                    changes = Changes(changes.table.filter(pc.greater(changes.table[TIME],
-                                                                      after)))
-                later.setdefault(name, []).append(changes)
+                later.setdefault(name, []).append(changes.after(after))
         return SourceState(next_number=after + 1, offsets=core.committed_offsets,
                            upsert_rows=self._pending.rows_before(later),
                            emitted_upstream_ids=core.emitted_ids())
