@@ -63,3 +63,12 @@ def spark():  # type: ignore[no-untyped-def]
     session = get_spark()
     yield session
     session.stop()
+
+
+@pytest.fixture
+def topics(kafka: KafkaEndpoint, topic_name: str) -> dict[str, str]:
+    """The example pipeline's two topics, of this test alone (orders in two partitions)."""
+    names = {"customers": f"{topic_name}-customers", "orders": f"{topic_name}-orders"}
+    kafka.create_topic(names["customers"], 1)
+    kafka.create_topic(names["orders"], 2)
+    return names

@@ -32,6 +32,10 @@ from typing import Any
 
 import pytest
 import yaml
+from support.kafka_settings import security_of
+
+from txstream.kafka_client import client_settings
+from txstream.schemas.config import PipelineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm"
@@ -331,6 +335,89 @@ def test_pipeline_config_is_a_pipeline_config() -> None:
     assert {sink.output for sink in config.sinks} == set(outputs)
 
 
+# ---- the chart's Kafka security: secrets by reference, never in the ConfigMap ------------
+
+# A client secret the chart must pass by reference only.
+CLIENT_SECRET = "s3cr3t-oidc-client-4b2e"
+SECURED_VALUES: dict[str, Any] = {"kafka": {"bootstrapServers": "kafka.example:9093",
+                                            "security": {
+    "protocol": "SASL_SSL",
+    "sasl": {"mechanism": "SCRAM-SHA-512", "existingSecret": "orders-kafka"},
+    "tls": {"existingSecret": "orders-kafka-tls", "certificateKey": "tls.crt",
+            "keyKey": "tls.key", "keyPasswordKey": "key-password"},
+}}}
+
+
+def test_chart_passes_kafka_secrets_by_reference_and_files_never_in_the_configmap() -> None:
+    kv = _require("kubernetes_validate", "kubernetes-validate")
+    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
+    report = helm.lint(str(CHART), SECURED_VALUES, strict=True, namespace="pipelines")
+    assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2]
+    objects = render(SECURED_VALUES)
+    for obj in objects:
+        kv.validate(obj, kv.utils.latest_version(), strict=True)
+    env = env_of(objects)
+    assert env["KAFKA_SASL_USERNAME"] == {"secretKeyRef": {"name": "orders-kafka",
+                                                           "key": "username"}}
+    assert env["KAFKA_SASL_PASSWORD"] == {"secretKeyRef": {"name": "orders-kafka",
+                                                           "key": "password"}}
+    assert env["KAFKA_SSL_KEY_PASSWORD_FILE"] == "/etc/kafka-tls/key-password"
+    mounts = {m["mountPath"]: m for m in container(objects)["volumeMounts"]}
+    assert mounts["/etc/kafka-tls"]["readOnly"] is True
+    volumes = {v["name"]: v for v in
+               by_kind(objects)["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mounts["/etc/kafka-tls"]["name"]]["secret"]["secretName"] == "orders-kafka-tls"
+
+    configmap = by_kind(objects)["ConfigMap"]["data"]["pipeline.yaml"]
+    assert yaml.safe_load(configmap)["kafka_security"] == {
+        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+        "ssl_endpoint_identification": True, "ssl_ca_file": "/etc/kafka-tls/ca.crt",
+        "ssl_cert_file": "/etc/kafka-tls/tls.crt", "ssl_key_file": "/etc/kafka-tls/tls.key"}
+    assert not any(field in configmap for field in ("password", "secret"))
+
+
+def test_chart_release_runs_with_its_kafka_secrets() -> None:
+    """The rendered config, with the Deployment's environment resolved the way the kubelet
+    would (values, Secret keys by reference), is a valid configuration whose clients carry the
+    Secret's credentials."""
+    objects = render({"kafka": {"security": {
+        "protocol": "SASL_SSL",
+        "sasl": {"mechanism": "OAUTHBEARER", "existingSecret": "orders-kafka",
+                 "oauthbearer": {"tokenEndpointUrl": "https://idp.example/token",
+                                 "clientId": "orders", "scope": "kafka"}}}}})
+    secrets = {("orders-kafka", "client-secret"): CLIENT_SECRET,
+               ("txstream-database", "url"): "postgresql://u@db/x"}
+    env = {name: value if isinstance(value, str) else
+           secrets[(value["secretKeyRef"]["name"], value["secretKeyRef"]["key"])]
+           for name, value in env_of(objects).items()
+           if isinstance(value, str) or "secretKeyRef" in value}
+    config = PipelineConfig.from_mapping(
+        yaml.safe_load(by_kind(objects)["ConfigMap"]["data"]["pipeline.yaml"]), env)
+    assert security_of(client_settings("b", config.kafka_security)) == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
+        "sasl.oauthbearer.method": "oidc",
+        "sasl.oauthbearer.token.endpoint.url": "https://idp.example/token",
+        "sasl.oauthbearer.client.id": "orders", "sasl.oauthbearer.client.secret": CLIENT_SECRET,
+        "sasl.oauthbearer.scope": "kafka", "ssl.endpoint.identification.algorithm": "https"}
+
+
+@pytest.mark.parametrize(("values", "complaint"), [
+    ({"kafka": {"security": {"protocol": "SASL_SSL"}}}, "/kafka/security/sasl"),
+    ({"kafka": {"security": {"protocol": "SASL_SSL", "sasl": {
+        "mechanism": "OAUTHBEARER", "existingSecret": "s"}}}}, "tokenEndpointUrl"),
+    ({"kafka": {"security": {"protocol": "TLS"}}}, "/kafka/security/protocol"),
+    ({"kafka": {"security": {"protocol": "SASL_SSL", "sasl": {
+        "mechanism": "PLAIN", "existingSecret": "s", "password": "inline"}}}}, "password"),
+    ({"pipeline": {"kafka_security": {"security_protocol": "SSL"}}}, "/pipeline"),
+])
+def test_chart_rejects_incomplete_or_inline_kafka_security(values: dict[str, Any],
+                                                           complaint: str) -> None:
+    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
+    with pytest.raises(helm.HelmValuesError, match="schema") as failure:
+        render(values)
+    assert complaint in str(failure.value)
+
+
 # ---------------------------------------------------------------------------- Dockerfile
 
 
@@ -560,7 +647,9 @@ def test_generator_feeds_the_pipelines_sources(kafka: Any) -> None:
     from confluent_kafka import Consumer
 
     from txstream.schemas.sources import SourceSpec
-    from txstream.sources.kafka_source import DELETE, SourceDecoder
+    from txstream.sources.consumed import raw_records
+    from txstream.sources.decoder import SourceDecoder
+    from txstream.sources.kafka_source import DELETE
 
     sys.path.insert(0, str(ROOT / "deploy"))
     try:
@@ -594,7 +683,8 @@ def test_generator_feeds_the_pipelines_sources(kafka: Any) -> None:
     deletes = 0
     for name, topic in topics.items():
         batch = [m for m in messages if m.topic() == topic]
-        decoded = SourceDecoder(specs[name]).decode(batch, list(range(len(batch))))
+        decoded = SourceDecoder(specs[name]).decode(raw_records(batch, topic),
+                                                    list(range(len(batch))))
         assert not decoded.bad, decoded.bad[:3]
         assert decoded.rows.num_rows == len(batch)
         deletes += sum(decoded.rows.column(DELETE).to_pylist())

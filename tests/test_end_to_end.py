@@ -115,7 +115,7 @@ def test_events_to_live_snapshot(runner: PipelineRunner, postgres, pg_schema) ->
     _produce(bootstrap, topics["orders"],
              [({"order_id": k}, _value(v)) for k, v in orders.items()])
     _drain(runner)
-    first_round = runner.progress.last_transaction
+    first_round = runner.metrics.delivery.last_transaction
     assert first_round >= 2, "16 events in transactions of at most 4 make several transactions"
     _assert_matches(runner, postgres.url, pg_schema, customers, orders)
 
@@ -141,8 +141,8 @@ def test_events_to_live_snapshot(runner: PipelineRunner, postgres, pg_schema) ->
              [({"customer_id": 2}, _value(customers[2])), ({"customer_id": 4}, None)])
     _drain(runner)
 
-    assert runner.progress.last_transaction > first_round
-    assert runner.progress.bad_records == 3
+    assert runner.metrics.delivery.last_transaction > first_round
+    assert runner.metrics.ingest.bad_records == 3
     _assert_matches(runner, postgres.url, pg_schema, customers, orders)
     with psycopg.connect(postgres.url) as conn:
         tombstone = conn.execute(

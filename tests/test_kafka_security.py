@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import confluent_kafka
@@ -27,20 +26,23 @@ import confluent_kafka.admin
 import pytest
 import yaml
 from pydantic import SecretStr, ValidationError
-from test_deploy import CHART, _require, by_kind, container, env_of, render
+from support.kafka_settings import security_of
+from support.service_process import scrape
 
-import txstream.service.cli
-import txstream.service.runner
 from txstream.kafka_client import client_settings
 from txstream.schemas.config import ConfigError, PipelineConfig
 from txstream.schemas.kafka import OWNED_SETTING_PREFIXES, KafkaSecurity
 from txstream.schemas.tables import TableSchema
+from txstream.service.check import run_checks
 from txstream.service.embedded.kafka import KafkaEndpoint
-from txstream.service.health import HealthServer, Progress, Readiness
+from txstream.service.health import HealthServer, Readiness
+from txstream.service.metrics import Metrics
+from txstream.service.outputs import open_sinks
+from txstream.service.runner import InputReports
 from txstream.sinks.change_topic_snapshot import ChangeTopicSnapshot
 from txstream.sources.kafka_input import KafkaInput
 from txstream.sources.kafka_monitor import KafkaMonitor
-from txstream.sources.transactions import SourceState
+from txstream.sources.source_state import SourceState
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = ROOT / "deploy" / "pipeline.yaml"
@@ -55,11 +57,6 @@ SCRAM = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512
 SCRAM_SETTINGS = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
                   "sasl.username": "svc-orders", "sasl.password": PASSWORD}
 REGION_TOTALS = TableSchema.of({"region": "text", "orders": "bigint"}, primary_key=["region"])
-
-
-def security_of(conf: dict[str, Any]) -> dict[str, Any]:
-    """The TLS and SASL part of a librdkafka configuration."""
-    return {k: v for k, v in conf.items() if k.startswith(OWNED_SETTING_PREFIXES)}
 
 
 def pipeline_config(bootstrap: str, security: dict[str, Any], env: dict[str, str]
@@ -114,7 +111,7 @@ def clients(monkeypatch: pytest.MonkeyPatch) -> list[Recorded]:
     wrappers = {cls: _recording(cls, recorded) for cls in (
         confluent_kafka.Consumer, confluent_kafka.Producer, confluent_kafka.admin.AdminClient)}
     for name, module in list(sys.modules.items()):
-        if module is None or not (name.startswith(("connectors.", "service."))
+        if module is None or not (name.startswith("txstream.")
                                   or name in ("confluent_kafka", "confluent_kafka.admin")):
             continue
         for attr, value in list(vars(module).items()):
@@ -138,23 +135,22 @@ def test_every_client_of_a_configured_pipeline_gets_the_security_block(
 
     state = SourceState(next_number=1, offsets={}, upsert_rows={
         s.name: s.table_schema.arrow_schema().empty_table() for s in config.sources})
-    progress, readiness = Progress(), Readiness(config.ready_max_lag)
+    metrics, readiness = Metrics(), Readiness(config.ready_max_lag)
     source = KafkaInput(config, state, [],
-                        txstream.service.runner._Reports(progress, readiness, KafkaInput.name))
+                        InputReports(metrics.source, readiness, KafkaInput.name))
     source.close()
 
     # The runner's own sink opening, without the Spark engine it takes output schemas from.
-    runner: Any = SimpleNamespace(config=config, live=None, engine=SimpleNamespace(
-        outputs={"region_totals": SimpleNamespace(schema=REGION_TOTALS)}))
-    for sinks in txstream.service.runner.PipelineRunner._open_sinks(runner, False).values():
-        for _, sink in sinks:
+    sinks, _ = open_sinks(config, {"region_totals": REGION_TOTALS}, resuming=False, live=None)
+    for opened in sinks.values():
+        for _, sink in opened:
             sink.close()
 
     def no_spark(*_: object, **__: object) -> None:
         raise RuntimeError("no Spark in this test")
 
     monkeypatch.setattr("txstream.service.spark.get_spark", no_spark)
-    checks = {name: (ok, detail) for name, ok, detail in txstream.service.cli.run_checks(config)}
+    checks = {name: (ok, detail) for name, ok, detail in run_checks(config)}
     assert checks["kafka"][0], checks["kafka"]
 
     reader = ChangeTopicSnapshot(config.kafka_bootstrap_servers or "", topics_of(config)[-1],
@@ -443,9 +439,9 @@ def test_librdkafka_logs_carry_no_secrets(caplog: pytest.LogCaptureFixture,
 
 @pytest.fixture
 def health() -> Iterator[HealthServer]:
-    progress, readiness = Progress(), Readiness(max_lag=100)
+    metrics, readiness = Metrics(), Readiness(max_lag=100)
     readiness.started.set()
-    server = HealthServer(0, progress, readiness, host="127.0.0.1").start()
+    server = HealthServer(0, metrics, readiness, host="127.0.0.1").start()
     yield server
     server.stop()
 
@@ -464,7 +460,7 @@ def test_a_broker_refusing_the_credentials_shows_no_secret_in_readiness_metrics_
     the failure reaches readiness, metrics and the logs as an authentication failure would."""
     caplog.set_level(logging.DEBUG)
     config = pipeline_config(kafka.bootstrap_servers, SCRAM, {"KAFKA_SASL_PASSWORD": PASSWORD})
-    reports = txstream.service.runner._Reports(health.progress, health.readiness, KafkaInput.name)
+    reports = InputReports(health.metrics.source, health.readiness, KafkaInput.name)
     # interval_s: the next measurement waits a second, so closing right after the first
     # failure does not wait for a second one.
     monitor = KafkaMonitor(config.kafka_bootstrap_servers or "", config.consumer_group,
@@ -478,93 +474,11 @@ def test_a_broker_refusing_the_credentials_shows_no_secret_in_readiness_metrics_
         monitor.close()
     assert not health.readiness.up("kafka"), "the broker did not refuse the SASL client"
 
-    status, body = _get(health, "/readyz")
+    status, body = scrape(health.port, "/readyz")
     assert status == 503 and "kafka" in body
-    _, metrics = _get(health, "/metrics")
+    _, metrics = scrape(health.port, "/metrics")
     assert 'txstream_dependency_up{dependency="kafka"} 0' in metrics
-    detail = " ".join(health.readiness.problems(health.progress))  # the log-only detail
+    detail = " ".join(health.readiness.problems(health.metrics))  # the log-only detail
     assert "kafka" in detail
     for text in (body, metrics, detail, caplog.text):
         assert not any(secret in text for secret in SECRETS), text
-
-
-# ---------------------------------------------------------------------------- Helm chart
-
-
-SECURED_VALUES: dict[str, Any] = {"kafka": {"bootstrapServers": "kafka.example:9093",
-                                            "security": {
-    "protocol": "SASL_SSL",
-    "sasl": {"mechanism": "SCRAM-SHA-512", "existingSecret": "orders-kafka"},
-    "tls": {"existingSecret": "orders-kafka-tls", "certificateKey": "tls.crt",
-            "keyKey": "tls.key", "keyPasswordKey": "key-password"},
-}}}
-
-
-def test_chart_passes_kafka_secrets_by_reference_and_files_never_in_the_configmap() -> None:
-    kv = _require("kubernetes_validate", "kubernetes-validate")
-    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
-    report = helm.lint(str(CHART), SECURED_VALUES, strict=True, namespace="pipelines")
-    assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2]
-    objects = render(SECURED_VALUES)
-    for obj in objects:
-        kv.validate(obj, kv.utils.latest_version(), strict=True)
-    env = env_of(objects)
-    assert env["KAFKA_SASL_USERNAME"] == {"secretKeyRef": {"name": "orders-kafka",
-                                                           "key": "username"}}
-    assert env["KAFKA_SASL_PASSWORD"] == {"secretKeyRef": {"name": "orders-kafka",
-                                                           "key": "password"}}
-    assert env["KAFKA_SSL_KEY_PASSWORD_FILE"] == "/etc/kafka-tls/key-password"
-    mounts = {m["mountPath"]: m for m in container(objects)["volumeMounts"]}
-    assert mounts["/etc/kafka-tls"]["readOnly"] is True
-    volumes = {v["name"]: v for v in
-               by_kind(objects)["Deployment"]["spec"]["template"]["spec"]["volumes"]}
-    assert volumes[mounts["/etc/kafka-tls"]["name"]]["secret"]["secretName"] == "orders-kafka-tls"
-
-    configmap = by_kind(objects)["ConfigMap"]["data"]["pipeline.yaml"]
-    assert yaml.safe_load(configmap)["kafka_security"] == {
-        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
-        "ssl_endpoint_identification": True, "ssl_ca_file": "/etc/kafka-tls/ca.crt",
-        "ssl_cert_file": "/etc/kafka-tls/tls.crt", "ssl_key_file": "/etc/kafka-tls/tls.key"}
-    assert not any(field in configmap for field in ("password", "secret"))
-
-
-def test_chart_release_runs_with_its_kafka_secrets() -> None:
-    """The rendered config, with the Deployment's environment resolved the way the kubelet
-    would (values, Secret keys by reference), is a valid configuration whose clients carry the
-    Secret's credentials."""
-    objects = render({"kafka": {"security": {
-        "protocol": "SASL_SSL",
-        "sasl": {"mechanism": "OAUTHBEARER", "existingSecret": "orders-kafka",
-                 "oauthbearer": {"tokenEndpointUrl": "https://idp.example/token",
-                                 "clientId": "orders", "scope": "kafka"}}}}})
-    secrets = {("orders-kafka", "client-secret"): CLIENT_SECRET,
-               ("txstream-database", "url"): "postgresql://u@db/x"}
-    env = {name: value if isinstance(value, str) else
-           secrets[(value["secretKeyRef"]["name"], value["secretKeyRef"]["key"])]
-           for name, value in env_of(objects).items()
-           if isinstance(value, str) or "secretKeyRef" in value}
-    config = PipelineConfig.from_mapping(
-        yaml.safe_load(by_kind(objects)["ConfigMap"]["data"]["pipeline.yaml"]), env)
-    assert security_of(client_settings("b", config.kafka_security)) == {
-        "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
-        "sasl.oauthbearer.method": "oidc",
-        "sasl.oauthbearer.token.endpoint.url": "https://idp.example/token",
-        "sasl.oauthbearer.client.id": "orders", "sasl.oauthbearer.client.secret": CLIENT_SECRET,
-        "sasl.oauthbearer.scope": "kafka", "ssl.endpoint.identification.algorithm": "https"}
-
-
-@pytest.mark.parametrize(("values", "complaint"), [
-    ({"kafka": {"security": {"protocol": "SASL_SSL"}}}, "/kafka/security/sasl"),
-    ({"kafka": {"security": {"protocol": "SASL_SSL", "sasl": {
-        "mechanism": "OAUTHBEARER", "existingSecret": "s"}}}}, "tokenEndpointUrl"),
-    ({"kafka": {"security": {"protocol": "TLS"}}}, "/kafka/security/protocol"),
-    ({"kafka": {"security": {"protocol": "SASL_SSL", "sasl": {
-        "mechanism": "PLAIN", "existingSecret": "s", "password": "inline"}}}}, "password"),
-    ({"pipeline": {"kafka_security": {"security_protocol": "SSL"}}}, "/pipeline"),
-])
-def test_chart_rejects_incomplete_or_inline_kafka_security(values: dict[str, Any],
-                                                           complaint: str) -> None:
-    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
-    with pytest.raises(helm.HelmValuesError, match="schema") as failure:
-        render(values)
-    assert complaint in str(failure.value)

@@ -1,30 +1,18 @@
-"""A sink that cannot recover, a stalled pipeline, and what the unauthenticated endpoints and
-the logs tell: the Kafka sink's fatal errors against the broker fixture, the `/healthz` stall
-rule (pure, then through the runner), `/readyz` bodies and the value excerpts of bad records.
-
-The fatal errors come from the broker process: librdkafka's mock cluster answers the next
-AddPartitionsToTxn requests with the error asked for (`MockKafkaBroker.fail_requests`). It
-does not fence a producer when a second one initialises the same transactional id (it hands
-out a new producer id instead), so fencing by a live second writer runs only against a real
-Kafka (`KAFKA_BOOTSTRAP_SERVERS` or testcontainers).
-"""
+"""A stalled pipeline, and what the unauthenticated endpoints and the logs tell: the
+`/healthz` stall rule (pure, then through the runner), readiness and `/readyz` bodies, the
+metrics of a halt and of rejected rows, and the value excerpts of bad records. (The Kafka
+sink's fatal errors: test_kafka_sink_fencing.)"""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
-import pyarrow as pa
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from kafka_helpers import (  # noqa: F401 (fixtures by name)
     ORDERS,
     builders_fixture,
@@ -37,182 +25,78 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
 )
 from psycopg import sql
 from pyspark.sql import SparkSession
+from support.service_process import scrape
 
 from txstream.engine import Pipeline
 from txstream.schemas.config import PipelineConfig, SinkConfig
-from txstream.schemas.sinks import RetryPolicy
 from txstream.schemas.sources import BatchPolicy, SourceSpec
 from txstream.schemas.tables import TableSchema
 from txstream.service.compose import open_runner
-from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from txstream.service.embedded.kafka import KafkaEndpoint
 from txstream.service.embedded.postgres import PostgresEndpoint
-from txstream.service.health import HealthServer, Progress, Readiness, stall
-from txstream.sinks.kafka_sink import KafkaSink, KafkaSinkFatalError, KafkaSinkFencedError
-from txstream.sinks.sink import SinkWriteError
+from txstream.service.health import HealthServer, Readiness, stall
+from txstream.service.metrics import Metrics, render_metrics
 from txstream.sources.transactions import TransactionBuilder
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text"}, primary_key=["id"])
-INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN = 22, 24  # Kafka protocol API keys
-FAST_RETRY = RetryPolicy(attempts=3, initial_backoff_s=0.01, max_backoff_s=0.01)
-
-
-def changes(time_: int, *ids: int) -> pa.Table:
-    return pa.Table.from_pylist(
-        [{"id": i, "name": f"n{i}", "time": time_, "diff": 1} for i in ids],
-        schema=SCHEMA.arrow_schema(with_changes=True))
-
-
-def written_ids(kafka: KafkaEndpoint, topic: str, count: int) -> list[int]:
-    """The ids of the first `count` change messages of `topic` (one partition), in order."""
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers,
-                         "group.id": uuid.uuid4().hex, "isolation.level": "read_committed"})
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    got: list[int] = []
-    deadline = time.monotonic() + 15
-    try:
-        while len(got) < count and time.monotonic() < deadline:
-            got += [json.loads(m.value() or b"")["id"]
-                    for m in consumer.consume(count - len(got), 0.5) if m.error() is None]
-    finally:
-        consumer.close()
-    return got
-
-
-def mock_broker(kafka: KafkaEndpoint) -> MockKafkaBroker:
-    if not isinstance(kafka, MockKafkaBroker):
-        pytest.skip("injects broker errors, which only librdkafka's mock cluster can do")
-    return kafka
-
-
-# ---- a Kafka sink that cannot recover -----------------------------------------------------
-
-
-def test_a_fenced_kafka_sink_reopens_once_and_stops_when_fenced_again(
-        kafka: KafkaEndpoint, topic_name: str, caplog: pytest.LogCaptureFixture) -> None:
-    broker = mock_broker(kafka)
-    broker.create_topic(topic_name, 1)
-    sink = KafkaSink(broker.bootstrap_servers, topic_name, "t", SCHEMA,
-                     transactional_id=f"txn-{topic_name}", retry=FAST_RETRY)
-    sink.write(changes(1, 1))
-    broker.fail_requests(ADD_PARTITIONS_TO_TXN, KafkaError.PRODUCER_FENCED, 1)
-    with caplog.at_level(logging.WARNING, logger="txstream.sinks.kafka_sink"):
-        sink.write(changes(2, 2))  # on a new producer: the fenced one cannot be used again
-    assert any("was fenced" in r.getMessage() for r in caplog.records)
-    assert written_ids(kafka, topic_name, 2) == [1, 2]
-
-    broker.fail_requests(ADD_PARTITIONS_TO_TXN, KafkaError.PRODUCER_FENCED, 1)
-    with pytest.raises(KafkaSinkFencedError, match="Another live producer uses the "
-                       f"transactional id 'txn-{topic_name}'") as raised:
-        sink.write(changes(3, 3))
-    # Not a SinkWriteError: the service retries those forever, and it must stop instead.
-    assert not isinstance(raised.value, SinkWriteError)
-    sink.close()
-
-
-def test_a_kafka_sink_failing_fatally_on_every_new_producer_stops(
-        kafka: KafkaEndpoint, topic_name: str) -> None:
-    broker = mock_broker(kafka)
-    broker.create_topic(topic_name, 1)
-    sink = KafkaSink(broker.bootstrap_servers, topic_name, "t", SCHEMA,
-                     transactional_id=f"txn-{topic_name}", retry=FAST_RETRY)
-    broker.fail_requests(ADD_PARTITIONS_TO_TXN, KafkaError.INVALID_TXN_STATE,
-                         FAST_RETRY.attempts)
-    with pytest.raises(KafkaSinkFatalError, match="failed fatally 3 time") as raised:
-        sink.write(changes(1, 1))
-    assert not isinstance(raised.value, (SinkWriteError, KafkaSinkFencedError))
-    # One fatal failure among the attempts is mended by reopening.
-    broker.fail_requests(ADD_PARTITIONS_TO_TXN, KafkaError.INVALID_TXN_STATE, 1)
-    sink.write(changes(2, 2))
-    assert written_ids(kafka, topic_name, 1) == [2]
-    sink.close()
-
-
-def test_a_kafka_sink_whose_first_producer_fails_fatally_stops(
-        kafka: KafkaEndpoint, topic_name: str) -> None:
-    broker = mock_broker(kafka)
-    broker.create_topic(topic_name, 1)
-    broker.fail_requests(INIT_PRODUCER_ID, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 1)
-    with pytest.raises(KafkaSinkFatalError, match="Retrying cannot help: check the ACLs of "
-                       f"transactional id 'txn-{topic_name}'"):
-        KafkaSink(broker.bootstrap_servers, topic_name, "t", SCHEMA,
-                  transactional_id=f"txn-{topic_name}", retry=FAST_RETRY)
-
-
-def test_a_second_live_writer_with_the_same_transactional_id_stops_the_sink(
-        kafka: KafkaEndpoint, topic_name: str) -> None:
-    if isinstance(kafka, MockKafkaBroker):
-        pytest.skip("librdkafka's mock cluster does not fence a producer when another one "
-                    "initialises its transactional id; set KAFKA_BOOTSTRAP_SERVERS to a real Kafka")
-    kafka.create_topic(topic_name, 1)
-    txn_id = f"txn-{topic_name}"
-    first = KafkaSink(kafka.bootstrap_servers, topic_name, "t", SCHEMA,
-                      transactional_id=txn_id, retry=FAST_RETRY)
-    second = KafkaSink(kafka.bootstrap_servers, topic_name, "t", SCHEMA,
-                       transactional_id=txn_id, retry=FAST_RETRY)  # fences the first
-    first.write(changes(1, 1))  # fenced: reopens, which fences the second
-    second.write(changes(2, 2))  # fenced: reopens, which fences the first again
-    with pytest.raises(KafkaSinkFencedError, match="Another live producer"):
-        first.write(changes(3, 3))
-    second.close()
-    first.close()
 
 
 # ---- the stall rule of /healthz -----------------------------------------------------------
 
 
-def progress_at(*, closed: int, committed: int, delivered_at: float, waiting_since: float
-                ) -> Progress:
-    return Progress(transactions_closed=closed, transactions=committed,
-                    last_delivered_at=delivered_at, waiting_since=waiting_since)
+def metrics_at(*, closed: int, committed: int, delivered_at: float, waiting_since: float
+               ) -> Metrics:
+    """Metrics of a pipeline that closed and committed so many transactions."""
+    metrics = Metrics()
+    metrics.ingest.transactions_closed, metrics.ingest.waiting_since = closed, waiting_since
+    metrics.delivery.transactions, metrics.delivery.last_delivered_at = committed, delivered_at
+    return metrics
+
+
+def close(metrics: Metrics, total: int, now: float) -> None:
+    """The ingest stage saw the input close `total` transactions at `now`."""
+    metrics.ingest.closed(total, now, committed=metrics.delivery.transactions)
 
 
 def test_idle_is_healthy_however_long_ago_the_last_batch() -> None:
-    progress = progress_at(closed=7, committed=7, delivered_at=0.0, waiting_since=0.0)
-    assert stall(progress, now=10_000.0, timeout_s=60) is None
+    metrics = metrics_at(closed=7, committed=7, delivered_at=0.0, waiting_since=0.0)
+    assert stall(metrics, now=10_000.0, timeout_s=60) is None
 
 
 def test_waiting_work_without_a_delivery_for_the_timeout_is_a_stall() -> None:
-    progress = progress_at(closed=9, committed=7, delivered_at=100.0, waiting_since=90.0)
-    assert stall(progress, now=160.0, timeout_s=60) is None
-    reason = stall(progress, now=161.0, timeout_s=60)
+    metrics = metrics_at(closed=9, committed=7, delivered_at=100.0, waiting_since=90.0)
+    assert stall(metrics, now=160.0, timeout_s=60) is None
+    reason = stall(metrics, now=161.0, timeout_s=60)
     assert reason == ("stalled: 2 transaction(s) waiting, no batch delivered in the last 61s "
                       "(stall_timeout_s=60)")
-    progress.last_delivered_at, progress.transactions = 161.0, 8  # a batch got through
-    assert stall(progress, now=200.0, timeout_s=60) is None
+    metrics.delivery.last_delivered_at, metrics.delivery.transactions = 161.0, 8  # got through
+    assert stall(metrics, now=200.0, timeout_s=60) is None
 
 
 def test_the_wait_counts_from_when_work_arrived_after_an_idle_spell() -> None:
-    progress = progress_at(closed=3, committed=3, delivered_at=0.0, waiting_since=0.0)
-    progress.closed(4, now=1000.0)
-    assert progress.waiting_since == 1000.0
-    assert stall(progress, now=1059.0, timeout_s=60) is None
-    assert stall(progress, now=1061.0, timeout_s=60) is not None
+    metrics = metrics_at(closed=3, committed=3, delivered_at=0.0, waiting_since=0.0)
+    close(metrics, 4, now=1000.0)
+    assert metrics.ingest.waiting_since == 1000.0
+    assert stall(metrics, now=1059.0, timeout_s=60) is None
+    assert stall(metrics, now=1061.0, timeout_s=60) is not None
 
 
 def test_a_trickle_of_new_transactions_does_not_hide_a_stall() -> None:
-    progress = progress_at(closed=3, committed=3, delivered_at=0.0, waiting_since=0.0)
-    progress.closed(4, now=1000.0)
+    metrics = metrics_at(closed=3, committed=3, delivered_at=0.0, waiting_since=0.0)
+    close(metrics, 4, now=1000.0)
     for now in range(1010, 1100, 10):  # more close while the first still waits
-        progress.closed(progress.transactions_closed + 1, now=float(now))
-    assert progress.waiting_since == 1000.0
-    assert stall(progress, now=1061.0, timeout_s=60) is not None
-
-
-def scrape(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+        close(metrics, metrics.ingest.transactions_closed + 1, now=float(now))
+    assert metrics.ingest.waiting_since == 1000.0
+    assert stall(metrics, now=1061.0, timeout_s=60) is not None
 
 
 @pytest.fixture
 def health() -> Iterator[Callable[..., HealthServer]]:
     servers: list[HealthServer] = []
 
-    def start(progress: Progress, readiness: Readiness, **kwargs: float | None
+    def start(metrics: Metrics, readiness: Readiness, **kwargs: float | None
               ) -> HealthServer:
-        servers.append(HealthServer(0, progress, readiness, host="127.0.0.1",
+        servers.append(HealthServer(0, metrics, readiness, host="127.0.0.1",
                                     **kwargs).start())
         return servers[-1]
 
@@ -224,14 +108,14 @@ def health() -> Iterator[Callable[..., HealthServer]]:
 def test_healthz_fails_while_stalled_and_logs_it_once(
         health: Callable[..., HealthServer], caplog: pytest.LogCaptureFixture) -> None:
     now = time.monotonic()
-    progress = progress_at(closed=5, committed=2, delivered_at=now - 100, waiting_since=now - 100)
-    server = health(progress, Readiness(max_lag=10), stall_timeout_s=30.0)
+    metrics = metrics_at(closed=5, committed=2, delivered_at=now - 100, waiting_since=now - 100)
+    server = health(metrics, Readiness(max_lag=10), stall_timeout_s=30.0)
     with caplog.at_level(logging.INFO, logger="txstream.service.health"):
         for _ in range(3):
             status, body = scrape(server.port, "/healthz")
             assert status == 503
             assert body.startswith("unhealthy: stalled: 3 transaction(s) waiting")
-        progress.last_delivered_at = time.monotonic()
+        metrics.delivery.last_delivered_at = time.monotonic()
         assert scrape(server.port, "/healthz") == (200, "ok\n")
     logged = [r.getMessage() for r in caplog.records]
     assert len([m for m in logged if "/healthz answers 503" in m]) == 1
@@ -240,8 +124,8 @@ def test_healthz_fails_while_stalled_and_logs_it_once(
 
 def test_healthz_without_a_stall_timeout_never_fails(
         health: Callable[..., HealthServer]) -> None:
-    progress = progress_at(closed=5, committed=2, delivered_at=0.0, waiting_since=0.0)
-    server = health(progress, Readiness(max_lag=10))
+    metrics = metrics_at(closed=5, committed=2, delivered_at=0.0, waiting_since=0.0)
+    server = health(metrics, Readiness(max_lag=10))
     assert scrape(server.port, "/healthz") == (200, "ok\n")
 
 
@@ -251,9 +135,10 @@ def test_healthz_without_a_stall_timeout_never_fails(
 def test_readyz_names_the_dependency_and_only_the_log_has_the_error(
         health: Callable[..., HealthServer], caplog: pytest.LogCaptureFixture) -> None:
     detail = "connection to kafka-0.corp.internal:9093 failed: SASL user 'etl_admin' rejected"
-    progress, readiness = Progress(lag=50), Readiness(max_lag=10)
+    metrics, readiness = Metrics(), Readiness(max_lag=10)
+    metrics.source.lag = 50
     readiness.started.set()
-    server = health(progress, readiness)
+    server = health(metrics, readiness)
     with caplog.at_level(logging.INFO, logger="txstream.service.health"):
         for observer in ("stages", "monitor", "stages"):  # every retry and probe reports it
             readiness.fail("kafka", detail, observer=observer)
@@ -261,12 +146,43 @@ def test_readyz_names_the_dependency_and_only_the_log_has_the_error(
                 503, "not ready: kafka: unavailable; lag 50 > 10\n")
         readiness.ok("kafka")
         readiness.ok("kafka", observer="monitor")
-        progress.lag = 0
+        metrics.source.lag = 0
         assert scrape(server.port, "/readyz") == (200, "ready\n")
     logged = [r.getMessage() for r in caplog.records]
     # Once per observer that saw it go down, once each when it came back.
     assert len([m for m in logged if detail in m]) == 2
     assert len([m for m in logged if "kafka available again" in m]) == 2
+
+
+def test_a_dependency_is_down_while_any_observer_saw_it_fail() -> None:
+    # The ingest stage's empty poll of a paused broker succeeds; it must not clear the monitor's
+    # failed metadata request (it did, and readiness flickered back to ready).
+    readiness, metrics = Readiness(max_lag=10), Metrics()
+    readiness.started.set()
+    readiness.fail("kafka", "metadata request timed out", observer="monitor")
+    readiness.ok("kafka")
+    assert readiness.problems(metrics) == ["kafka unavailable: metadata request timed out"]
+    assert not readiness.up("kafka")
+    readiness.fail("kafka", "poll failed")
+    assert len(readiness.problems(metrics)) == 1, "one line per dependency"
+    readiness.ok("kafka", observer="monitor")
+    readiness.ok("kafka")
+    assert readiness.problems(metrics) == [] and readiness.up("kafka")
+
+def test_halted_and_rejected_rows_are_reported() -> None:
+    readiness, metrics = Readiness(max_lag=10), Metrics()
+    readiness.started.set()
+    metrics.delivery.rejected_rows = {"customer_stats": 2, "statuses": 0}
+    metrics.ingest.transactions_closed, metrics.delivery.transactions = 5, 1
+    halted = metrics.compute.halted = "table t (expression `a DIV b`) failed on this data: ..."
+    assert readiness.public_problems(metrics) == [
+        "halted: an expression failed on the data, see the log"]
+    assert readiness.problems(metrics) == [f"halted: {halted}"]
+    # Work waits and nothing is delivered, yet a restart would only fail the same way.
+    assert stall(metrics, time.monotonic() + 3600, timeout_s=60) is None
+    body = render_metrics(metrics, readiness)
+    assert 'txstream_rejected_rows_total{output="customer_stats"} 2' in body
+    assert "txstream_halted 1" in body and "txstream_ready 0" in body
 
 
 # ---- value excerpts in bad-record logs ----------------------------------------------------
@@ -331,7 +247,7 @@ def test_healthz_fails_while_a_sink_hangs_with_work_waiting_and_recovers(
         database_url=postgres.url, checkpoint_dir=str(tmp_path / "ck"), http_port=None,
         stall_timeout_s=2.0, warm_up_rows=0)
     runner = open_runner(config, spark=spark, pipeline=items_pipeline())
-    server = health(runner.progress, runner.readiness, stall_timeout_s=config.stall_timeout_s)
+    server = health(runner.metrics, runner.readiness, stall_timeout_s=config.stall_timeout_s)
     failures: list[BaseException] = []
 
     def run() -> None:
@@ -355,11 +271,11 @@ def test_healthz_fails_while_a_sink_hangs_with_work_waiting_and_recovers(
             sql.Identifier(pg_schema, "items_out")))
         produce(kafka, topic_name, [(None, {"id": 1, "name": "a"})])
         wait_for("/healthz 503", lambda: scrape(server.port, "/healthz")[0] == 503, failed)
-        assert runner.progress.transactions == 0 < runner.progress.transactions_closed
+        assert runner.metrics.delivery.transactions == 0 < runner.metrics.ingest.transactions_closed
         blocker.rollback()
         wait_for("/healthz 200", lambda: scrape(server.port, "/healthz") == (200, "ok\n"),
                  failed)
-        assert runner.progress.transactions == 1
+        assert runner.metrics.delivery.transactions == 1
     finally:
         blocker.close()
         runner.request_stop()

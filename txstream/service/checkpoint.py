@@ -35,7 +35,8 @@ from typing import Protocol
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pyspark.sql import SparkSession
 
-from txstream.sources.transactions import SourceState, TransactionLogEntry
+from txstream.sources.source_state import SourceState
+from txstream.sources.transaction_batch import TransactionLogEntry
 
 MANIFEST = "MANIFEST.json"
 TXLOG = "txlog"

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from txstream.engine import EngineInputError, ExpressionError, PipelineDefinitionError
 from txstream.engine.errors import EngineStateError
-from txstream.kafka_client import client_settings
 from txstream.schemas.config import ConfigError, PipelineConfig
 from txstream.service.checkpoint import CheckpointError
-from txstream.service.health import HealthServer, Progress, Readiness
+from txstream.service.health import HealthServer, Readiness
+from txstream.service.metrics import Metrics
 from txstream.sinks.kafka_sink import KafkaSinkFatalError
 from txstream.sinks.live.flight import LiveFlightServer
 from txstream.sinks.live.serving import LiveTables
@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # imported when running: it loads Spark
     from txstream.service.runner import PipelineRunner
 
 log = logging.getLogger("txstream.service.cli")
-# Our own packages log at --log-level; everything else (py4j, Spark's Python side) at WARNING.
-_OWN_LOGGERS = ("service", "connectors", "schemas", "examples")
+# Our own package logs at --log-level; everything else (py4j, Spark's Python side) at WARNING.
+_OWN_LOGGERS = ("txstream",)
 
 
 class JsonFormatter(logging.Formatter):
@@ -61,12 +61,12 @@ def _set_up_logging(level: str, json_format: bool) -> None:
         logging.getLogger(name).setLevel(level.upper())
 
 
-def _status_printer(json_format: bool) -> Callable[[Progress], None]:
-    def report(progress: Progress) -> None:
+def _status_printer(json_format: bool) -> Callable[[Metrics], None]:
+    def report(metrics: Metrics) -> None:
         if json_format:
-            print(json.dumps({"status": progress.fields()}, default=str), flush=True)
+            print(json.dumps({"status": metrics.fields()}, default=str), flush=True)
         else:
-            print(progress.line(), flush=True)
+            print(metrics.line(), flush=True)
 
     return report
 
@@ -77,11 +77,8 @@ def _run(args: argparse.Namespace) -> int:
 
     config = PipelineConfig.load(args.config)
     _set_up_logging(args.log_level, config.log_format == "json")
-    progress, readiness = Progress(), Readiness(config.ready_max_lag)
-    health = None
-    if config.http_port is not None:
-        health = HealthServer(config.http_port, progress, readiness,
-                              stall_timeout_s=config.stall_timeout_s).start()
+    metrics, readiness = Metrics(), Readiness(config.ready_max_lag)
+    health = start_endpoint(config, metrics, readiness)
     runner: PipelineRunner | None = None
     live: LiveFlightServer | None = None
     stop = threading.Event()
@@ -104,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         try:
-            runner = open_runner(config, progress=progress, readiness=readiness)
+            runner = open_runner(config, metrics=metrics, readiness=readiness)
         except ShutdownRequested:
             return 0
         if stop.is_set():
@@ -112,8 +109,7 @@ def _run(args: argparse.Namespace) -> int:
         if runner.live is not None:
             live = serve_live(config, runner.live)
             if health is not None and config.live.page:
-                token = config.live.token
-                health.serve_live(runner.live, token.get_secret_value() if token else None)
+                health.serve_live(runner.live)
         interval = args.progress_interval or config.status_interval_s
         try:
             runner.run(on_progress=_status_printer(config.log_format == "json"),
@@ -122,8 +118,8 @@ def _run(args: argparse.Namespace) -> int:
             _halt(exc, runner, stop)
             return 0
         if runner.checkpoint():
-            log.info("final checkpoint through #%d", runner.progress.last_transaction)
-        print(progress.line(), flush=True)
+            log.info("final checkpoint through #%d", metrics.delivery.last_transaction)
+        print(metrics.line(), flush=True)
     finally:
         if live is not None:
             live.shutdown()
@@ -132,6 +128,19 @@ def _run(args: argparse.Namespace) -> int:
         if health is not None:
             health.stop()
     return 0
+
+
+def start_endpoint(config: PipelineConfig, metrics: Metrics, readiness: Readiness
+                   ) -> HealthServer | None:
+    """The HTTP endpoint `config.http_port` asks for (None: none), serving from now on, before
+    the runner exists. The live page's token is given here, so `/ui` refuses a request
+    without it from the start, not only once the live tables are attached."""
+    if config.http_port is None:
+        return None
+    token = config.live.token
+    return HealthServer(config.http_port, metrics, readiness,
+                        stall_timeout_s=config.stall_timeout_s,
+                        page_token=token.get_secret_value() if token else None).start()
 
 
 def serve_live(config: PipelineConfig, tables: LiveTables) -> LiveFlightServer:
@@ -153,10 +162,11 @@ def _halt(exc: ExpressionError, runner: PipelineRunner, stop: threading.Event) -
     would fail the same way after a restart, so exiting would only make Kubernetes restart the
     process in a loop. The fix is a new pipeline version."""
     log.error("processing halted: %s", exc)
-    runner.progress.halted = str(exc)
+    runner.metrics.compute.halted = str(exc)
     try:
         if runner.checkpoint():
-            log.info("checkpoint through #%d before halting", runner.progress.last_transaction)
+            log.info("checkpoint through #%d before halting",
+                     runner.metrics.delivery.last_transaction)
     except Exception:  # the halt stands; a restart replays from the previous checkpoint
         log.exception("checkpoint before halting failed")
     stop.wait()
@@ -170,93 +180,9 @@ def _exit_after(seconds: float) -> None:
     os._exit(0)
 
 
-Check = tuple[str, bool, str]
-
-
-def _attempt(name: str, work: Callable[[], str]) -> Check:
-    try:
-        return name, True, work()
-    except Exception as exc:  # a check reports any failure, whatever its kind
-        return name, False, f"{type(exc).__name__}: {exc}".replace("\n", " ")
-
-
-def run_checks(config: PipelineConfig) -> list[Check]:
-    """Everything `txstream run` needs, tried without changing anything: the pipeline fits
-    the configuration, Spark compiles it, the topics exist, PostgreSQL answers, the checkpoint
-    location is readable and belongs to this pipeline."""
-    import psycopg
-    from confluent_kafka import Consumer
-
-    from txstream.engine import Engine
-    from txstream.service.checkpoint import CheckpointStore, PipelineIdentity
-    from txstream.service.compose import check_sinks, check_sources
-    from txstream.service.pipelines import load_pipeline
-    from txstream.service.spark import get_spark
-
-    checks: list[Check] = []
-
-    def pipeline_fits() -> str:
-        check_sources(config, load_pipeline(config.pipeline))
-        return f"{config.pipeline} reads {', '.join(s.name for s in config.sources)}"
-
-    checks.append(_attempt("pipeline", pipeline_fits))
-    spark_box: list[object] = []
-
-    def spark_compiles() -> str:
-        spark = get_spark(config.spark_master)
-        spark_box.append(spark)
-        engine = Engine(load_pipeline(config.pipeline), spark)
-        check_sinks(config, engine)
-        return (f"Spark {spark.version} at {spark.sparkContext.master} compiled outputs "
-                f"{', '.join(sorted(engine.outputs))}")
-
-    checks.append(_attempt("spark", spark_compiles))
-
-    def kafka_topics() -> str:
-        consumer = Consumer(client_settings(config.kafka_bootstrap_servers, config.kafka_security,
-                                            **{"group.id": f"{config.consumer_group}-check"}))
-        try:
-            topics = consumer.list_topics(timeout=10).topics
-        finally:
-            consumer.close()
-        wanted = [s.topic for s in config.sources] + (
-            [config.dead_letter_topic] if config.dead_letter_topic else [])
-        missing = [t for t in wanted if t not in topics or topics[t].error is not None]
-        if missing:
-            raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on "
-                              f"{config.kafka_bootstrap_servers}; create them")
-        return ", ".join(f"{t} ({len(topics[t].partitions)} partitions)" for t in wanted)
-
-    checks.append(_attempt("kafka", kafka_topics))
-    if config.database_dsn is not None:
-        dsn = config.database_dsn
-
-        def postgres_answers() -> str:
-            with psycopg.connect(dsn, connect_timeout=10) as conn:
-                row = conn.execute("SHOW server_version").fetchone()
-            return f"PostgreSQL {row[0] if row else '?'}"
-
-        checks.append(_attempt("postgresql", postgres_answers))
-
-    def checkpoint_readable() -> str:
-        from pyspark.sql import SparkSession
-
-        spark = spark_box[0] if spark_box else get_spark(config.spark_master)
-        assert isinstance(spark, SparkSession)
-        store = CheckpointStore(config.checkpoint_location, spark, PipelineIdentity(
-            pipeline=config.pipeline, sources={s.name: s.topic for s in config.sources},
-            outputs=sorted(load_pipeline(config.pipeline).outputs)))
-        latest = store.latest()
-        if latest is None:
-            return f"{store.location}: no checkpoint yet (the pipeline starts from scratch)"
-        return (f"{store.location}: resumes after transaction #{latest.transaction} "
-                f"(checkpoint of {latest.manifest.created:%Y-%m-%d %H:%M:%S} UTC)")
-
-    checks.append(_attempt("checkpoint", checkpoint_readable))
-    return checks
-
-
 def _check(args: argparse.Namespace) -> int:
+    from txstream.service.check import run_checks
+
     config = PipelineConfig.load(args.config)
     failures = 0
     for name, ok, detail in run_checks(config):

@@ -145,19 +145,20 @@ def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = p
         run_started = time.monotonic()
         producer.start()
         try:
-            progress = runner.run(
+            metrics = runner.run(
                 until=lambda r: producer.done.is_set() and r.lag() == 0,
-                on_progress=lambda p: say("  " + p.line()),
+                on_progress=lambda m: say("  " + m.line()),
             )
         finally:
             runner.close()
         if producer.error:
             raise DemoError(producer.error)
         run_seconds = time.monotonic() - run_started
-        say("  " + progress.line())
-        rate = progress.events / run_seconds
-        say(f"done: {progress.events} events ({progress.bad_records} malformed, counted and "
-            f"dead-lettered) in {progress.transactions} transactions, {progress.batches} Spark "
+        say("  " + metrics.line())
+        ingest, delivery = metrics.ingest, metrics.delivery
+        rate = ingest.events / run_seconds
+        say(f"done: {ingest.events} events ({ingest.bad_records} malformed, counted and "
+            f"dead-lettered) in {delivery.transactions} transactions, {delivery.batches} Spark "
             f"batches, {run_seconds:.1f}s: {rate:,.0f} events/s (demo total "
             f"{time.monotonic() - started:.1f}s)")
         _show_and_check(database_url, producer.world, say)

@@ -3,6 +3,7 @@ through a viewport subscription (`txstream.sinks.live.viewport`) whose updates r
 server-sent events and are applied there the way `txstream.updates.Mirror` applies them.
 Scrolling moves the viewport; clicking a column header sorts by it. No build step, no file
 from the internet: one HTML page (`ui.html`) with its script.
+Routing over HTTP, the event stream and the page's token: `txstream.sinks.live.page_http`.
 
 * `GET /ui`: the page.
 * `GET /ui/tables`: the tables (name, columns, rows, transaction) and the pipeline's status.
