@@ -1,0 +1,79 @@
+"""The plumbing between the runner's stages (`txstream.service.stages`), without a broker or
+Spark: adaptive batches taken from what ingest made ready, split at transaction boundaries;
+backpressure on ingest; the first failure kept; retries of an unavailable dependency."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pytest
+
+from txstream.changes import DIFF, TIME, Changes
+from txstream.service.health import Readiness
+from txstream.service.metrics import Metrics
+from txstream.service.stages import Retrying, ShutdownRequested, Stages
+from txstream.sinks.sink import SinkWriteError
+from txstream.sources.transaction_batch import Transaction, TransactionBatch
+
+
+def batch(first: int, count: int) -> TransactionBatch:
+    """Transactions `first`.. (`count` of them), each changing one row of source `s`."""
+    numbers = list(range(first, first + count))
+    changes = Changes.of(pa.table({"id": numbers, TIME: numbers, DIFF: [1] * count}))
+    return TransactionBatch.of([Transaction(number=n, offsets={"t": {0: n}}) for n in numbers],
+                               {"s": changes})
+
+
+def numbers(taken: TransactionBatch | None) -> list[int]:
+    assert taken is not None
+    assert taken.changes["s"].times.to_pylist() == [t.number for t in taken.transactions]
+    return [t.number for t in taken.transactions]
+
+
+def test_compute_takes_what_is_ready_up_to_a_batch_split_at_transaction_boundaries() -> None:
+    stages = Stages(batch_transactions=4, serving=False)
+    assert stages.take_batch(timeout=0.01) is None and stages.idle()
+    assert stages.offer(batch(1, 1))
+    assert numbers(stages.take_batch(timeout=0.01)) == [1]  # low load: one at a time
+    assert stages.offer(batch(2, 2)) and stages.offer(batch(4, 7))
+    assert not stages.offer(batch(11, 1)), "a batch's worth is ready: ingest waits"
+    assert not stages.idle()
+    assert numbers(stages.take_batch(timeout=0.01)) == [2, 3, 4, 5]  # joined, then split
+    assert numbers(stages.take_batch(timeout=0.01)) == [6, 7, 8, 9]
+    assert stages.offer(batch(11, 1))
+    assert numbers(stages.take_batch(timeout=0.01)) == [10, 11]
+    assert stages.idle()
+
+
+def test_the_first_failure_stops_every_stage() -> None:
+    stages = Stages(batch_transactions=1, serving=False)
+    first, second = RuntimeError("first"), RuntimeError("second")
+    stages.guard(lambda: (_ for _ in ()).throw(first))()
+    stages.fail(second)
+    assert stages.failure is first
+
+
+def test_an_unavailable_dependency_is_retried_until_it_answers_or_a_stop() -> None:
+    readiness, stop = Readiness(max_lag=10), threading.Event()
+    readiness.started.set()
+    retrying = Retrying(readiness, stop, initial_s=0.001, max_s=0.002)
+    answers = iter([SinkWriteError("down"), SinkWriteError("still down"), "written"])
+
+    def work() -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            assert not readiness.up("postgresql") or answer.args == ("down",)
+            raise answer
+        return answer
+
+    assert retrying("postgresql", work) == "written"
+    assert readiness.up("postgresql") and readiness.problems(Metrics()) == []
+    stop.set()
+
+    def failing() -> None:
+        raise SinkWriteError("down for good")
+
+    with pytest.raises(ShutdownRequested, match="stopped while postgresql was unavailable"):
+        retrying("postgresql", failing)
+    assert readiness.problems(Metrics()) == ["postgresql unavailable: down for good"]
