@@ -5,9 +5,10 @@
     in parallel, then the source offsets) -> (in the background, from a committed version)
 
 Each stage runs in a thread of its own and waits when the next one is behind (backpressure):
-ingest holds at most `batch_transactions` closed transactions ready, compute hands over at
-most one computed batch, so memory stays bounded by about three batches of changes (the one
-being computed, one waiting for the sinks, the one being written). Throughput is that of the
+ingest stops polling while `batch_transactions` closed transactions are ready (one poll's
+batch more at most), compute hands over at most one computed batch, so memory stays bounded by
+about three batches of changes (the one being computed, one waiting for the sinks, the one
+being written). Throughput is that of the
 slowest stage, not the sum of all. The queues and signals between them are in
 `txstream.service.stages`, the sinks in `txstream.service.outputs`, the checkpoint stage in
 `txstream.service.checkpointing`, the checks before a start in `txstream.service.startup`;
