@@ -170,9 +170,9 @@ def _run(kafka: KafkaEndpoint, url: str, measure: Measure) -> dict[str, object]:
         runner.close()
     # Read once the stages are stopped: the last batch's counters are final then.
     return result | {
-        "spark_batches": runner.progress.batches,
-        "transactions": runner.progress.transactions,
-        **_stage_busy(runner.progress.stage_seconds),
+        "spark_batches": runner.metrics.delivery.batches,
+        "transactions": runner.metrics.delivery.transactions,
+        **_stage_busy(runner.metrics.stage_seconds()),
     }
 
 
@@ -274,16 +274,16 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
     loop = threading.Thread(target=runner.run, daemon=True)
     started = time.monotonic()
     loop.start()
-    progress = runner.progress
+    ingest, delivery = runner.metrics.ingest, runner.metrics.delivery
     try:
         # Done when every event is consumed, every closed transaction is in the snapshot and
         # the snapshot holds the sums (the last transaction may still be open, closed by time).
-        while not (progress.events == events and progress.transactions_closed
-                   and progress.transactions == progress.transactions_closed
+        while not (ingest.events == events and ingest.transactions_closed
+                   and delivery.transactions == ingest.transactions_closed
                    and read_sums(url, table) == want):
             if not loop.is_alive():
                 raise SystemExit("the runner stopped before the end of the backlog")
-            time.sleep(0.01 if progress.events < events else 0.05)
+            time.sleep(0.01 if ingest.events < events else 0.05)
         elapsed = time.monotonic() - started
     finally:
         runner.request_stop()
@@ -292,8 +292,8 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
     return {"seconds": round(elapsed, 2), "events_per_s": round(events / elapsed),
             "start_seconds": round(start_s, 2),
             "events_per_s_with_start": round(events / (elapsed + start_s)), "verified": True,
-            "spark_batches": progress.batches, "transactions": progress.transactions,
-            **_stage_busy(progress.stage_seconds)}
+            "spark_batches": delivery.batches, "transactions": delivery.transactions,
+            **_stage_busy(runner.metrics.stage_seconds())}
 
 
 def bare_read_events_per_s(bootstrap: str, topic: str, events: int) -> int:

@@ -19,8 +19,8 @@ import pyarrow as pa
 from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
+from txstream.changes import DIFF, TIME, Changes, consolidate
 from txstream.engine import Engine, Pipeline
-from txstream.engine.columns import DIFF, TIME
 from txstream.schemas.changes import SourceChange
 from txstream.schemas.tables import TableSchema
 from txstream.sinks.change_json import dumps, json_columns
@@ -72,16 +72,17 @@ def _to_arrow(source: str, schema: TableSchema, rows: list[dict[str, Any]], line
 
 
 def read_batches(lines: IO[str], pipeline: Pipeline, batch_transactions: int
-                 ) -> Iterator[dict[str, pa.Table]]:
-    """Parse and validate the change log, yielding batches of `batch_transactions` times."""
+                 ) -> Iterator[dict[str, Changes]]:
+    """Parse and validate the change log, yielding batches of `batch_transactions` times, each
+    source's changes consolidated."""
     schemas = {name: node.schema for name, node in pipeline.sources.items()}
     batch = _Batch()
     last_time = 0
 
-    def flush() -> dict[str, pa.Table]:
-        out = {src: _to_arrow(src, schemas[src], rows, batch.lines[src])  # type: ignore[arg-type]
-               for src, rows in batch.rows.items()}
-        return out
+    def flush() -> dict[str, Changes]:
+        return {src: consolidate(_to_arrow(src, schemas[src], rows, batch.lines[src]),
+                                 schemas[src].names)
+                for src, rows in batch.rows.items()}
 
     for number, text in enumerate(lines, start=1):
         if not text.strip():
@@ -128,13 +129,12 @@ def read_batches(lines: IO[str], pipeline: Pipeline, batch_transactions: int
         yield flush()
 
 
-def change_lines(table: str, changes: pa.Table) -> Iterator[tuple[int, str]]:
+def change_lines(table: str, changes: Changes) -> Iterator[tuple[int, str]]:
     """(time, JSON line) for each change of `table`."""
-    columns = json_columns(changes)
-    names = [c for c in changes.column_names if c not in (TIME, DIFF)]
+    columns = json_columns(changes.table)
     for i in range(changes.num_rows):
-        record = {"table": table, "time": columns[TIME][i], "diff": columns[DIFF][i],
-                  "row": {n: columns[n][i] for n in names}}
+        record = {"table": table, TIME: columns[TIME][i], DIFF: columns[DIFF][i],
+                  "row": {n: columns[n][i] for n in changes.columns}}
         yield columns[TIME][i], dumps(record).decode()
 
 
