@@ -93,6 +93,13 @@ def split_path(path: str) -> tuple[str, ...]:
     return parts
 
 
+# Debezium connectors whose transaction ids txstream knows (`txstream.sources.debezium_ids`).
+DebeziumConnector = Literal["postgresql", "mysql", "mariadb", "sqlserver", "oracle", "mongodb",
+                            "db2"]
+# Debezium's default `unavailable.value.placeholder`.
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
+
+
 class RecordField(BaseModel):
     """A value found either in the message value (dotted JSON path) or in a message header."""
 
@@ -202,6 +209,13 @@ class SourceSpec(BaseModel):
     # is base64 of the unscaled value's big-endian two's-complement bytes; `string` and
     # `double` are JSON text, read exactly like a JSON source's decimals.
     decimal_handling_mode: Literal["precise", "string", "double"] | None = None
+    # Debezium only: the connector writing the topic, which fixes the shape of its transaction
+    # ids; None reads it from each change's `source.connector`.
+    connector: DebeziumConnector | None = None
+    # Debezium only, as the connector's `unavailable.value.placeholder` (None: Debezium's
+    # default): a text column holding it, or its base64 (bytes columns), is an unchanged TOAST
+    # value.
+    unavailable_value_placeholder: str | None = Field(default=None, min_length=1)
     max_value_bytes: int = Field(default=1_000_000, gt=0)
     # A record rejected by field validation: quote the offending value (up to 80 characters)
     # in its reason, which is logged and put in the dead letter's `txstream.error` header. Off,
@@ -285,6 +299,11 @@ class SourceSpec(BaseModel):
             raise SourceSpecError(
                 f"source {self.name!r}: decimal_handling_mode describes a Debezium connector; "
                 "a JSON source reads decimals from JSON numbers and numeric strings")
+        debezium_only = [name for name in ("connector", "unavailable_value_placeholder")
+                         if getattr(self, name) is not None and self.format != "debezium"]
+        if debezium_only:
+            raise SourceSpecError(f"source {self.name!r}: setting(s) {debezium_only} apply to "
+                                  "Debezium sources only; set format 'debezium' or remove them")
         if self.diff_values is not None and any(v == 0 for v in self.diff_values.values()):
             raise SourceSpecError(f"source {self.name!r}: diff_values may not map to 0")
         if self.delete_field is not None:
@@ -299,6 +318,13 @@ class SourceSpec(BaseModel):
     def precise_decimals(self) -> bool:
         """Whether decimal values come base64-encoded (Debezium's `precise` mode)."""
         return self.format == "debezium" and self.decimal_handling_mode in (None, "precise")
+
+    @property
+    def placeholder(self) -> str | None:
+        """The value of an unchanged TOAST column (Debezium sources only)."""
+        if self.format != "debezium":
+            return None
+        return self.unavailable_value_placeholder or UNAVAILABLE_VALUE
 
     def value_columns(self) -> list[str]:
         """Columns read from the message value, in schema order."""

@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
+from txstream.sources.debezium_ids import transaction_id
 
-def end_event(value: bytes | None) -> tuple[str | None, dict[str, int]]:
+
+def end_event(value: bytes | None, connector: str | None = None
+              ) -> tuple[str | None, dict[str, int]]:
     """A Debezium transaction metadata event (JSON, with or without the converter's `payload`
-    wrapper): for an `END` event its transaction id and record count per data collection;
-    for a `BEGIN` event, no id. Raises ValueError, naming what is wrong, on anything else."""
+    wrapper): for an `END` event its transaction (the id's transaction part as `connector`
+    writes it, `txstream.sources.debezium_ids`) and record count per data collection; for a
+    `BEGIN` event, no id. Raises ValueError, naming what is wrong, on anything else."""
     try:
         event = json.loads(value) if value is not None else None
     except ValueError as exc:
@@ -35,7 +39,7 @@ def end_event(value: bytes | None) -> tuple[str | None, dict[str, int]]:
                              f"{entry!r} lacks 'data_collection' or an integer 'event_count'")
         counts[entry["data_collection"]] = counts.get(entry["data_collection"], 0) \
             + entry["event_count"]
-    return str(uid), counts
+    return transaction_id(str(uid), connector), counts
 
 
 def expected_count(counts: Mapping[str, int], collections: Iterable[str]) -> int:

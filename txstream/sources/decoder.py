@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from txstream.schemas.sources import KafkaMetadata, RecordField, SourceSpec, split_path
 from txstream.schemas.tables import ColumnType
+from txstream.sources.debezium_ids import transaction_ids
 from txstream.sources.field_checks import (
     RecordErrors,
     as_mask,
@@ -281,6 +282,8 @@ class SourceDecoder:
             )
 
         txid = read(upstream.id, pa.string())
+        if self._debezium:
+            txid = transaction_ids(txid, self.spec.connector or self._connectors(parsed))
         if upstream.metadata_topic is None:  # else a change outside transactions (a snapshot)
             errors.add(as_mask(pc.is_null(txid)),
                        f"no upstream transaction id ({self._where(upstream.id)})")
@@ -293,6 +296,12 @@ class SourceDecoder:
         if upstream.end is not None:
             txend = pc.fill_null(read(upstream.end, pa.bool_()), False)
         return txid, txcount, txend
+
+    @staticmethod
+    def _connectors(parsed: ParsedJson) -> pa.Array:
+        """Each change's `source.connector` (null where it is not a string)."""
+        named = parsed.envelope(("source", "connector"))
+        return named if pa.types.is_string(named.type) else pa.nulls(len(named), pa.string())
 
     @staticmethod
     def _where(where: RecordField) -> str:

@@ -111,6 +111,8 @@ class JsonReader:
                 extra.append((split_path(upstream.count.field), pa.int64()))
             if upstream.end is not None and upstream.end.field is not None:
                 extra.append((split_path(upstream.end.field), pa.bool_()))
+            if self._debezium:  # the shape of its transaction ids
+                extra.append((("source", "connector"), pa.string()))
         for envelope in envelopes:
             for path, dtype in extra:
                 _tree_insert(tree, envelope + path, dtype)

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from txstream.schemas.sources import RecordField, SourceSpec, split_path
+from txstream.sources.debezium_ids import transaction_id
 from txstream.sources.json_values import walk
 from txstream.sources.kafka_source import BadRecord, Headers, bookkeeping
 
@@ -36,6 +37,9 @@ def upstream_of(spec: SourceSpec, headers: Headers | None, value: Any
         return hit
 
     txid, count, end = read(upstream.id), read(upstream.count), read(upstream.end)
+    if txid is not None and spec.format == "debezium":
+        named = spec.connector or read(RecordField(field="source.connector"))
+        txid = transaction_id(str(txid), named if isinstance(named, str) else None)
     try:
         count_int = None if count is None else int(count)
     except (TypeError, ValueError):

@@ -44,3 +44,20 @@ def check_sources(sources: Sequence[SourceSpec], policy: BatchPolicy) -> dict[st
                 f"collection {up.data_collection!r}; give each its own table")
         named[up.data_collection] = spec.name
     return collections
+
+
+def metadata_connectors(sources: Sequence[SourceSpec]) -> dict[str, str | None]:
+    """Per Debezium transaction metadata topic, the connector its sources name (None: none
+    does; its `END` events' ids are then read by their shape). Sources sharing a metadata topic
+    share a connector: raise SourceSpecError when they name different ones."""
+    named: dict[str, str | None] = {}
+    for spec in sources:
+        topic = spec.upstream.metadata_topic if spec.upstream else None
+        if topic is None:
+            continue
+        if named.get(topic) not in (None, spec.connector) and spec.connector is not None:
+            raise SourceSpecError(
+                f"sources of transaction metadata topic {topic!r} name connectors "
+                f"{named[topic]!r} and {spec.connector!r}; one connector writes that topic")
+        named[topic] = named.get(topic) or spec.connector
+    return named

@@ -46,7 +46,7 @@ from txstream.sources.kafka_source import (
 )
 from txstream.sources.pending import PendingChanges
 from txstream.sources.positions import Partition, caught_up
-from txstream.sources.source_checks import check_sources
+from txstream.sources.source_checks import check_sources, metadata_connectors
 from txstream.sources.source_state import IngestStats, SourceState
 from txstream.sources.transaction_batch import (
     Offsets,
@@ -83,6 +83,7 @@ class TransactionBuilder:
     ) -> None:
         # Debezium transaction metadata topic -> data collection -> source.
         self._collections = check_sources(sources, policy)
+        self._end_connectors = metadata_connectors(sources)
         self.sources = list(sources)
         self._policy = policy
         self._by_topic = {s.topic: s for s in sources}
@@ -251,7 +252,7 @@ class TransactionBuilder:
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             seq = self._core.take_seqs(1)
             try:
-                uid, counts = end_event(message.value())
+                uid, counts = end_event(message.value(), self._end_connectors.get(topic))
             except ValueError as exc:
                 bad.append(BadRecord(
                     source=f"transaction metadata {topic}", topic=topic, partition=partition,
