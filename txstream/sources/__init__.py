@@ -7,6 +7,8 @@ Pure (no Kafka client; tested without a broker):
     boundaries         TransactionBoundaries: records as arrays -> closed transactions
     open_transactions, positions   its parts: rules, mini-batches, emission order, offsets
     debezium_metadata  Debezium END events -> expected counts
+    debezium_ids       the transaction part of each connector's ids (PostgreSQL's txId:LSN)
+    debezium_rows      Debezium tombstones and unchanged TOAST values against the key's row
     pending            decoded rows of open transactions -> one Changes per source
     upsert             the current row of every key of an upsert source
     transaction_batch  Transaction, TransactionBatch: what the input hands to the service

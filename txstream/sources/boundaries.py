@@ -157,6 +157,7 @@ class TransactionBoundaries:
             *(ix[without_id[ix]] for t, ix in by_topic.items() if self._rules[t].ids_optional),
         ])
         replayed = np.full(n, -1, dtype=np.int64)
+        batched = batched[~records.skipped[batched]]  # records that join no transaction
         batched = np.sort(batched[self._replayed(batched, records, replayed)])
         batches = self._batch.fill_with(batched, n, now)
         late = self._drop_emitted(ids)

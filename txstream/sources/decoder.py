@@ -121,6 +121,8 @@ class SourceDecoder:
             parts.append(rows)
 
         ignored = 0
+        skipped: list[int] = []
+        kept: list[int] = []
         if tombstones:
             if spec.semantics == "upsert":
                 rows, reasons = tombstone_rows(spec, self._out_schema, tombstones, records.keys,
@@ -128,8 +130,11 @@ class SourceDecoder:
                 for i, reason in reasons.items():
                     reject(i, reason)
                 parts.append(rows)
+                if self._debezium:
+                    kept = [int(seqs[i]) for i in tombstones if i not in reasons]
             elif self._debezium:
                 ignored = len(tombstones)
+                skipped = [int(seqs[i]) for i in tombstones]
                 log.debug("source %s: %d Debezium tombstones ignored", spec.name, ignored)
             else:
                 for i in tombstones:
@@ -148,7 +153,8 @@ class SourceDecoder:
             table = table.sort_by(SEQ)
         if spec.upstream is not None:
             bad = [with_upstream(spec, b) for b in bad]
-        return DecodedBatch(rows=table, bad=bad, ignored_tombstones=ignored)
+        return DecodedBatch(rows=table, bad=bad, ignored_tombstones=ignored, skipped=skipped,
+                            tombstones=kept)
 
     def _rows(
         self, parsed: ParsedJson, indices: np.ndarray, records: RawRecords

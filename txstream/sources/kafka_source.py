@@ -7,7 +7,7 @@ bookkeeping columns (`DecodedBatch`), and the records that cannot be decoded (`B
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,10 @@ class DecodedBatch:
     rows: pa.Table  # the source's columns + BOOKKEEPING, records in consumption order
     bad: list[BadRecord]
     ignored_tombstones: int  # Debezium's compaction tombstones after deletes (no row in them)
+    # Consumption positions of the records that join no transaction (ignored tombstones), and
+    # of the upsert deletes read from Debezium tombstones (kept only if their key has a row).
+    skipped: list[int] = field(default_factory=list)
+    tombstones: list[int] = field(default_factory=list)
 
 
 def rows_schema(spec: SourceSpec) -> pa.Schema:

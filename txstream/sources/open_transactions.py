@@ -80,13 +80,15 @@ class PolledRecords:
     upstream_ids: np.ndarray  # str or None (object)
     expected_counts: np.ndarray  # int64; -1: none carried
     end_markers: np.ndarray  # bool
+    skipped: np.ndarray  # bool; the record joins no transaction (a Debezium tombstone)
 
     @classmethod
     def of(cls, topics: Sequence[str], partitions: Sequence[int], offsets: Sequence[int],
            upstream_ids: Sequence[str | None] | None = None,
            expected_counts: Sequence[int] | None = None,
            end_markers: Sequence[bool] | None = None) -> PolledRecords:
-        """Records without upstream transactions unless told (no id, no count, no marker)."""
+        """Records without upstream transactions unless told (no id, no count, no marker),
+        none skipped."""
         n = len(topics)
         ids = np.full(n, None, dtype=object)
         if upstream_ids is not None:
@@ -96,7 +98,7 @@ class PolledRecords:
                    np.asarray(expected_counts, dtype=np.int64) if expected_counts is not None
                    else np.full(n, -1, dtype=np.int64),
                    np.asarray(end_markers, dtype=bool) if end_markers is not None
-                   else np.zeros(n, dtype=bool))
+                   else np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
 
     def __len__(self) -> int:
         return len(self.offsets)

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from txstream.changes import DIFF, TIME, Changes, consolidate, order
 from txstream.schemas.sources import SourceSpec
-from txstream.sources.kafka_source import BOOKKEEPING, SEQ, SIGN, BadRecord
+from txstream.sources.kafka_source import BOOKKEEPING, DELETE, SEQ, SIGN, BadRecord
 from txstream.sources.upsert import UpsertCounts, UpsertState
 
 # Columns added to a pending row, next to the decoded ones.
@@ -45,6 +45,22 @@ class PendingChanges:
                 .append_column(OFFSET, offsets).filter(kept))
         if rows.num_rows:
             self._rows[source].append(rows)
+
+    def latest(self, source: str, keys: pa.Table) -> dict[tuple[Any, ...], dict[str, Any] | None]:
+        """The row each key of `keys` (a table of upsert source `source`'s primary key columns)
+        has after the records read so far: its latest pending row (None for a delete), else its
+        current row (None: it has none)."""
+        pk = list(self._sources[source].table_schema.primary_key)
+        keys = keys.select(pk).group_by(pk, use_threads=False).aggregate([])
+        found = self.upsert[source].current(keys)
+        out = {tuple(k[c] for c in pk): row
+               for k, row in zip(keys.to_pylist(), found, strict=True)}
+        if self._rows[source]:
+            rows = pa.concat_tables(self._rows[source])
+            hit = rows.join(keys, keys=pk, join_type="inner").sort_by(SEQ)
+            for row in hit.to_pylist():
+                out[tuple(row[c] for c in pk)] = None if row[DELETE] else row
+        return out
 
     def _split(self, source: str, numbers: Mapping[str, int]) -> tuple[pa.Table, pa.Array]:
         """Removes the rows of the transactions keyed in `numbers` from `source`'s pending

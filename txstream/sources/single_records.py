@@ -74,7 +74,10 @@ def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
     key (a JSON object of the key columns, optionally in a Debezium `payload`, or for a
     one-column key its JSON scalar or raw text). Returns the rows (`out_schema`, each one's
     sequence column holding its record's index) and the reasons of the tombstones rejected, by
-    index. Tombstones are few, so this is per record."""
+    index. A tombstone of a source with upstream transactions needs an id in a header, except
+    a Debezium tombstone read beside transaction metadata: it has none, and is kept only if its
+    key has a row (`txstream.sources.debezium_rows`). Tombstones are few, so this is per
+    record."""
     pk = list(spec.table_schema.primary_key)
     rows: list[dict[str, Any]] = []
     kept: list[int] = []
@@ -98,7 +101,7 @@ def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
         txid, txcount, txend = None, None, False
         if spec.upstream is not None:
             txid, txcount, txend = upstream_of(spec, headers[i], None)
-            if txid is None:
+            if txid is None and not (spec.format == "debezium" and spec.upstream.metadata_topic):
                 errors[i] = ("tombstone without an upstream transaction id; tombstones have "
                              "no value, so put the id in a header")
                 continue

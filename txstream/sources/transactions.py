@@ -35,6 +35,7 @@ from txstream.sources.boundaries import PolledRecords, TopicRule, TransactionBou
 from txstream.sources.consumed import raw_records, records_and_ends
 from txstream.sources.dead_letters import DeadLetterWriter
 from txstream.sources.debezium_metadata import end_event, expected_count
+from txstream.sources.debezium_rows import resolve
 from txstream.sources.decoder import SourceDecoder
 from txstream.sources.kafka_source import (
     SEQ,
@@ -42,10 +43,13 @@ from txstream.sources.kafka_source import (
     UPSTREAM_END,
     UPSTREAM_ID,
     BadRecord,
+    DecodedBatch,
     KafkaSourceError,
+    RawRecords,
 )
 from txstream.sources.pending import PendingChanges
 from txstream.sources.positions import Partition, caught_up
+from txstream.sources.single_records import with_upstream
 from txstream.sources.source_checks import check_sources, metadata_connectors
 from txstream.sources.source_state import IngestStats, SourceState
 from txstream.sources.transaction_batch import (
@@ -207,8 +211,11 @@ class TransactionBuilder:
             raw = raw_records(records if len(idx) == n else [records[i] for i in idx], topic,
                               partitions[idx], offsets[idx])
             batch = self._decoders[spec.name].decode(raw, seq0 + idx)
+            if spec.format == "debezium" and spec.semantics == "upsert":
+                batch = self._resolve(spec, batch, raw, idx, seq0)
             self._stats.ignored_tombstones += batch.ignored_tombstones
             local = batch.rows.column(SEQ).to_numpy() - seq0
+            polled.skipped[np.asarray(batch.skipped, dtype=np.int64) - seq0] = True
             if spec.upstream is not None:
                 rows = batch.rows
                 polled.upstream_ids[local] = rows.column(UPSTREAM_ID).to_numpy(
@@ -243,6 +250,21 @@ class TransactionBuilder:
                               pa.array(partitions[local]), pa.array(offsets[local]))
             bad += batch.bad
         self._dead_letter(bad)
+
+    def _resolve(self, spec: SourceSpec, batch: DecodedBatch, raw: RawRecords, idx: np.ndarray,
+                 seq0: int) -> DecodedBatch:
+        """Debezium tombstones and unchanged TOAST values of an upsert source, against each
+        key's latest row (`txstream.sources.debezium_rows`)."""
+        done = resolve(spec, batch.rows, batch.tombstones,
+                       lambda keys: self._pending.latest(spec.name, keys))
+        decoder = self._decoders[spec.name]
+        bad = [decoder.bad_record(raw, int(np.searchsorted(idx, seq - seq0)), seq, reason)
+               for seq, reason in done.rejected.items()]
+        if spec.upstream is not None:  # a rejected change still counts towards its transaction
+            bad = [with_upstream(spec, b) for b in bad]
+        return DecodedBatch(rows=done.rows, bad=batch.bad + bad,
+                            ignored_tombstones=batch.ignored_tombstones + len(done.skipped),
+                            skipped=batch.skipped + done.skipped)
 
     def _announce(self, events: list[Message], now: float) -> None:
         """Debezium transaction metadata: an `END` event sets its transaction's expected count

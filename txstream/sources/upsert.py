@@ -13,6 +13,8 @@ The rows are checkpointed as one Arrow table (Parquet) through `rows`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -91,6 +93,20 @@ class UpsertState:
         # The delta changes on every call: its index is rebuilt, O(delta).
         in_delta = np.asarray(_key_index(self._delta, self._keys).get_indexer(keys))
         return in_base, in_delta
+
+    def current(self, keys: pa.Table) -> list[dict[str, Any] | None]:
+        """The current row of each key of `keys` (a table of the primary key columns), None
+        for a key without one."""
+        if keys.num_rows == 0:
+            return []
+        in_base, in_delta = self._lookup(keys.select(self._keys))
+        base = dict(zip(np.flatnonzero(in_base >= 0).tolist(),
+                        self._base.take(pa.array(in_base[in_base >= 0])).to_pylist(),
+                        strict=True))
+        delta = dict(zip(np.flatnonzero(in_delta >= 0).tolist(),
+                         self._delta.take(pa.array(in_delta[in_delta >= 0])).to_pylist(),
+                         strict=True))
+        return [base.get(i, delta.get(i)) for i in range(keys.num_rows)]
 
     def apply(self, records: pa.Table) -> tuple[pa.Table, UpsertCounts]:
         """`records`: the source's columns, `time` (transaction number), SEQ (consumption order)
