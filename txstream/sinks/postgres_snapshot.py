@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from txstream.changes import Changes
+from txstream.changes import DIFF, TIME, Changes
 from txstream.schemas.sinks import RetryPolicy, TombstonePurge
 from txstream.schemas.tables import TableSchema
 from txstream.sinks.conform import conform_changes
@@ -54,7 +54,7 @@ def last_change_per_key(changes: pa.Table, key: list[str]) -> pa.Table:
 
     Sorting by key also makes concurrent writers lock rows in the same order.
     """
-    order = [(k, "ascending") for k in key] + [("time", "descending"), ("diff", "descending")]
+    order = [(k, "ascending") for k in key] + [(TIME, "descending"), (DIFF, "descending")]
     ordered = changes.take(pc.sort_indices(changes, sort_keys=order))
     if ordered.num_rows < 2:
         return ordered
