@@ -145,6 +145,9 @@ def test_a_missing_change_dead_letters_its_transaction_after_the_timeout(
     lost, metadata = sorted(letters, key=lambda letter: "lost" not in letter["txstream.error"])
     assert "1 record(s) read of 2 announced" in lost["txstream.error"]
     assert lost["txstream.topic"] == f"{topic_name}.orders"
+    # The original record, byte for byte: replayable.
+    assert (lost["key"], lost["value"]) == (b'{"id": 1}',
+                                            json.dumps(change(1, "lost", 1)[1]).encode())
     assert "without status BEGIN or END" in metadata["txstream.error"]
     assert metadata["txstream.topic"] == meta
 

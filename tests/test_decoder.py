@@ -30,7 +30,7 @@ from txstream.sources.kafka_source import (
     Headers,
     RawRecords,
 )
-from txstream.sources.pending import PendingChanges
+from txstream.sources.pending import PendingChanges, originals
 
 Value = dict[str, Any] | bytes | str | None
 
@@ -152,6 +152,26 @@ def test_rows_of_a_dropped_transaction_become_dead_letters() -> None:
     assert (letter.offset, letter.upstream_id, letter.error) == (7, "X", "gone")
     assert json.loads(letter.value or b"") == {**order_row(1), DIFF: -1}
     assert pending.take({"u:Y": 1})["orders"].table[TIME].to_pylist() == [1]
+
+
+def test_a_dropped_transaction_dead_letters_its_original_records_byte_for_byte() -> None:
+    """Kept with the rows (`originals`): each record once, an update's two rows too, its key,
+    value and headers as read, whitespace and all."""
+    spec = SourceSpec(name="orders", topic="t", schema=ORDERS, format="debezium",
+                      semantics="insert_delete")
+    values = [json.dumps(_debezium("u", order_row(1), {**order_row(1), "qty": 2}, False)) + " ",
+              json.dumps(_debezium("c", None, order_row(2), True))]
+    keys, headers = ['{"id": 1}', b'{"id":2}'], [[("h", b"\x00\xff"), ("n", b"")], None]
+    records = raw(values, keys, headers)  # type: ignore[arg-type]
+    decoded = SourceDecoder(spec).decode(records, [0, 1])
+    seqs = decoded.rows[SEQ].to_pylist()
+    pending = PendingChanges([spec])
+    pending.add("orders", decoded.rows, pa.array(["u:X"] * len(seqs)), pa.array([0] * len(seqs)),
+                pa.array(seqs), originals(records, seqs))
+    letters = pending.drop("u:X", "X", "gone")
+    assert [(b.offset, b.key, b.value, b.headers) for b in letters] == [
+        (0, b'{"id": 1}', values[0].encode(), [("h", b"\x00\xff"), ("n", b"")]),
+        (1, b'{"id":2}', values[1].encode(), [])]
 
 
 # ---- bad input ----------------------------------------------------------------------------

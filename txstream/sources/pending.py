@@ -15,14 +15,35 @@ import pyarrow.compute as pc
 
 from txstream.changes import DIFF, TIME, Changes, consolidate, order
 from txstream.schemas.sources import SourceSpec
-from txstream.sources.kafka_source import BOOKKEEPING, DELETE, SEQ, SIGN, BadRecord
+from txstream.sources.kafka_source import (
+    BOOKKEEPING,
+    DELETE,
+    SEQ,
+    SIGN,
+    BadRecord,
+    RawRecords,
+)
 from txstream.sources.upsert import UpsertCounts, UpsertState
 
 # Columns added to a pending row, next to the decoded ones.
 TRANSACTION_KEY = "__transaction"  # the key of the open transaction the row belongs to
 PARTITION = "__partition"
 OFFSET = "__offset"
-_INTERNAL = frozenset({*BOOKKEEPING, TRANSACTION_KEY, PARTITION, OFFSET})
+# The original record of a row of a source with upstream transactions, for its dead letter.
+ORIGINAL_KEY, ORIGINAL_VALUE, ORIGINAL_HEADERS = "__key", "__value", "__headers"
+_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+_INTERNAL = frozenset({*BOOKKEEPING, TRANSACTION_KEY, PARTITION, OFFSET, ORIGINAL_KEY,
+                       ORIGINAL_VALUE, ORIGINAL_HEADERS})
+
+
+def originals(records: RawRecords, at: Sequence[int]) -> pa.Table:
+    """The key, value and headers of `records` at positions `at`, byte for byte."""
+    return pa.table({
+        ORIGINAL_KEY: pa.array([records.keys[i] for i in at], pa.binary()),
+        ORIGINAL_VALUE: pa.array([records.values[i] for i in at], pa.binary()),
+        ORIGINAL_HEADERS: pa.array([[{"key": k, "value": v} for k, v in records.headers[i] or ()]
+                                    for i in at], _HEADERS),
+    })
 
 
 class PendingChanges:
@@ -37,12 +58,16 @@ class PendingChanges:
         self.upsert_counts = UpsertCounts()
 
     def add(self, source: str, rows: pa.Table, keys: pa.Array, partitions: pa.Array,
-            offsets: pa.Array) -> None:
+            offsets: pa.Array, records: pa.Table | None = None) -> None:
         """Decoded `rows` of `source`, each with the key of its open transaction (null: in
-        none, left out) and its record's partition and offset."""
+        none, left out), its record's partition and offset, and (`records`, from `originals`;
+        given for every call of a source or for none) the record itself."""
         kept = pc.is_valid(keys)
         rows = (rows.append_column(TRANSACTION_KEY, keys).append_column(PARTITION, partitions)
-                .append_column(OFFSET, offsets).filter(kept))
+                .append_column(OFFSET, offsets))
+        for name in [] if records is None else records.column_names:
+            rows = rows.append_column(name, records.column(name))
+        rows = rows.filter(kept)
         if rows.num_rows:
             self._rows[source].append(rows)
 
@@ -56,7 +81,8 @@ class PendingChanges:
         out = {tuple(k[c] for c in pk): row
                for k, row in zip(keys.to_pylist(), found, strict=True)}
         if self._rows[source]:
-            rows = pa.concat_tables(self._rows[source])
+            names = [*self._sources[source].table_schema.names, SEQ, DELETE]
+            rows = pa.concat_tables(self._rows[source]).select(names)
             hit = rows.join(keys, keys=pk, join_type="inner").sort_by(SEQ)
             for row in hit.to_pylist():
                 out[tuple(row[c] for c in pk)] = None if row[DELETE] else row
@@ -98,9 +124,11 @@ class PendingChanges:
         return Changes(consolidate(signed, cols).table.cast(schema))
 
     def drop(self, key: str, upstream_id: str | None, reason: str) -> list[BadRecord]:
-        """Removes the rows of open transaction `key` (never emitted): as dead letters, each
-        value the row as JSON with its sign as `diff`."""
+        """Removes the rows of open transaction `key` (never emitted): as dead letters, one per
+        record, the original record where it was kept (`add`), else the row as JSON with its
+        sign as `diff`."""
         bad: list[BadRecord] = []
+        seen: set[tuple[str, int, int]] = set()
         for name, pending in self._rows.items():
             if not pending:
                 continue
@@ -109,11 +137,20 @@ class PendingChanges:
             self._rows[name] = [rows.filter(pc.invert(mine))]
             topic = self._sources[name].topic
             for row in rows.filter(mine).to_pylist():
-                value = {k: v for k, v in row.items() if k not in _INTERNAL}
+                where = (name, row[PARTITION], row[OFFSET])
+                if ORIGINAL_VALUE in row:
+                    if where in seen:  # an update's two rows (insert_delete)
+                        continue
+                    seen.add(where)
+                    key, value = row[ORIGINAL_KEY], row[ORIGINAL_VALUE]
+                    headers = [(h["key"], h["value"]) for h in row[ORIGINAL_HEADERS]]
+                else:
+                    own = {k: v for k, v in row.items() if k not in _INTERNAL}
+                    key, value, headers = None, _json({**own, DIFF: row[SIGN]}), []
                 bad.append(BadRecord(
                     source=name, topic=topic, partition=row[PARTITION], offset=row[OFFSET],
-                    seq=row[SEQ], key=None, value=_json({**value, DIFF: row[SIGN]}),
-                    headers=[], error=reason, upstream_id=upstream_id,
+                    seq=row[SEQ], key=key, value=value, headers=headers, error=reason,
+                    upstream_id=upstream_id,
                 ))
         return bad
 

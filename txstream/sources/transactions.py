@@ -47,7 +47,7 @@ from txstream.sources.kafka_source import (
     KafkaSourceError,
     RawRecords,
 )
-from txstream.sources.pending import PendingChanges
+from txstream.sources.pending import PendingChanges, originals
 from txstream.sources.positions import Partition, caught_up
 from txstream.sources.single_records import with_upstream
 from txstream.sources.source_checks import check_sources, metadata_connectors
@@ -91,6 +91,7 @@ class TransactionBuilder:
         self.sources = list(sources)
         self._policy = policy
         self._by_topic = {s.topic: s for s in sources}
+        self._by_name = {s.name: s for s in sources}
         self._decoders = {s.name: SourceDecoder(s) for s in sources}
         self._core = TransactionBoundaries(policy, {s.topic: TopicRule.of(s) for s in sources})
         self._pending = PendingChanges(sources)
@@ -244,10 +245,12 @@ class TransactionBuilder:
                 f"transaction was emitted as #{late.number}; its partitions were read out of "
                 "step: carry expected counts in the records to close transactions exactly",
             ))
-        for name, (batch, local, _, _) in decoded.items():
+        for name, (batch, local, raw, idx) in decoded.items():
             at = pa.array(local, pa.int64())
+            kept = (originals(raw, np.searchsorted(idx, local))  # replayable dead letters
+                    if self._by_name[name].upstream is not None else None)
             self._pending.add(name, batch.rows, placed.keys.take(at),
-                              pa.array(partitions[local]), pa.array(offsets[local]))
+                              pa.array(partitions[local]), pa.array(offsets[local]), kept)
             bad += batch.bad
         self._dead_letter(bad)
 
