@@ -14,9 +14,9 @@ import pytest
 from txstream.changes import DIFF, TIME
 from txstream.schemas.sources import UNAVAILABLE_VALUE, SourceSpec, UpstreamTransactions
 from txstream.schemas.tables import TableSchema
-from txstream.sources.debezium_rows import Resolved, resolve
+from txstream.sources.debezium_rows import Resolved, resolve, resolve_updates
 from txstream.sources.decoder import SourceDecoder
-from txstream.sources.kafka_source import SEQ, RawRecords
+from txstream.sources.kafka_source import SEQ, SIGN, RawRecords
 from txstream.sources.pending import PendingChanges
 
 # The tutorial's inventory.customers, with a TOASTed text column (PostgreSQL moves values over
@@ -151,3 +151,16 @@ def test_the_placeholder_is_the_connectors(placeholder: str | None) -> None:
     src.read([(key(1), event("u", None, customer(1, "c@x", notes=src.spec.placeholder or "")))],
              3)
     assert src.close(3)[1] == (1, "c@x", other, 1)
+
+
+def test_an_insert_delete_update_takes_unchanged_values_from_its_before_image() -> None:
+    """REPLICA IDENTITY FULL: the old row is complete, the new one has the placeholder; without
+    the old value (REPLICA IDENTITY DEFAULT) the change is rejected."""
+    source = spec().model_copy(update={"semantics": "insert_delete"})
+    old, new = customer(1, "a@x"), customer(1, "b@x", notes=UNAVAILABLE_VALUE)
+    batch = SourceDecoder(source).decode(RawRecords.of(source.topic, [
+        event("u", old, new), event("u", {**old, "notes": UNAVAILABLE_VALUE}, new)]), [0, 1])
+    done = resolve_updates(source, batch.rows)
+    assert sorted((r["email"], r["notes"], r[SIGN]) for r in done.rows.to_pylist()) == [
+        ("a@x", NOTES, -1), ("b@x", NOTES, 1)]
+    assert list(done.rejected) == [1] and "no complete 'before' image" in done.rejected[1]

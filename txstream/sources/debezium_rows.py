@@ -15,6 +15,8 @@ else its current row).
   Such a text column takes the value of the key's row before the update. Without one (the
   service started after the row was written) the change is rejected with that reason, to the
   dead-letter topic, rather than storing the placeholder.
+  An insert_delete source keeps no rows: `resolve_updates` takes the value from the update's
+  own `before` image (complete with `REPLICA IDENTITY FULL`), else rejects the change.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import pyarrow.compute as pc
 from txstream.schemas.sources import SourceSpec
 from txstream.schemas.tables import ColumnType
 from txstream.sources.field_checks import as_mask
-from txstream.sources.kafka_source import DELETE, SEQ
+from txstream.sources.kafka_source import DELETE, SEQ, SIGN
 
 Key = tuple[Any, ...]
 Latest = Callable[[pa.Table], dict[Key, dict[str, Any] | None]]
@@ -51,18 +53,60 @@ def placeholders(spec: SourceSpec) -> list[str]:
     return [spec.placeholder, base64.b64encode(spec.placeholder.encode()).decode()]
 
 
+def _text_columns(spec: SourceSpec) -> list[str]:
+    pk = set(spec.table_schema.primary_key)
+    return [c.name for c in spec.table_schema.columns
+            if c.type is ColumnType.TEXT and c.name not in pk and c.name not in spec.metadata]
+
+
+def _unchanged(spec: SourceSpec, rows: pa.Table) -> np.ndarray:
+    """Per row, whether a text column holds the placeholder."""
+    marks = pa.array(placeholders(spec), pa.string())
+    found = np.zeros(rows.num_rows, dtype=bool)
+    for col in _text_columns(spec):
+        found |= as_mask(pc.fill_null(pc.is_in(rows.column(col), value_set=marks), False))
+    return found
+
+
+def _reason(spec: SourceSpec, columns: list[str], where: str) -> str:
+    return (f"unchanged TOAST value (the placeholder {spec.placeholder!r}) in column(s) "
+            f"{columns}, and {where} to take it from: give the table REPLICA IDENTITY FULL, or "
+            "snapshot it again (Debezium's incremental snapshot)")
+
+
+def resolve_updates(spec: SourceSpec, rows: pa.Table) -> Resolved:
+    """`rows` of insert_delete source `spec`: an update's new row (+1) takes its unchanged TOAST
+    values from its old row (-1, same SEQ); a change whose values are not there is rejected."""
+    toast = _unchanged(spec, rows)
+    if not toast.any():
+        return Resolved(rows)
+    seqs = set(rows.column(SEQ).filter(pa.array(toast)).to_pylist())
+    involved = as_mask(pc.is_in(rows.column(SEQ), value_set=pa.array(list(seqs), pa.int64())))
+    out = Resolved(rows.filter(pa.array(~involved)))
+    by_seq: dict[int, list[dict[str, Any]]] = {}
+    for row in rows.filter(pa.array(involved)).to_pylist():
+        by_seq.setdefault(row[SEQ], []).append(row)
+    marks, text = set(placeholders(spec)), _text_columns(spec)
+    kept: list[dict[str, Any]] = []
+    for seq, pair in by_seq.items():
+        old = next((r for r in pair if r[SIGN] < 0), None)
+        unchanged = [c for r in pair for c in text if r[c] in marks]
+        if old is None or any(old[c] in marks for c in unchanged):
+            out.rejected[seq] = _reason(spec, sorted(set(unchanged)),
+                                        "the change has no complete 'before' image")
+            continue
+        kept += [{**r, **{c: old[c] for c in unchanged}} for r in pair]
+    out.rows = pa.concat_tables([out.rows, pa.Table.from_pylist(kept, schema=rows.schema)]
+                                ).sort_by(SEQ)
+    return out
+
+
 def resolve(spec: SourceSpec, rows: pa.Table, tombstones: Sequence[int],
             latest: Latest) -> Resolved:
     """`rows` (decoded, with bookkeeping) of upsert source `spec`, `tombstones` the positions
     (SEQ) of those read from tombstones: see the module doc."""
-    pk = list(spec.table_schema.primary_key)
-    marks = pa.array(placeholders(spec), pa.string())
-    text = [c.name for c in spec.table_schema.columns
-            if c.type is ColumnType.TEXT and c.name not in pk and c.name not in spec.metadata]
-    toast = np.zeros(rows.num_rows, dtype=bool)
-    for col in text:
-        toast |= as_mask(pc.fill_null(pc.is_in(rows.column(col), value_set=marks), False))
-    toast &= ~as_mask(rows.column(DELETE))
+    pk, text = list(spec.table_schema.primary_key), _text_columns(spec)
+    toast = _unchanged(spec, rows) & ~as_mask(rows.column(DELETE))
     tombs = as_mask(pc.is_in(rows.column(SEQ), value_set=pa.array(tombstones, pa.int64())))
     if not (toast | tombs).any():
         return Resolved(rows)
@@ -73,7 +117,7 @@ def resolve(spec: SourceSpec, rows: pa.Table, tombstones: Sequence[int],
                                                       strict=True)), bool, rows.num_rows)
     current = latest(keys.filter(pa.array(involved)))
     out = Resolved(rows.filter(pa.array(~involved)))
-    tomb_set, mark_set = set(tombstones), set(marks.to_pylist())
+    tomb_set, mark_set = set(tombstones), set(placeholders(spec))
     kept: list[dict[str, Any]] = []
     for row in sorted(rows.filter(pa.array(involved)).to_pylist(), key=lambda r: r[SEQ]):
         key = tuple(row[c] for c in pk)
@@ -83,11 +127,9 @@ def resolve(spec: SourceSpec, rows: pa.Table, tombstones: Sequence[int],
             continue
         unchanged = [c for c in text if row[c] in mark_set and not row[DELETE]]
         if unchanged and before is None:
-            out.rejected[row[SEQ]] = (
-                f"unchanged TOAST value (the placeholder {spec.placeholder!r}) in column(s) "
-                f"{unchanged}, and key {dict(zip(pk, key, strict=True))} has no row to take "
-                "it from (the service started after the row was written): give the table "
-                "REPLICA IDENTITY FULL, or snapshot it again (Debezium's incremental snapshot)")
+            out.rejected[row[SEQ]] = _reason(
+                spec, unchanged, f"key {dict(zip(pk, key, strict=True))} has no row (the "
+                "service started after the row was written)")
             continue
         row = {**row, **{c: before[c] for c in unchanged}} if before else row
         current[key] = None if row[DELETE] else row

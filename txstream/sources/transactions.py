@@ -35,7 +35,7 @@ from txstream.sources.boundaries import PolledRecords, TopicRule, TransactionBou
 from txstream.sources.consumed import raw_records, records_and_ends
 from txstream.sources.dead_letters import DeadLetterWriter
 from txstream.sources.debezium_metadata import end_event, expected_count
-from txstream.sources.debezium_rows import resolve
+from txstream.sources.debezium_rows import resolve, resolve_updates
 from txstream.sources.decoder import SourceDecoder
 from txstream.sources.kafka_source import (
     SEQ,
@@ -212,7 +212,7 @@ class TransactionBuilder:
             raw = raw_records(records if len(idx) == n else [records[i] for i in idx], topic,
                               partitions[idx], offsets[idx])
             batch = self._decoders[spec.name].decode(raw, seq0 + idx)
-            if spec.format == "debezium" and spec.semantics == "upsert":
+            if spec.format == "debezium":
                 batch = self._resolve(spec, batch, raw, idx, seq0)
             self._stats.ignored_tombstones += batch.ignored_tombstones
             local = batch.rows.column(SEQ).to_numpy() - seq0
@@ -256,10 +256,11 @@ class TransactionBuilder:
 
     def _resolve(self, spec: SourceSpec, batch: DecodedBatch, raw: RawRecords, idx: np.ndarray,
                  seq0: int) -> DecodedBatch:
-        """Debezium tombstones and unchanged TOAST values of an upsert source, against each
-        key's latest row (`txstream.sources.debezium_rows`)."""
+        """Debezium tombstones and unchanged TOAST values, against each key's latest row of an
+        upsert source, an update's old row otherwise (`txstream.sources.debezium_rows`)."""
         done = resolve(spec, batch.rows, batch.tombstones,
-                       lambda keys: self._pending.latest(spec.name, keys))
+                       lambda keys: self._pending.latest(spec.name, keys)
+                       ) if spec.semantics == "upsert" else resolve_updates(spec, batch.rows)
         decoder = self._decoders[spec.name]
         bad = [decoder.bad_record(raw, int(np.searchsorted(idx, seq - seq0)), seq, reason)
                for seq, reason in done.rejected.items()]
