@@ -182,7 +182,11 @@ class SourceSpec(BaseModel):
     from their JSON text, never through a float). Debezium sources encode decimals as their
     connector's `decimal.handling.mode` says: `decimal_handling_mode`. Debezium's numeric
     temporal encodings (days / micros since the epoch) are not decoded: give the connector ISO
-    string converters, or declare such columns bigint.
+    string converters, or declare such columns bigint. A Debezium source matches transaction
+    ids by their connector's shape (`connector`, `txstream.sources.debezium_ids`), skips
+    tombstones that change nothing, and reads the connector's placeholder for an unchanged
+    TOAST value (`unavailable_value_placeholder`) as the previous value
+    (`txstream.sources.debezium_rows`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
