@@ -246,10 +246,11 @@ def _net_changes(transactions: list[list[Event]]) -> dict[int, set[tuple[Any, ..
 
 
 def _produce_debezium(bootstrap: str, prefix: str, transactions: list[list[Event]]) -> None:
+    """As Debezium 2.x's PostgreSQL connector writes them: ids `txId:LSN`, the LSN each event's
+    own (DBZ-5329), and a tombstone after each delete (`tombstones.on.delete=true`)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     current: dict[tuple[str, int], dict[str, Any]] = {}
     for number, txn in enumerate(transactions, start=1):
-        txid = f"{number}:{1000 + number}"
         counts: dict[str, int] = {}
         for order, (source, key, row) in enumerate(txn, start=1):
             before = current.get((source, key))
@@ -258,13 +259,18 @@ def _produce_debezium(bootstrap: str, prefix: str, transactions: list[list[Event
                 current.pop((source, key), None)
             else:
                 current[(source, key)] = row
-            value = {"before": before, "after": row, "op": op, "source": {"table": source},
+            txid = f"{number + 700}:{34131152 + 1000 * number + 8 * order}"
+            value = {"before": before, "after": row, "op": op,
+                     "source": {"connector": "postgresql", "table": source},
                      "transaction": {"id": txid, "total_order": order,
                                      "data_collection_order": order}}
-            producer.produce(f"{prefix}.{source}", key=encode((source, key, row))[0],
+            record_key = encode((source, key, row))[0]
+            producer.produce(f"{prefix}.{source}", key=record_key,
                              value=json.dumps(value, default=str).encode())
+            if op == "d":
+                producer.produce(f"{prefix}.{source}", key=record_key, value=None)
             counts[f"public.{source}"] = counts.get(f"public.{source}", 0) + 1
-        end_key, end_value = end(txid, counts)
+        end_key, end_value = end(f"{number + 700}:{34131152 + 1000 * number + 999}", counts)
         producer.produce(f"{prefix}.transaction", key=end_key.encode(),
                          value=json.dumps(end_value).encode())
     assert producer.flush(60) == 0
