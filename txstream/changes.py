@@ -84,14 +84,6 @@ class Changes:
     def times(self) -> pa.ChunkedArray:
         return self.table[TIME]
 
-    @property
-    def diffs(self) -> pa.ChunkedArray:
-        return self.table[DIFF]
-
-    def rows(self) -> pa.Table:
-        """The changed rows without `time` and `diff`."""
-        return self.table.select(self.columns)
-
     def time_range(self) -> tuple[int, int] | None:
         """The first and last transaction with a change (None when there is none)."""
         if not self.num_rows:
