@@ -1,7 +1,8 @@
 """Streams in the exact shape Debezium writes them, through the transaction builder and the
 broker fixture: PostgreSQL's 2.x transaction ids (`txId:LSN`, the LSN each event's own), a
-snapshot then streaming, a tombstone after a delete, TOAST placeholders; and MySQL's GTIDs.
-Every source transaction is exactly one stream transaction, nothing is dead-lettered."""
+snapshot then streaming, a tombstone after a delete, TOAST placeholders, a truncate; and
+MySQL's GTIDs. Every source transaction is exactly one stream transaction, nothing is
+dead-lettered."""
 
 from __future__ import annotations
 
@@ -25,29 +26,31 @@ from txstream.sources.transactions import TransactionBuilder
 TOAST = {"notes": UNAVAILABLE_VALUE, "photo": TOAST_BYTES}
 
 
-def source_block(connector: str, txid: str | None) -> dict[str, Any]:
+def source_block(connector: str, txid: str | None, snapshot: str = "false") -> dict[str, Any]:
     """The `source` block of each connector's change events (postgresql.adoc and mysql.adoc,
-    "Data change events"), the fields that vary here filled in."""
+    "Data change events"), the fields that vary here filled in. `snapshot`: `first`, `true`
+    and `last` mark a snapshot's first, other and last read, `false` streaming."""
     if connector == "postgresql":
         tx, _, lsn = (txid or "0:34130000").partition(":")
         return {"version": "2.7.0.Final", "connector": "postgresql", "name": "dbserver1",
-                "ts_ms": 1559033904863, "snapshot": "false" if txid else "true",
+                "ts_ms": 1559033904863, "snapshot": snapshot,
                 "db": "postgres", "schema": "inventory", "table": "customers",
                 "txId": int(tx), "lsn": int(lsn), "xmin": None}
     return {"version": "2.7.0.Final", "connector": "mysql", "name": "mysql-server-1",
-            "ts_ms": 1465581029100, "snapshot": "false" if txid else "true", "db": "inventory",
+            "ts_ms": 1465581029100, "snapshot": snapshot, "db": "inventory",
             "table": "customers", "server_id": 223344, "gtid": txid,
             "file": "mysql-bin.000003", "pos": 484, "row": 0, "thread": 7, "query": None}
 
 
 def change(connector: str, txid: str | None, op: str, before: dict | None,
-           after: dict | None, order: int = 1) -> bytes:
+           after: dict | None, order: int = 1, snapshot: str = "false") -> bytes:
     tx = None if txid is None else {"id": txid, "total_order": order,
                                     "data_collection_order": order}
+    source = source_block(connector, txid, snapshot)
     return json.dumps({"schema": {"type": "struct", "optional": False,
                                   "name": "dbserver1.inventory.customers.Envelope"},
                        "payload": {"before": before, "after": after, "op": op,
-                                   "ts_ms": 1559033904863, "source": source_block(connector, txid),
+                                   "ts_ms": 1559033904863, "source": source,
                                    "transaction": tx}}).encode()
 
 
@@ -63,12 +66,14 @@ def marker(status: str, txid: str, count: int = 0) -> bytes:
 
 def run(kafka: KafkaEndpoint, prefix: str, connector: str, dlq: str,
         builders: list[TransactionBuilder],
-        transactions: list[tuple[str, list[str], list[tuple[int, str, dict | None, dict | None]]]]
+        transactions: list[tuple[str, list[str],
+                                 list[tuple[int | None, str, dict | None, dict | None]]]]
         ) -> None:
     """A snapshot of customers 1001 and 1002, then `transactions` (BEGIN id, change ids,
-    changes (key, op, before, after); END id: the last change id's transaction at a later
-    position), one after the other as the connector writes them. Checks that each one is one
-    stream transaction after the snapshot's, that nothing is dead-lettered, and the rows."""
+    changes (key, or None for a truncate; op, before, after); END id: the last change id's
+    transaction at a later position), one after the other as the connector writes them.
+    Checks that each one is one stream transaction after the snapshot's, that nothing is
+    dead-lettered, and the rows."""
     topic, meta = f"{prefix}.inventory.customers", f"{prefix}.transaction"
     kafka.create_topic(topic, 1)
     kafka.create_topic(meta, 1)
@@ -77,14 +82,16 @@ def run(kafka: KafkaEndpoint, prefix: str, connector: str, dlq: str,
                       upstream=UpstreamTransactions(metadata_topic=meta,
                                                     data_collection="inventory.customers"))
     builders.append(b := make_builder(kafka, [spec], dlq))
-    produce(kafka, topic, [(key(i), change(connector, None, "r", None, customer(i, f"{i}@x")))
-                           for i in (1001, 1002)])
+    produce(kafka, topic, [(key(i), change(connector, None, "r", None, customer(i, f"{i}@x"),
+                                           snapshot=mark))
+                           for i, mark in ((1001, "first"), (1002, "last"))])
     wanted = []
     for begin, ids, changes in transactions:
         produce(kafka, meta, [(None, marker("BEGIN", begin))])
         records: list[tuple[bytes, bytes | None]] = []
         for order, (uid, (i, op, before, after)) in enumerate(zip(ids, changes, strict=True)):
-            records.append((key(i), change(connector, uid, op, before, after, order + 1)))
+            records.append((None if i is None else key(i),
+                            change(connector, uid, op, before, after, order + 1)))
             if op == "d":  # Debezium's tombstone, tombstones.on.delete=true
                 records.append((key(i), None))
         produce(kafka, topic, records)
@@ -105,14 +112,19 @@ def test_postgresql_2x_ids_tombstones_and_toast_placeholders(
         builders: list[TransactionBuilder]) -> None:
     """Ids as issue 29's Debezium 2.7 stream has them (BEGIN `780:34131152`, change
     `780:34131368`, END `780:34131464`): updates leaving the TOASTed columns alone, an insert
-    deleted again, its tombstone."""
+    deleted again, its tombstone; a truncate (no message key, counted by its END event) and
+    the rows inserted again in its transaction (`skipped.operations=none`)."""
     c1002, c1005 = customer(1002, "1002@x"), customer(1005, "a")
+    final = [customer(i, f"{i}@new") for i in (1001, 1002)]
     run(kafka, topic_name, "postgresql", dlq, builders, [
         ("780:34131152", ["780:34131368"],
          [(1001, "u", None, customer(1001, "1001@new", **TOAST))]),
-        ("781:34132000", ["781:34132104", "781:34132208"],
-         [(1005, "c", None, c1005), (1002, "u", c1002, customer(1002, "1002@new", **TOAST))]),
+        ("781:34132000", ["781:34132104", "781:34132208", "781:34132312"],
+         [(1005, "c", None, c1005), (1002, "u", c1002, customer(1002, "1002@new", **TOAST)),
+          (1006, "c", None, customer(1006, "b"))]),  # left for the truncate to delete
         ("782:34133000", ["782:34133104"], [(1005, "d", c1005, None)]),
+        ("783:34134000", ["783:34134104", "783:34134208", "783:34134312"],
+         [(None, "t", None, None), (1001, "c", None, final[0]), (1002, "c", None, final[1])]),
     ])
 
 

@@ -24,6 +24,7 @@ from txstream.sources.kafka_source import (
     DELETE,
     SEQ,
     SIGN,
+    TRUNCATE,
     UPSTREAM_COUNT,
     UPSTREAM_ID,
     DecodedBatch,
@@ -314,19 +315,24 @@ def test_debezium_create_update_delete_snapshot(semantics: str) -> None:
         _debezium("r", None, a1, wrapped=True), _debezium("c", None, c3, wrapped=False),
         _debezium("u", a1, a2, wrapped=False), _debezium("d", c3, None, wrapped=True),
         None,  # Debezium's tombstone after a delete
-        _debezium("t", None, None, wrapped=False),  # truncate: unsupported
-    ], ['{"id": 1}', '{"id": 3}', '{"id": 1}', '{"id": 3}', '{"id": 3}', '{"id": 9}'])
-    assert "unknown Debezium op 't'" in errors(batch)[5] and len(batch.bad) == 1
-    got = sorted((r[SEQ], r["qty"] or 0, r[SIGN], r[DELETE]) for r in batch.rows.to_pylist())
+        _debezium("t", None, None, wrapped=False),  # truncate (no message key in Debezium)
+    ], ['{"id": 1}', '{"id": 3}', '{"id": 1}', '{"id": 3}', '{"id": 3}', None])
+    got = sorted((r[SEQ], r["qty"] or 0, r[SIGN], r[DELETE], r[TRUNCATE])
+                 for r in batch.rows.to_pylist())
     if semantics == "insert_delete":
-        assert got == [(0, 1, 1, False), (1, 3, 1, False), (2, 1, -1, False),
-                       (2, 2, 1, False), (3, 3, -1, False)]
-        assert batch.ignored_tombstones == 1
+        assert "truncate (op 't') on an insert_delete source" in errors(batch)[5]
+        assert got == [(0, 1, 1, False, False), (1, 3, 1, False, False),
+                       (2, 1, -1, False, False), (2, 2, 1, False, False),
+                       (3, 3, -1, False, False)]
+        assert batch.ignored_tombstones == 1 and len(batch.bad) == 1
     else:
         # The 'd' event deletes by its 'before' image, the tombstone by its key alone (qty
-        # null, shown as 0): deleting an absent key again changes nothing downstream.
-        assert got == [(0, 1, 1, False), (1, 3, 1, False), (2, 2, 1, False),
-                       (3, 3, 1, True), (4, 0, 1, True)]
+        # null, shown as 0): deleting an absent key again changes nothing downstream. The
+        # truncate names no key: it deletes every row when its transaction is applied.
+        assert got == [(0, 1, 1, False, False), (1, 3, 1, False, False),
+                       (2, 2, 1, False, False), (3, 3, 1, True, False),
+                       (4, 0, 1, True, False), (5, 0, 1, True, True)]
+        assert batch.bad == []
 
 
 def test_column_types_dates_timestamps_booleans() -> None:

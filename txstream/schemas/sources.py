@@ -299,12 +299,12 @@ class SourceSpec(BaseModel):
                 f"source {self.name!r}: Debezium envelopes carry deletes and updates; use "
                 "semantics 'insert_delete' (before -> -1, after -> +1) or 'upsert'"
             )
-        if self.decimal_handling_mode is not None and self.format != "debezium":
+        if self.decimal_handling_mode is not None and not self.debezium:
             raise SourceSpecError(
                 f"source {self.name!r}: decimal_handling_mode describes a Debezium connector; "
                 "a JSON source reads decimals from JSON numbers and numeric strings")
         debezium_only = [name for name in ("connector", "unavailable_value_placeholder")
-                         if getattr(self, name) is not None and self.format != "debezium"]
+                         if getattr(self, name) is not None and not self.debezium]
         if debezium_only:
             raise SourceSpecError(f"source {self.name!r}: setting(s) {debezium_only} apply to "
                                   "Debezium sources only; set format 'debezium' or remove them")
@@ -319,14 +319,19 @@ class SourceSpec(BaseModel):
         return self
 
     @property
+    def debezium(self) -> bool:
+        """Written by a Debezium connector."""
+        return self.format == "debezium"
+
+    @property
     def precise_decimals(self) -> bool:
         """Whether decimal values come base64-encoded (Debezium's `precise` mode)."""
-        return self.format == "debezium" and self.decimal_handling_mode in (None, "precise")
+        return self.debezium and self.decimal_handling_mode in (None, "precise")
 
     @property
     def placeholder(self) -> str | None:
         """The value of an unchanged TOAST column (Debezium sources only)."""
-        if self.format != "debezium":
+        if not self.debezium:
             return None
         return self.unavailable_value_placeholder or UNAVAILABLE_VALUE
 

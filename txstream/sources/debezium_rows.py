@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from txstream.schemas.sources import SourceSpec
 from txstream.schemas.tables import ColumnType
 from txstream.sources.field_checks import as_mask
-from txstream.sources.kafka_source import DELETE, SEQ, SIGN
+from txstream.sources.kafka_source import DELETE, SEQ, SIGN, TRUNCATE
 
 Key = tuple[Any, ...]
 Latest = Callable[[pa.Table], dict[Key, dict[str, Any] | None]]
@@ -104,22 +104,29 @@ def resolve_updates(spec: SourceSpec, rows: pa.Table) -> Resolved:
 def resolve(spec: SourceSpec, rows: pa.Table, tombstones: Sequence[int],
             latest: Latest) -> Resolved:
     """`rows` (decoded, with bookkeeping) of upsert source `spec`, `tombstones` the positions
-    (SEQ) of those read from tombstones: see the module doc."""
+    (SEQ) of those read from tombstones: see the module doc. A truncate among `rows` leaves
+    every key without a row for the rows after it."""
     pk, text = list(spec.table_schema.primary_key), _text_columns(spec)
     toast = _unchanged(spec, rows) & ~as_mask(rows.column(DELETE))
     tombs = as_mask(pc.is_in(rows.column(SEQ), value_set=pa.array(tombstones, pa.int64())))
     if not (toast | tombs).any():
         return Resolved(rows)
+    truncates = as_mask(rows.column(TRUNCATE))
     keys = rows.select(pk)
     wanted = set(map(tuple, zip(*(keys.filter(pa.array(toast | tombs)).column(c).to_pylist()
                                   for c in pk), strict=True)))
     involved = np.fromiter((k in wanted for k in zip(*(keys.column(c).to_pylist() for c in pk),
                                                       strict=True)), bool, rows.num_rows)
     current = latest(keys.filter(pa.array(involved)))
+    involved |= truncates
     out = Resolved(rows.filter(pa.array(~involved)))
     tomb_set, mark_set = set(tombstones), set(placeholders(spec))
     kept: list[dict[str, Any]] = []
     for row in sorted(rows.filter(pa.array(involved)).to_pylist(), key=lambda r: r[SEQ]):
+        if row[TRUNCATE]:
+            current = dict.fromkeys(current)
+            kept.append(row)
+            continue
         key = tuple(row[c] for c in pk)
         before = current.get(key)
         if row[SEQ] in tomb_set and before is None:

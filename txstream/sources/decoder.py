@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from txstream.schemas.sources import KafkaMetadata, RecordField, SourceSpec, split_path
 from txstream.schemas.tables import ColumnType
+from txstream.sources.debezium_events import advice, event_kind
 from txstream.sources.debezium_ids import transaction_ids
 from txstream.sources.field_checks import (
     RecordErrors,
@@ -42,7 +43,7 @@ from txstream.sources.single_records import tombstone_rows, with_upstream
 
 log = logging.getLogger(__name__)
 
-_DEBEZIUM_OPS = ("c", "r", "u", "d")
+_DEBEZIUM_OPS = ("c", "r", "u", "d", "t")
 
 
 def _header(headers: Headers | None, name: str) -> bytes | None:
@@ -58,7 +59,8 @@ class SourceDecoder:
     def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
         self._schema = spec.table_schema
-        self._debezium = spec.format == "debezium"
+        self._envelope = spec.format == "debezium"  # before, after and op; else a row
+        self._warned: set[str] = set()  # kinds of Debezium's own records logged
         self._out_schema = rows_schema(spec)
         self._json = JsonReader(spec)
 
@@ -69,13 +71,16 @@ class SourceDecoder:
         can only be one JSON object; the rest, usually none, are looked at one by one."""
         spec = self.spec
         upsert = spec.semantics == "upsert"
+        # A Debezium change names its row's key in its value (a truncate has no message key);
+        # only its tombstones need the message key.
+        keyed = upsert and not spec.debezium
         raw = records.values if isinstance(records.values, list) else list(records.values)
         n = len(raw)
         values = pa.array(raw, pa.binary())
         plain = pc.and_(pc.and_(pc.starts_with(values, b"{"), pc.ends_with(values, b"}")),
                         pc.less_equal(pc.binary_length(values), spec.max_value_bytes))
         fast = as_mask(pc.fill_null(plain, False))
-        if upsert:
+        if keyed:
             fast &= np.fromiter((k is not None for k in records.keys), bool, n)
         if fast.all():
             return list(range(n)), raw, []
@@ -83,7 +88,7 @@ class SourceDecoder:
         tombstones: list[int] = []
         for i in np.flatnonzero(~fast).tolist():
             value = raw[i]
-            if upsert and records.keys[i] is None:
+            if upsert and records.keys[i] is None and (keyed or value is None):
                 reject(i, "null message key on an upsert source: the key identifies the row "
                           "to replace; produce the record with its primary key as the key")
             elif value is None:
@@ -130,9 +135,9 @@ class SourceDecoder:
                 for i, reason in reasons.items():
                     reject(i, reason)
                 parts.append(rows)
-                if self._debezium:
+                if spec.debezium:
                     kept = [int(seqs[i]) for i in tombstones if i not in reasons]
-            elif self._debezium:
+            elif spec.debezium:
                 ignored = len(tombstones)
                 skipped = [int(seqs[i]) for i in tombstones]
                 log.debug("source %s: %d Debezium tombstones ignored", spec.name, ignored)
@@ -151,10 +156,31 @@ class SourceDecoder:
         table = pa.concat_tables(out) if out else self._out_schema.empty_table()
         if len(out) > 1:
             table = table.sort_by(SEQ)
+        bad, events = self._not_rows(bad)
         if spec.upstream is not None:
             bad = [with_upstream(spec, b) for b in bad]
-        return DecodedBatch(rows=table, bad=bad, ignored_tombstones=ignored, skipped=skipped,
-                            tombstones=kept)
+        return DecodedBatch(rows=table, bad=bad, ignored_tombstones=ignored,
+                            skipped=sorted(skipped + events), tombstones=kept,
+                            ignored_events=len(events))
+
+    def _not_rows(self, bad: list[BadRecord]) -> tuple[list[BadRecord], list[int]]:
+        """`bad` without Debezium's records that change no row (`debezium_events`), and their
+        consumption positions; logged the first time per kind."""
+        if not self.spec.debezium:
+            return bad, []
+        kept: list[BadRecord] = []
+        events: list[int] = []
+        for record in bad:
+            kind = event_kind(record.value)
+            if kind is None:
+                kept.append(record)
+                continue
+            events.append(record.seq)
+            if kind not in self._warned:
+                self._warned.add(kind)
+                level = logging.INFO if kind == "logical decoding message" else logging.WARNING
+                log.log(level, advice(kind, self.spec.name, record.topic))
+        return kept, events
 
     def _rows(
         self, parsed: ParsedJson, indices: np.ndarray, records: RawRecords
@@ -170,12 +196,13 @@ class SourceDecoder:
         local = np.arange(n)
 
         def build(prefix: tuple[str, ...], which: np.ndarray, diff: int | pa.Array,
-                  delete: bool, required: list[str]) -> tuple[pa.Table, np.ndarray]:
+                  delete: bool, required: list[str], truncate: bool = False
+                  ) -> tuple[pa.Table, np.ndarray]:
             cols: dict[str, pa.Array] = {}
             for col in spec.table_schema.names:
                 if col in meta:
                     cols[col] = meta[col]
-                elif self._debezium:
+                elif spec.debezium:
                     cols[col] = parsed.envelope((*prefix, *spec.path_of(col)))
                 else:
                     cols[col] = parsed.get(spec.path_of(col))
@@ -197,7 +224,7 @@ class SourceDecoder:
                 {
                     **cols,
                     **bookkeeping(pa.array(indices), diff_arr, pa.array(np.full(n, delete)),
-                                  txid, txcount, txend),
+                                  txid, txcount, txend, pa.array(np.full(n, truncate))),
                 },
                 schema=self._out_schema,
             )
@@ -206,7 +233,7 @@ class SourceDecoder:
         required_all = [c.name for c in spec.table_schema.columns if not c.nullable]
         required_keys = list(spec.table_schema.primary_key)
         pieces: list[tuple[pa.Table, np.ndarray]] = []
-        if self._debezium:
+        if self._envelope:
             op = parsed.envelope(("op",))
 
             def is_op(*ops: str) -> np.ndarray:
@@ -216,7 +243,7 @@ class SourceDecoder:
                 return repr(op[i].as_py())
 
             errors.add(~is_op(*_DEBEZIUM_OPS), lambda i: f"unknown Debezium op {said(i)}; "
-                                                          "expected one of c, r, u, d")
+                                                          "expected one of c, r, u, d, t")
             has_before = parsed.present(("before",))
             has_after = parsed.present(("after",))
             inserts = is_op("c", "r", "u")
@@ -227,7 +254,13 @@ class SourceDecoder:
                 errors.add(deletes & ~has_before, "Debezium delete without a 'before' row")
                 pieces.append(build(("after",), inserts, 1, False, required_all))
                 pieces.append(build(("before",), deletes, 1, True, required_keys))
+                # A truncate names no row: it deletes them all when its transaction is applied
+                # (`txstream.sources.upsert`).
+                pieces.append(build(("before",), is_op("t"), 1, True, [], truncate=True))
             else:
+                errors.add(is_op("t"), "Debezium truncate (op 't') on an insert_delete source: "
+                           "txstream keeps no rows of it to retract; use semantics 'upsert', or "
+                           "let the connector skip truncates (skipped.operations=t, its default)")
                 retracts = is_op("u", "d")
                 errors.add(retracts & ~has_before, lambda i: f"Debezium op {said(i)} without "
                            "a 'before' row; insert_delete needs full before images (REPLICA "
@@ -277,7 +310,7 @@ class SourceDecoder:
         def read(where: RecordField, dtype: pa.DataType) -> pa.Array:
             if where.field is not None:
                 path = split_path(where.field)
-                arr = parsed.envelope(path) if self._debezium else parsed.get(path)
+                arr = parsed.envelope(path) if self.spec.debezium else parsed.get(path)
                 return arr.cast(dtype)
             assert where.header is not None
             raw = [_header(records.headers[i], where.header) for i in indices]
@@ -288,7 +321,7 @@ class SourceDecoder:
             )
 
         txid = read(upstream.id, pa.string())
-        if self._debezium:
+        if self.spec.debezium:
             txid = transaction_ids(txid, self.spec.connector or self._connectors(parsed))
         if upstream.metadata_topic is None:  # else a change outside transactions (a snapshot)
             errors.add(as_mask(pc.is_null(txid)),

@@ -24,16 +24,18 @@ DELETE = "__delete"  # upsert: the record deletes its key
 UPSTREAM_ID = "__upstream_id"  # upstream transaction id (null without upstream transactions)
 UPSTREAM_COUNT = "__upstream_count"  # expected record count of the upstream transaction
 UPSTREAM_END = "__upstream_end"  # the record carries the upstream transaction's end marker
-BOOKKEEPING = (SEQ, SIGN, DELETE, UPSTREAM_ID, UPSTREAM_COUNT, UPSTREAM_END)
+# upsert: the record (a Debezium truncate) deletes every row of the source; its columns are null
+TRUNCATE = "__truncate"
+BOOKKEEPING = (SEQ, SIGN, DELETE, UPSTREAM_ID, UPSTREAM_COUNT, UPSTREAM_END, TRUNCATE)
 
 Headers = list[tuple[str, bytes]]
 
 
 def bookkeeping(seq: Any, sign: Any, delete: Any, upstream_id: Any, upstream_count: Any,
-                upstream_end: Any) -> dict[str, Any]:
+                upstream_end: Any, truncate: Any = False) -> dict[str, Any]:
     """The bookkeeping columns of decoded rows (values or arrays) by name."""
     return {SEQ: seq, SIGN: sign, DELETE: delete, UPSTREAM_ID: upstream_id,
-            UPSTREAM_COUNT: upstream_count, UPSTREAM_END: upstream_end}
+            UPSTREAM_COUNT: upstream_count, UPSTREAM_END: upstream_end, TRUNCATE: truncate}
 
 
 class KafkaSourceError(RuntimeError):
@@ -99,10 +101,14 @@ class DecodedBatch:
     rows: pa.Table  # the source's columns + BOOKKEEPING, records in consumption order
     bad: list[BadRecord]
     ignored_tombstones: int  # Debezium's compaction tombstones after deletes (no row in them)
-    # Consumption positions of the records that join no transaction (ignored tombstones), and
-    # of the upsert deletes read from Debezium tombstones (kept only if their key has a row).
+    # Consumption positions of the records that join no transaction (ignored tombstones and
+    # events), and of the upsert deletes read from Debezium tombstones (kept only if their key
+    # has a row).
     skipped: list[int] = field(default_factory=list)
     tombstones: list[int] = field(default_factory=list)
+    # Debezium's records that change no row: heartbeats, schema changes, logical decoding
+    # messages (`txstream.sources.debezium_events`); in `skipped` too.
+    ignored_events: int = 0
 
 
 def rows_schema(spec: SourceSpec) -> pa.Schema:
@@ -116,5 +122,6 @@ def rows_schema(spec: SourceSpec) -> pa.Schema:
             pa.field(UPSTREAM_ID, pa.string()),
             pa.field(UPSTREAM_COUNT, pa.int64()),
             pa.field(UPSTREAM_END, pa.bool_()),
+            pa.field(TRUNCATE, pa.bool_()),
         ]
     )

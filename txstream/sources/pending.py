@@ -20,6 +20,7 @@ from txstream.sources.kafka_source import (
     DELETE,
     SEQ,
     SIGN,
+    TRUNCATE,
     BadRecord,
     RawRecords,
 )
@@ -74,7 +75,7 @@ class PendingChanges:
     def latest(self, source: str, keys: pa.Table) -> dict[tuple[Any, ...], dict[str, Any] | None]:
         """The row each key of `keys` (a table of upsert source `source`'s primary key columns)
         has after the records read so far: its latest pending row (None for a delete), else its
-        current row (None: it has none)."""
+        current row (None: it has none, or a pending truncate came after it)."""
         pk = list(self._sources[source].table_schema.primary_key)
         keys = keys.select(pk).group_by(pk, use_threads=False).aggregate([])
         found = self.upsert[source].current(keys)
@@ -82,8 +83,12 @@ class PendingChanges:
                for k, row in zip(keys.to_pylist(), found, strict=True)}
         if self._rows[source]:
             names = [*self._sources[source].table_schema.names, SEQ, DELETE]
-            rows = pa.concat_tables(self._rows[source]).select(names)
-            hit = rows.join(keys, keys=pk, join_type="inner").sort_by(SEQ)
+            rows = pa.concat_tables(self._rows[source])
+            cut = pc.max(rows.filter(rows.column(TRUNCATE)).column(SEQ)).as_py()
+            if cut is not None:  # what was before the latest truncate is gone
+                out = dict.fromkeys(out)
+                rows = rows.filter(pc.greater(rows.column(SEQ), cut))
+            hit = rows.select(names).join(keys, keys=pk, join_type="inner").sort_by(SEQ)
             for row in hit.to_pylist():
                 out[tuple(row[c] for c in pk)] = None if row[DELETE] else row
         return out

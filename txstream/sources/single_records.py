@@ -32,12 +32,12 @@ def upstream_of(spec: SourceSpec, headers: Headers | None, value: Any
         assert where.field is not None
         path = split_path(where.field)
         hit = walk(value, path)
-        if hit is None and spec.format == "debezium":
+        if hit is None and spec.debezium:
             hit = walk(value, ("payload", *path))
         return hit
 
     txid, count, end = read(upstream.id), read(upstream.count), read(upstream.end)
-    if txid is not None and spec.format == "debezium":
+    if txid is not None and spec.debezium:
         named = spec.connector or read(RecordField(field="source.connector"))
         txid = transaction_id(str(txid), named if isinstance(named, str) else None)
     try:
@@ -101,7 +101,7 @@ def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
         txid, txcount, txend = None, None, False
         if spec.upstream is not None:
             txid, txcount, txend = upstream_of(spec, headers[i], None)
-            if txid is None and not (spec.format == "debezium" and spec.upstream.metadata_topic):
+            if txid is None and not (spec.debezium and spec.upstream.metadata_topic):
                 errors[i] = ("tombstone without an upstream transaction id; tombstones have "
                              "no value, so put the id in a header")
                 continue

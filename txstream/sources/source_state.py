@@ -20,6 +20,7 @@ class IngestStats(BaseModel):
     absent_deletes: int = 0  # upsert deletes of keys without a current row
     unchanged_upserts: int = 0  # upserts equal to the current row
     ignored_tombstones: int = 0  # Debezium compaction tombstones
+    ignored_events: int = 0  # Debezium heartbeats, schema changes, logical decoding messages
     incomplete_upstream: int = 0  # upstream transactions dead-lettered after the timeout
     replayed_skipped: int = 0  # records of transactions emitted before a restart
     late_upstream_records: int = 0  # records of an upstream transaction already emitted

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -212,9 +213,10 @@ class TransactionBuilder:
             raw = raw_records(records if len(idx) == n else [records[i] for i in idx], topic,
                               partitions[idx], offsets[idx])
             batch = self._decoders[spec.name].decode(raw, seq0 + idx)
-            if spec.format == "debezium":
+            if spec.debezium:
                 batch = self._resolve(spec, batch, raw, idx, seq0)
             self._stats.ignored_tombstones += batch.ignored_tombstones
+            self._stats.ignored_events += batch.ignored_events
             local = batch.rows.column(SEQ).to_numpy() - seq0
             polled.skipped[np.asarray(batch.skipped, dtype=np.int64) - seq0] = True
             if spec.upstream is not None:
@@ -266,9 +268,9 @@ class TransactionBuilder:
                for seq, reason in done.rejected.items()]
         if spec.upstream is not None:  # a rejected change still counts towards its transaction
             bad = [with_upstream(spec, b) for b in bad]
-        return DecodedBatch(rows=done.rows, bad=batch.bad + bad,
-                            ignored_tombstones=batch.ignored_tombstones + len(done.skipped),
-                            skipped=batch.skipped + done.skipped)
+        return replace(batch, rows=done.rows, bad=batch.bad + bad,
+                       ignored_tombstones=batch.ignored_tombstones + len(done.skipped),
+                       skipped=batch.skipped + done.skipped, tombstones=[])
 
     def _announce(self, events: list[Message], now: float) -> None:
         """Debezium transaction metadata: an `END` event sets its transaction's expected count

@@ -9,6 +9,8 @@ The current rows (one per key) are kept so that a call costs O(its records), not
 When the delta outgrows 1/32 of the base (or as many base rows are dead), the two are
 compacted into a new base: O(rows), amortized over as many changed keys.
 The rows are checkpointed as one Arrow table (Parquet) through `rows`.
+A truncate record (a Debezium `op: t`) deletes every current row at its place among the
+records: O(rows), once per truncate.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel
 
-from txstream.changes import DIFF, TIME
+from txstream.changes import DIFF, TIME, consolidate
 from txstream.schemas.tables import TableSchema
-from txstream.sources.kafka_source import DELETE, SEQ
+from txstream.sources.kafka_source import DELETE, SEQ, TRUNCATE
 
 _COMPACT_MIN = 2_000
 
@@ -109,8 +111,40 @@ class UpsertState:
         return [base.get(i, delta.get(i)) for i in range(keys.num_rows)]
 
     def apply(self, records: pa.Table) -> tuple[pa.Table, UpsertCounts]:
-        """`records`: the source's columns, `time` (transaction number), SEQ (consumption order)
-        and DELETE. Returns the changes (columns + time + diff, consolidated) and counters."""
+        """`records`: the source's columns, `time` (transaction number), SEQ (consumption order),
+        DELETE and optionally TRUNCATE. Returns the changes (columns + time + diff,
+        consolidated) and counters."""
+        if TRUNCATE not in records.column_names or not pc.any(records[TRUNCATE]).as_py():
+            return self._apply(records)
+        records = records.sort_by([(TIME, "ascending"), (SEQ, "ascending")])
+        marks = np.flatnonzero(records.column(TRUNCATE).to_numpy(zero_copy_only=False))
+        parts: list[pa.Table] = []
+        counts = UpsertCounts()
+        start = 0
+        for at in [*marks.tolist(), records.num_rows]:
+            # The records before the truncate first: it deletes what they leave too.
+            for step in range(2 if at < records.num_rows else 1):
+                changes, more = self._apply(records.slice(start, at - start) if step == 0
+                                            else self._everything(records.slice(at, 1)))
+                parts.append(changes)
+                counts.absent_deletes += more.absent_deletes
+                counts.unchanged += more.unchanged
+            start = at + 1
+        # A row inserted and truncated in one transaction cancels out.
+        out = consolidate(pa.concat_tables(parts), self._columns).table
+        return out.cast(self.schema.arrow_schema(with_changes=True)), counts
+
+    def _everything(self, truncate: pa.Table) -> pa.Table:
+        """A delete of every current row, at the place (time, SEQ) of the `truncate` record."""
+        rows = self.rows
+        n = rows.num_rows
+        at = {TIME: truncate[TIME][0].as_py(), SEQ: truncate[SEQ][0].as_py(), DELETE: True}
+        for name, value in at.items():
+            rows = rows.append_column(name, pa.array(np.full(n, value)))
+        return rows
+
+    def _apply(self, records: pa.Table) -> tuple[pa.Table, UpsertCounts]:
+        """`apply` of records without truncates."""
         cols, keys = self._columns, self._keys
         out_schema = self.schema.arrow_schema(with_changes=True)
         if records.num_rows == 0:
