@@ -17,6 +17,7 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     poll_until,
     produce,
 )
+from test_debezium_flattened import flat, old_key_only
 from test_debezium_records import CUSTOMERS, NOTES, PHOTO, TOAST_BYTES, customer, key
 
 from txstream.schemas.sources import UNAVAILABLE_VALUE, SourceSpec, UpstreamTransactions
@@ -141,3 +142,25 @@ def test_mysql_gtids_and_tombstones(kafka: KafkaEndpoint, topic_name: str, dlq: 
          [(1002, "u", None, customer(1002, "1002@new"))]),
         (gtid.format(25), [gtid.format(25)], [(1005, "d", c1005, None)]),
     ])
+
+
+def test_the_flattened_form(kafka: KafkaEndpoint, topic_name: str, dlq: str,
+                            builders: list[TransactionBuilder]) -> None:
+    """ExtractNewRecordState with `delete.handling.mode=rewrite`, `add.fields=op` and the
+    tombstones kept: snapshot reads, then an update leaving the TOASTed columns alone, a
+    delete and its tombstone, in mini-batches; nothing dead-lettered."""
+    kafka.create_topic(topic_name, 1)
+    spec = SourceSpec(name="customers", topic=topic_name, schema=CUSTOMERS,
+                      format="debezium_flattened", semantics="upsert")
+    builders.append(b := make_builder(kafka, [spec], dlq))
+    produce(kafka, topic_name, [(key(i), flat(customer(i, f"{i}@x"), False, "r"))
+                                for i in (1001, 1002, 1003)])
+    txs = poll_until(b, lambda ts: len(ts) == 1)
+    produce(kafka, topic_name, [
+        (key(1001), flat(customer(1001, "1001@new", **TOAST), False, "u")),
+        (key(1003), flat(old_key_only(1003), True, "d")), (key(1003), None)])
+    txs += poll_until(b, lambda ts: len(ts) == 1)
+    assert b.stats.bad_records == 0 and b.stats.ignored_tombstones == 1
+    final = {dict(r)["id"]: dict(r) for r in integrate(txs, "customers")}
+    assert {i: (r["email"], r["notes"], r["photo"]) for i, r in final.items()} == {
+        1001: ("1001@new", NOTES, PHOTO), 1002: ("1002@x", NOTES, PHOTO)}

@@ -195,7 +195,9 @@ class SourceSpec(BaseModel):
     topic: str
     # `schema` shadows a BaseModel attribute; the alias keeps the user-facing name.
     table_schema: TableSchema = Field(alias="schema")
-    format: Literal["json", "debezium"] = "json"
+    # `debezium`: the connector's change events; `debezium_flattened`: the same after Debezium's
+    # ExtractNewRecordState SMT (the row itself, `__deleted` for deletes), upsert only.
+    format: Literal["json", "debezium", "debezium_flattened"] = "json"
     semantics: Literal["append_only", "upsert", "insert_delete"] = "append_only"
     # Column name -> dotted path in the JSON value (in `before`/`after` for Debezium); a column
     # not listed is read from the top-level field of the same name.
@@ -299,6 +301,10 @@ class SourceSpec(BaseModel):
                 f"source {self.name!r}: Debezium envelopes carry deletes and updates; use "
                 "semantics 'insert_delete' (before -> -1, after -> +1) or 'upsert'"
             )
+        if self.format == "debezium_flattened" and self.semantics != "upsert":
+            raise SourceSpecError(
+                f"source {self.name!r}: the flattened form (ExtractNewRecordState) carries each "
+                "row's new state only, a delete its key: use semantics 'upsert'")
         if self.decimal_handling_mode is not None and not self.debezium:
             raise SourceSpecError(
                 f"source {self.name!r}: decimal_handling_mode describes a Debezium connector; "
@@ -307,7 +313,8 @@ class SourceSpec(BaseModel):
                          if getattr(self, name) is not None and not self.debezium]
         if debezium_only:
             raise SourceSpecError(f"source {self.name!r}: setting(s) {debezium_only} apply to "
-                                  "Debezium sources only; set format 'debezium' or remove them")
+                                  "Debezium sources only; set format 'debezium' (or "
+                                  "'debezium_flattened') or remove them")
         if self.diff_values is not None and any(v == 0 for v in self.diff_values.values()):
             raise SourceSpecError(f"source {self.name!r}: diff_values may not map to 0")
         if self.delete_field is not None:
@@ -320,8 +327,8 @@ class SourceSpec(BaseModel):
 
     @property
     def debezium(self) -> bool:
-        """Written by a Debezium connector."""
-        return self.format == "debezium"
+        """Written by a Debezium connector, as its change events or flattened."""
+        return self.format in ("debezium", "debezium_flattened")
 
     @property
     def precise_decimals(self) -> bool:

@@ -29,7 +29,7 @@ from txstream.sources.field_checks import (
     header_values,
     iso_dates,
 )
-from txstream.sources.json_values import JsonReader, ParsedJson
+from txstream.sources.json_values import DELETED, OP, JsonReader, ParsedJson
 from txstream.sources.kafka_source import (
     SEQ,
     BadRecord,
@@ -270,9 +270,8 @@ class SourceDecoder:
         elif spec.semantics == "insert_delete":
             diff = self._diff_column(parsed, errors)
             pieces.append(build((), local >= 0, diff, False, required_all))
-        elif spec.semantics == "upsert" and spec.delete_field is not None:
-            flag = parsed.get(split_path(spec.delete_field))
-            deletes = as_mask(pc.fill_null(flag, False))
+        elif spec.semantics == "upsert" and (spec.delete_field is not None or spec.debezium):
+            deletes = self._deletes(parsed)
             pieces.append(build((), ~deletes, 1, False, required_all))
             pieces.append(build((), deletes, 1, True, required_keys))
         else:
@@ -281,6 +280,16 @@ class SourceDecoder:
         valid = ~errors.failed
         kept = [t.filter(pa.array(which & valid)) for t, which in pieces]
         return pa.concat_tables(kept), errors
+
+    def _deletes(self, parsed: ParsedJson) -> np.ndarray:
+        """Which records of an upsert source that marks deletes in the row delete their key:
+        `delete_field` (JSON), or the flattened form's `__deleted` / `__op` (`json_values`)."""
+        if self.spec.delete_field is not None:
+            flag = parsed.get(split_path(self.spec.delete_field))
+        else:
+            flag = pc.or_kleene(pc.equal(parsed.envelope((DELETED,)), "true"),
+                                pc.equal(parsed.envelope((OP,)), "d"))
+        return as_mask(pc.fill_null(flag, False))
 
     def _diff_column(self, parsed: ParsedJson, errors: RecordErrors) -> pa.Array:
         spec = self.spec
@@ -321,8 +330,9 @@ class SourceDecoder:
             )
 
         txid = read(upstream.id, pa.string())
-        if self.spec.debezium:
-            txid = transaction_ids(txid, self.spec.connector or self._connectors(parsed))
+        if self.spec.debezium:  # a flattened row names no connector: its ids by their shape
+            named = self._connectors(parsed) if self._envelope else None
+            txid = transaction_ids(txid, self.spec.connector or named)
         if upstream.metadata_topic is None:  # else a change outside transactions (a snapshot)
             errors.add(as_mask(pc.is_null(txid)),
                        f"no upstream transaction id ({self._where(upstream.id)})")

@@ -22,6 +22,11 @@ from txstream.sources.field_checks import as_mask, json_type
 
 _Tree = dict[str, "pa.DataType | _Tree"]
 
+# Fields Debezium's ExtractNewRecordState SMT adds to a flattened row: `__deleted` ("true" on a
+# delete's old row, "false" otherwise) with `delete.handling.mode=rewrite`, `__op` (c, r, u, d)
+# with `add.fields=op`. No column is named so: TableSchema refuses names starting with "__".
+DELETED, OP = "__deleted", "__op"
+
 
 def _tree_insert(tree: _Tree, path: tuple[str, ...], dtype: pa.DataType) -> None:
     node = tree
@@ -81,22 +86,24 @@ class JsonReader:
         self.spec = spec
         self._schema = spec.table_schema
         self._value_cols = spec.value_columns()
-        self._debezium = spec.format == "debezium"
+        self._envelope = spec.format == "debezium"  # before, after and op; else the row itself
         self._row_model = row_model(spec.table_schema, self._value_cols, f"{spec.name}_row")
         tree: _Tree = {}
+        # Debezium's JsonConverter with schemas wraps each value: {"schema": ..., "payload": ...}
+        envelopes: list[tuple[str, ...]] = [(), ("payload",)] if spec.debezium else [()]
         prefixes: list[tuple[str, ...]] = (
-            [("before",), ("after",), ("payload", "before"), ("payload", "after")]
-            if self._debezium
-            else [()]
+            [(*e, part) for e in envelopes for part in ("before", "after")]
+            if self._envelope else envelopes
         )
-        envelopes: list[tuple[str, ...]] = [(), ("payload",)] if self._debezium else [()]
         for prefix in prefixes:
             for col in self._value_cols:
                 _tree_insert(tree, prefix + spec.path_of(col),
                              json_type(self._schema.column(col).type, spec.precise_decimals))
         extra: list[tuple[tuple[str, ...], pa.DataType]] = []
-        if self._debezium:
+        if self._envelope:
             extra.append((("op",), pa.string()))
+        elif spec.debezium:
+            extra += [((DELETED,), pa.string()), ((OP,), pa.string())]
         elif spec.semantics == "insert_delete":
             diff_type = pa.int64() if spec.diff_values is None else pa.string()
             extra.append((split_path(spec.diff_field), diff_type))
@@ -111,7 +118,7 @@ class JsonReader:
                 extra.append((split_path(upstream.count.field), pa.int64()))
             if upstream.end is not None and upstream.end.field is not None:
                 extra.append((split_path(upstream.end.field), pa.bool_()))
-            if self._debezium:  # the shape of its transaction ids
+            if self._envelope:  # the shape of its transaction ids
                 extra.append((("source", "connector"), pa.string()))
         for envelope in envelopes:
             for path, dtype in extra:
@@ -203,11 +210,12 @@ class JsonReader:
             return f"malformed JSON: {exc}"
         if not isinstance(obj, dict):
             return f"value is a JSON {type(obj).__name__}, not an object"
-        if self._debezium:
-            envelope = obj["payload"] if isinstance(obj.get("payload"), dict) else obj
-            rows = [(f"{part}.", envelope.get(part)) for part in ("before", "after")]
+        body = obj["payload"] if self.spec.debezium and isinstance(obj.get("payload"), dict) \
+            else obj
+        if self._envelope:
+            rows = [(f"{part}.", body.get(part)) for part in ("before", "after")]
         else:
-            rows = [("", obj)]
+            rows = [("", body)]
         for prefix, row in rows:
             if not isinstance(row, dict):
                 continue
