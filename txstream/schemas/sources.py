@@ -186,7 +186,13 @@ class SourceSpec(BaseModel):
     ids by their connector's shape (`connector`, `txstream.sources.debezium_ids`), skips
     tombstones that change nothing, and reads the connector's placeholder for an unchanged
     TOAST value (`unavailable_value_placeholder`) as the previous value
-    (`txstream.sources.debezium_rows`).
+    (`txstream.sources.debezium_rows`). A truncate (`op: t`) deletes every row of an upsert
+    source in its transaction (`txstream.sources.upsert`; dead-lettered on insert_delete);
+    heartbeats, schema changes and logical decoding messages (`op: m`) are skipped, neither
+    dead-lettered nor in a transaction (`txstream.sources.debezium_events`); snapshot reads
+    (`op: r`) form mini-batches. `debezium_flattened` reads the rows of Debezium's
+    ExtractNewRecordState SMT, upsert only: `__deleted: "true"` or `__op: "d"` deletes the
+    key, and tombstones, placeholders, decimals and heartbeats are read as for `debezium`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

@@ -9,8 +9,9 @@ Pure (no Kafka client; tested without a broker):
     debezium_metadata  Debezium END events -> expected counts
     debezium_ids       the transaction part of each connector's ids (PostgreSQL's txId:LSN)
     debezium_rows      Debezium tombstones and unchanged TOAST values against the key's row
+    debezium_events    Debezium's records that change no row: heartbeats, schema changes, messages
     pending            decoded rows of open transactions -> one Changes per source
-    upsert             the current row of every key of an upsert source
+    upsert             the current row of every key of an upsert source (truncates delete them all)
     transaction_batch  Transaction, TransactionBatch: what the input hands to the service
     source_checks, source_state   sources checked together; what a restart resumes from
 With the Kafka client:
