@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from txstream.changes import Changes as ChangeTable
 from txstream.engine import Engine, Pipeline, Table
 from txstream.engine import reducers as r
-from txstream.engine.engine import INDEX_ROWS, INTERPRETED_ROWS
+from txstream.engine.engine import INDEX_ROWS, INTERPRETED_ROWS, SPREAD_ROWS
 from txstream.engine.reducers import Reducer
 from txstream.schemas.tables import ColumnType, TableSchema
 
@@ -509,8 +509,9 @@ def process(engine: Engine, tables: Mapping[str, pa.Table]) -> dict[str, pa.Tabl
 def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[SourceSpec],
                  outputs: Mapping[str, Columns], transactions: Sequence[Transaction],
                  expected: Sequence[Mapping[str, Sequence[Row]]], batch_size: int,
-                 describe: Callable[[str], str]) -> dict[str, list[Row]]:
-    """Run the engine over the transactions (numbered from 1) in batches of `batch_size`.
+                 describe: Callable[[str], str], parallelism: int = 1) -> dict[str, list[Row]]:
+    """Run the engine over the transactions (numbered from 1) in batches of `batch_size`, at
+    `parallelism` (states and exchanged deltas in that many partitions).
 
     Checks every batch of every output: column names and types, consolidation, times inside
     the batch and sorted; then, after every transaction of the batch, that the output integrated
@@ -526,9 +527,14 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
     batches' lookups probe indexes as they do in a large state; batches of one transaction
     stream their runs, as a small state does (runs of a few rows would be indexed early and
     change the batches' shape for good: none would reuse plans). tests/test_engine_cost.py
-    checks lone transactions probing an index against an engine that streams."""
-    engine = Engine(pipeline, spark, interpreted_rows=INTERPRETED_ROWS if batch_size == 1 else 0,
-                    index_rows=INDEX_ROWS if batch_size == 1 else 1)
+    checks lone transactions probing an index against an engine that streams. At parallelism
+    above 1 no run is indexed (see `txstream.engine.state`); batches of one transaction are
+    planned in one partition over the partitioned state, as small batches are, larger ones
+    spread over the partitions whatever their size (`Engine.spread_rows`)."""
+    engine = Engine(pipeline, spark, parallelism=parallelism,
+                    interpreted_rows=INTERPRETED_ROWS if batch_size == 1 else 0,
+                    index_rows=INDEX_ROWS if batch_size == 1 else 1,
+                    spread_rows=SPREAD_ROWS if batch_size == 1 else 0)
     rebound = probed = 0
     integrated = {name: Counter[Row]() for name in outputs}
     streams: dict[str, list[Row]] = {name: [] for name in outputs}
@@ -567,7 +573,7 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
                 )
     assert batch_size > 1 or rebound, "no batch reused the plans of an earlier one"
     if 1 < batch_size < len(transactions):
-        assert probed, "no batch probed an index"
+        assert (probed > 0) == (parallelism == 1), f"{probed} batches probed an index"
     return streams
 
 

@@ -86,37 +86,40 @@ DAG_SIZE = 6  # random nodes besides the sources (renaming selects before joins 
 TRANSACTIONS = 12
 ONE_BATCH = 0  # batch size meaning every transaction in one batch
 EVERY_SIZE = (1, 7, ONE_BATCH)
-# (seed, batch sizes) of the default run, sized for a few minutes on a shared 2-core machine:
-# each batch of a DAG costs seconds of Spark jobs, so only one DAG runs at every batch size.
+# (seed, batch sizes, parallelism) of the default run, sized for a few minutes on a shared
+# 2-core machine: each batch of a DAG costs seconds of Spark jobs, so only one DAG runs at every
+# batch size at each parallelism.
 DEFAULT_RUNS = {
     # Seed 6's DAG runs a few dozen hash operators in one task: it ran out of execution
     # memory with Spark's default page size (see txstream.service.spark).
-    "test_random_dag": ((2, EVERY_SIZE), (4, (7,)), (5, (ONE_BATCH,)), (6, (1,))),
-    "test_example_pipeline": ((1, EVERY_SIZE),),
+    "test_random_dag": ((2, EVERY_SIZE, 1), (4, (7,), 1), (5, (ONE_BATCH,), 1), (6, (1,), 1),
+                        (3, EVERY_SIZE, 2), (6, (7,), 2)),
+    "test_example_pipeline": ((1, EVERY_SIZE, 1), (2, EVERY_SIZE, 2)),
 }
-LONG_SEEDS = range(1, 21)  # `--long`: each at every batch size (hours on a shared machine)
+LONG_SEEDS = range(1, 21)  # `--long`: each at every batch size and parallelism (hours)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     name = metafunc.function.__name__
     if name in DEFAULT_RUNS:
-        runs = ([(seed, EVERY_SIZE) for seed in LONG_SEEDS] if metafunc.config.getoption("--long")
-                else DEFAULT_RUNS[name])
-        metafunc.parametrize(("seed", "sizes"), runs, ids=[
-            f"seed{seed}-batch{'/'.join(str(b or 'all') for b in sizes)}" for seed, sizes in runs
+        runs = ([(seed, EVERY_SIZE, p) for seed in LONG_SEEDS for p in (1, 2)]
+                if metafunc.config.getoption("--long") else DEFAULT_RUNS[name])
+        metafunc.parametrize(("seed", "sizes", "parallelism"), runs, ids=[
+            f"seed{seed}-batch{'/'.join(str(b or 'all') for b in sizes)}-P{p}"
+            for seed, sizes, p in runs
         ])
 
 
 def _check(spark: SparkSession, pipeline: Pipeline, specs: tuple[SourceSpec, ...],
            outputs: dict[str, Columns], views: tuple[tuple[str, str], ...],
            transactions: list[Transaction], sizes: tuple[int, ...],
-           describe: Callable[[str], str]) -> None:
+           describe: Callable[[str], str], parallelism: int) -> None:
     """Every output after every transaction against DuckDB, at each batch size; and the same
     output stream at every batch size."""
     expected = expected_tables(specs, views, list(outputs), transactions)
     streams = {
         size: check_engine(spark, pipeline, specs, outputs, transactions, expected,
-                           size or len(transactions), describe)
+                           size or len(transactions), describe, parallelism)
         for size in sizes
     }
     first, *others = sizes
@@ -134,7 +137,8 @@ def _show(transactions: list[Transaction]) -> str:
     return "\n".join(f"  t={t}: {tx}" for t, tx in enumerate(transactions, 1))
 
 
-def test_random_dag(spark: SparkSession, seed: int, sizes: tuple[int, ...]) -> None:
+def test_random_dag(spark: SparkSession, seed: int, sizes: tuple[int, ...], parallelism: int
+                    ) -> None:
     rng = random.Random(seed)
     dag = RandomDag(rng, SOURCES, DAG_SIZE)
     transactions = random_transactions(rng, SOURCES, TRANSACTIONS)
@@ -144,17 +148,19 @@ def test_random_dag(spark: SparkSession, seed: int, sizes: tuple[int, ...]) -> N
 
     views = tuple((rel.name, rel.sql) for rel in dag.rels if rel.sql is not None)
     outputs = {rel.name: rel.columns for rel in dag.rels}
-    _check(spark, dag.pipeline, SOURCES, outputs, views, transactions, sizes, describe)
+    _check(spark, dag.pipeline, SOURCES, outputs, views, transactions, sizes, describe,
+           parallelism)
 
 
-def test_example_pipeline(spark: SparkSession, seed: int, sizes: tuple[int, ...]) -> None:
+def test_example_pipeline(spark: SparkSession, seed: int, sizes: tuple[int, ...],
+                          parallelism: int) -> None:
     transactions = random_transactions(random.Random(seed), EXAMPLE_SOURCES, TRANSACTIONS)
 
     def describe(name: str) -> str:
         return f"seed {seed}, txstream/examples/orders.py, transactions:\n{_show(transactions)}"
 
     _check(spark, orders_pipeline(), EXAMPLE_SOURCES, EXAMPLE_OUTPUTS, EXAMPLE_VIEWS,
-           transactions, sizes, describe)
+           transactions, sizes, describe, parallelism)
 
 
 def _features(specs: tuple[SourceSpec, ...], transactions: list[Transaction]) -> set[str]:
@@ -191,7 +197,7 @@ def _features(specs: tuple[SourceSpec, ...], transactions: list[Transaction]) ->
 def test_workloads_exercise_the_edge_cases() -> None:
     """The default run's random workloads hold what the suite claims to test."""
     seen: set[str] = set()
-    for seed, _ in DEFAULT_RUNS["test_random_dag"]:
+    for seed, _, _ in DEFAULT_RUNS["test_random_dag"]:
         rng = random.Random(seed)
         RandomDag(rng, SOURCES, DAG_SIZE)  # the workload's random numbers come after the DAG's
         seen |= _features(SOURCES, random_transactions(rng, SOURCES, TRANSACTIONS))

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pyspark.sql import DataFrame, SparkSession
 
+from txstream.engine.frames import col
 from txstream.engine.spark_internals import cached_relation, frame_of
 from txstream.engine.state import Run, StagedRuns, ZSetState
 
@@ -38,21 +39,46 @@ class BatchPlan:
     materialized: list[Materialization] = field(default_factory=list)
     # The leaves of merged runs, each with its state.
     merged: list[tuple[DataFrame, ZSetState]] = field(default_factory=list)
+    # Partitions of the exchanged deltas and of every state (see txstream.engine.frames).
+    parallelism: int = 1
+    # Frames known to be hash-partitioned into `parallelism` partitions, by id: the frame and
+    # its columns (the frame is held so that its id stays its own).
+    _clustered: dict[int, tuple[DataFrame, tuple[str, ...]]] = field(default_factory=dict)
+    # Frames clustered here, by the id of the frame and the columns: (that frame, the result).
+    _exchanged: dict[tuple[int, tuple[str, ...]], tuple[DataFrame, DataFrame]] = field(
+        default_factory=dict)
 
     def append(self, state: ZSetState, delta: DataFrame) -> None:
         """Stage `delta` (the state's key and weight columns, any others ignored) into
         `state`'s next version."""
-        changes = state.typed(delta)  # first: the first rows fix the state's row type
+        # Typed first: the first rows fix the state's row type.
+        changes = state.typed(self.clustered(delta, state.partition_on))
         merge = state.merge(self.weight)
         merged = state.leaf(self.spark, merge.merged)
         self.merged.append((merged, state))
         source = state.staged_frame(changes, merged)
-        # Lazy: computed, and its lineage cut, by the batch's job.
-        run = source.localCheckpoint(eager=False)
+        run = state.checkpoint(source)
         self.materialized.append(Materialization("run", source, run, state))
         self.staged.append(StagedRuns(state, (*merge.kept, Run(run, merge.new_weight))))
 
-    def shared(self, frame: DataFrame) -> DataFrame:
+    def clustered(self, frame: DataFrame, columns: list[str]) -> DataFrame:
+        """`frame` hash-partitioned by `columns` into the batch's partitions, as a state
+        looked up or merged by those columns is (unchanged at parallelism 1, or when `frame`
+        already is). Exchanged once per batch whatever the number of its readers (a shared
+        frame), so that a join, a state's lookup and its new run read the same exchange.
+        Spark keeps a union's partitioning only when each input has it before the planner
+        adds exchanges: a delta that meets state in a union is clustered here, explicitly."""
+        key = tuple(columns)
+        known = self._clustered.get(id(frame))
+        if self.parallelism == 1 or (known is not None and known[1] == key):
+            return frame
+        if (id(frame), key) not in self._exchanged:
+            leaf = self.shared(frame.repartition(self.parallelism, *[col(c) for c in columns]),
+                               clustered_by=columns)
+            self._exchanged[id(frame), key] = (frame, leaf)
+        return self._exchanged[id(frame), key][1]
+
+    def shared(self, frame: DataFrame, clustered_by: list[str] | None = None) -> DataFrame:
         """A frame several plans read: computed once, by the batch's job, and seen by those
         plans as a leaf, kept in memory (columnar, as `DataFrame.cache` keeps it) and read from
         there by every consumer, which neither re-analyzes nor recomputes its lineage.
@@ -61,9 +87,12 @@ class BatchPlan:
         checkpoint is an action of its own (a new SQL execution, a closure cleaned, an
         encoder resolved). The relation keeps its lineage, so it serves frames of one batch
         only; unreferenced, its blocks are freed by Spark's context cleaner. It reports the
-        single partition of its plan, so joins with it need no exchange."""
+        partitioning of its plan, so joins with it need no exchange. `clustered_by`: the
+        columns `frame` is hash-partitioned by (at parallelism above 1), if any."""
         leaf = frame_of(self.spark, cached_relation(frame))
         self.materialized.append(Materialization("shared", frame, leaf))
+        if clustered_by is not None:  # the caller's word: see `clustered`
+            self._clustered[id(leaf)] = (leaf, tuple(clustered_by))
         return leaf
 
     @property

@@ -9,11 +9,18 @@ versions installed, so a failed batch leaves the engine as it was. The first pha
 operators only for the first batch of each shape; later batches of that shape rebind its
 recorded plans to their own inputs and state (`txstream.engine.templates`).
 
-Every frame of a batch lives in a single Spark partition: deltas enter through a narrow
-`coalesce(1)` and state runs are built from them, so no join, aggregate or window needs an
-exchange and a batch is one Spark job of a single stage, whatever the DAG (see
-`txstream.engine.frames.join` for what keeps Spark from adding exchanges). The price is that one
-batch uses one core: a large batch is not split across executors.
+A pipeline runs at a parallelism P. At P = 1 every frame of a batch lives in a single Spark
+partition: deltas enter through a narrow `coalesce(1)` and state runs are built from them, so
+no join, aggregate or window needs an exchange and a batch is one Spark job of a single stage,
+whatever the DAG (see `txstream.engine.frames.join` for what keeps Spark from adding
+exchanges); the price is that one batch uses one core. At P > 1 every state is hash-partitioned
+into P partitions by its lookup key (`txstream.engine.state`), and Spark's planner exchanges
+each delta to the partitioning the operator reading it needs (`BatchPlan.clustered`): a batch
+is still one job, of a stage per exchange, whose tasks spread over every core and executor,
+each reading its own partition of state where it lives. A batch of fewer than `spread_rows`
+input rows is planned as at P = 1 over the partitioned state (read through a narrow coalesce),
+only its new state runs exchanged into P partitions: a lone transaction gains nothing from
+spreading and would pay a stage per exchange.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from txstream.engine.errors import (
     ExpressionError,
     PipelineDefinitionError,
 )
-from txstream.engine.frames import col, union_all
+from txstream.engine.frames import col, spread, union_all
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, first_line
 from txstream.engine.spark_internals import plan_now, rdd_leaf
@@ -67,6 +74,11 @@ INTERPRETED_ROWS = 500
 # lookup, an index one job of ~1 s per million rows when the run is made, and a copy of its
 # rows in the driver's memory.
 INDEX_ROWS = 1_000_000
+# At parallelism P > 1, a batch of fewer input rows than this is planned as at parallelism 1,
+# in one task reading every partition of state (a narrow coalesce), its new state runs only
+# exchanged into P partitions: a job of a few stages instead of one per exchange of every
+# delta, which costs a lone transaction more than spreading a small batch saves.
+SPREAD_ROWS = 20_000
 # Plan templates kept (one per batch shape seen; the oldest goes first).
 _TEMPLATES = 64
 # SQLSTATE class 22: the data made an expression fail (division by zero, invalid cast, overflow).
@@ -136,11 +148,17 @@ def _table_schema(name: str, schema: StructType, key: tuple[str, ...] | None, in
 class Engine:
     """Runs one pipeline. Not thread-safe: one batch at a time, in transaction order."""
 
-    def __init__(self, pipeline: Pipeline, spark: SparkSession, *,
-                 interpreted_rows: int = INTERPRETED_ROWS, index_rows: int = INDEX_ROWS) -> None:
+    def __init__(self, pipeline: Pipeline, spark: SparkSession, *, parallelism: int = 1,
+                 interpreted_rows: int = INTERPRETED_ROWS, index_rows: int = INDEX_ROWS,
+                 spread_rows: int = SPREAD_ROWS, state_replicas: int = 1) -> None:
         if not pipeline.outputs:
             raise PipelineDefinitionError("the pipeline has no outputs: call pipeline.output(...)")
+        if parallelism < 1:
+            raise PipelineDefinitionError(f"parallelism must be at least 1, not {parallelism}")
         self.spark = spark
+        # The partitions of every state and of a batch's exchanged deltas (see the module doc).
+        self.parallelism = parallelism
+        self.spread_rows = spread_rows
         self.interpreted_rows = interpreted_rows
         self.index_rows = index_rows
         self._ops: list[Operator] = []
@@ -167,6 +185,9 @@ class Engine:
         self._part_of = {name: i for i, name in enumerate(self.outputs)}
         self._tagging = self._tag_columns()
         self._templates: dict[tuple[object, ...], Template] = {}
+        for state in self._states().values():
+            state.partitions = parallelism
+            state.replicas = state_replicas
 
     def _tag_columns(self) -> dict[str | None, list[PyColumn]]:
         """The columns that lay each output's changes out in the batch's one result (and, for
@@ -185,9 +206,11 @@ class Engine:
 
         return {None: layout(-1), **{name: layout(i) for name, i in self._part_of.items()}}
 
-    def _shape(self, changes: Mapping[str, Changes]) -> tuple[object, ...]:
-        """What decides every plan of a batch (see `txstream.engine.templates`)."""
-        return tuple(sorted(changes)), tuple(s.shape() for s in self._states().values())
+    def _shape(self, changes: Mapping[str, Changes], planned: int) -> tuple[object, ...]:
+        """What decides every plan of a batch planned for `planned` partitions (see
+        `txstream.engine.templates`)."""
+        return (planned, tuple(sorted(changes)),
+                tuple(s.shape() for s in self._states().values()))
 
     def process(self, changes: Mapping[str, Changes]) -> dict[str, Changes]:
         """Run one batch: `changes` maps source names to their changes (any number of
@@ -207,17 +230,22 @@ class Engine:
         started = time.perf_counter()
         present = {name: t for name, t in changes.items() if t.num_rows}
         weight = sum(t.num_rows for t in present.values())
-        shape = self._shape(present)
-        indexes = sum(state_shape[1] for state_shape in shape[1])
+        planned = self.parallelism if weight >= self.spread_rows else 1
+        shape = self._shape(present, planned)
+        indexes = sum(state_shape[1] for state_shape in shape[2])
         template = self._templates.get(shape)
         recorded: Template | None = None
-        with call_site(self.spark.sparkContext, "txstream engine batch"):
+        if self.parallelism > 1:
+            # Read when a plan is made: an aggregate of deltas alone gets P partitions, as the
+            # state it meets has (a session setting, so set for every batch, whichever engine).
+            self.spark.conf.set("spark.sql.shuffle.partitions", str(self.parallelism))
+        with call_site(self.spark.sparkContext, "txstream engine batch"), spread(planned):
             if template is not None:
                 rows = {name: self.sources[name].rows(t)[1] for name, t in present.items()}
                 final, staged = instantiate(self.spark, template, rows, weight)
                 outputs: tuple[str, ...] = template.outputs
             else:
-                final, outputs, staged, recorded = self._build(present, weight)
+                final, outputs, staged, recorded = self._build(present, weight, planned)
             rewritten = max([weight, *(s.runs[-1].weight for s in staged)])
             interpreted = rewritten < self.interpreted_rows
             result, execution_s, count = self._execute(final, outputs, interpreted)
@@ -290,11 +318,11 @@ class Engine:
                 state.refresh_indexes(self.index_rows)
         self.index_bytes = sum(s.index_bytes for s in self._states().values())
 
-    def _build(self, changes: Mapping[str, Changes], weight: int
+    def _build(self, changes: Mapping[str, Changes], weight: int, planned: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:
-        """Plan a batch through the operators: its final frame (None: nothing to compute), the
-        outputs it holds, the staged runs, and its template."""
-        batch = BatchPlan(self.spark, weight)
+        """Plan a batch through the operators, for `planned` partitions: its final frame
+        (None: nothing to compute), the outputs it holds, the staged runs, and its template."""
+        batch = BatchPlan(self.spark, weight, parallelism=planned)
         deltas: dict[int, DataFrame | None] = {}
         sources: dict[str, DataFrame] = {}
         for op in self._ops:
@@ -302,7 +330,10 @@ class Engine:
                 delta = None
                 if op.name in changes:
                     output, rows = op.rows(changes[op.name])
-                    delta = sources[op.name] = rdd_leaf(self.spark, output, rows).coalesce(1)
+                    delta = rdd_leaf(self.spark, output, rows)
+                    if planned == 1:
+                        delta = delta.coalesce(1)
+                    sources[op.name] = delta
             else:
                 delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
             if delta is not None and self._consumers[op.node.id] > 1:

@@ -1,12 +1,40 @@
-"""Small DataFrame helpers shared by the operators."""
+"""Small DataFrame helpers shared by the operators, and the parallelism they plan for.
+
+A batch is planned for a parallelism P (`spread`, set by the engine around its planning). At
+P = 1 every frame of a batch lives in one partition: the helpers keep it there (a narrow
+coalesce, a bounded join), so no join, aggregate or window needs an exchange and a batch is one
+stage. At P > 1 they leave partitioning to Spark's planner, which adds an exchange wherever an
+operator needs its input clustered by key; state leaves declare their hash partitioning (see
+`txstream.engine.state`), so those exchanges move deltas, not state, as long as a delta that
+meets state in a union was clustered the same way first (`BatchPlan.clustered`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache, reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+
+# The parallelism of the batch being planned (see the module doc).
+_PARALLELISM: ContextVar[int] = ContextVar("txstream_parallelism", default=1)
+
+
+@contextmanager
+def spread(parallelism: int) -> Iterator[None]:
+    """Plan frames for `parallelism` partitions within the block."""
+    token = _PARALLELISM.set(parallelism)
+    try:
+        yield
+    finally:
+        _PARALLELISM.reset(token)
+
+
+def parallelism() -> int:
+    return _PARALLELISM.get()
 
 
 @cache
@@ -17,10 +45,12 @@ def col(name: str) -> Column:
 
 
 def union_all(frames: Sequence[DataFrame]) -> DataFrame:
-    """The frames' rows in one partition. Spark's union reports a known partitioning only when
-    its inputs report the very same one (a join's pair of partitionings does not qualify), and
-    an unknown one would make every later aggregate shuffle: the narrow coalesce says it."""
-    return reduce(lambda a, b: a.unionByName(b), frames).coalesce(1)
+    """The frames' rows; at P = 1 in one partition. Spark's union reports a known partitioning
+    only when its inputs report the very same one (a join's pair of partitionings does not
+    qualify), and an unknown one would make every later aggregate shuffle: the narrow coalesce
+    says it."""
+    union = reduce(lambda a, b: a.unionByName(b), frames)
+    return union.coalesce(1) if parallelism() == 1 else union
 
 
 def null_safe_on(left: DataFrame, right: DataFrame, left_cols: Sequence[str],
@@ -49,7 +79,7 @@ _ROWS_BOUND = 2**31 - 1
 
 
 def join(left: DataFrame, right: DataFrame, on: Column, how: str) -> DataFrame:
-    """`left.join(right, on, how)` in one partition, with no exchange.
+    """`left.join(right, on, how)`; at P = 1 in one partition, with no exchange.
 
     Spark keeps a join of single-partition inputs in one partition only while each input's
     estimated size is at most `spark.sql.maxSinglePartitionBytes` (SPARK-41986); a join's
@@ -57,6 +87,8 @@ def join(left: DataFrame, right: DataFrame, on: Column, how: str) -> DataFrame:
     estimate is its row count times the row size: the inputs are bounded that way. The output
     is coalesced because an inner join reports its two inputs' partitionings, which Spark does
     not take for one partition at the next join."""
+    if parallelism() > 1:  # a limit would gather each input into one partition
+        return left.join(right, on, how)
     return left.limit(_ROWS_BOUND).join(right.limit(_ROWS_BOUND), on, how).coalesce(1)
 
 
@@ -67,7 +99,23 @@ def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], anti: bool 
     Spark plans a semi or anti join between single-partition inputs with two exchanges."""
     keys = build_side(prefixed(probe.select(*[col(c) for c in on]).distinct(), "__p_")
                       .withColumn("__p_hit", F.lit(True)))
-    cond = null_safe_on(frame, keys, on, [f"__p_{c}" for c in on])
+    probe_cols = [f"__p_{c}" for c in on]
+    cond = null_safe_on(frame, keys, on, probe_cols)
+    if parallelism() > 1 and not anti:
+        # Spark plans `<=>` as an equi-join on (coalesce(c, default), isnull(c)), which no
+        # partitioning of `frame` by `on` satisfies: all of `frame` (state) would be exchanged.
+        # Rows without a null among `on` meet by `=`, reading each partition in place; only
+        # the rows with one are exchanged to meet null-safely.
+        equal = reduce(lambda a, b: a & b, [frame[f"`{c}`"] == keys[f"`{p}`"]
+                                            for c, p in zip(on, probe_cols, strict=True)])
+        some_null = reduce(lambda a, b: a | b, [col(c).isNull() for c in on])
+        probe_null = reduce(lambda a, b: a | b, [col(p).isNull() for p in probe_cols])
+        nulls = frame.where(some_null)
+        null_keys = keys.where(probe_null)
+        return join(frame, keys, equal, "inner").select(
+            *[frame[f"`{c}`"] for c in frame.columns]).unionByName(
+            join(nulls, null_keys, null_safe_on(nulls, null_keys, on, probe_cols), "inner")
+            .select(*[nulls[f"`{c}`"] for c in frame.columns]))
     if anti:
         return join(frame, keys, cond, "left").where(F.col("__p_hit").isNull()) \
             .select(*[frame[f"`{c}`"] for c in frame.columns])

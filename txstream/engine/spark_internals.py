@@ -23,7 +23,9 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
   `newInstance()` (of a leaf); `sql.catalyst.plans.logical.LocalRelation.data()`.
 - `sql.execution.LogicalRDD(output, rdd, outputPartitioning, outputOrdering, isStreaming,
   stats, session, originStats, originConstraints, stream)`: its ten-argument constructor,
-  `rdd()`; `sql.catalyst.plans.physical.UnknownPartitioning(n)`.
+  `rdd()`, `outputPartitioning()`; `sql.catalyst.plans.physical.UnknownPartitioning(n)`,
+  `HashPartitioning(expressions, n)` (`expressions()`, `numPartitions()`); an attribute's
+  `name()`.
 - `sql.execution.columnar.InMemoryRelation.apply(storageLevel, queryExecution, tableName)`,
   `cacheBuilder().tableName()`, `withOutput(attributes)`; `storage.StorageLevel.MEMORY_AND_DISK`.
 - `sql.execution.adaptive.LogicalQueryStage(logicalPlan, physicalPlan)`, `physicalPlan()`;
@@ -32,7 +34,7 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
   `sql.execution.exchange.BroadcastExchangeExec`: `executeBroadcast()` (and its `destroy()`),
   `metrics()` (`numOutputRows`, `dataSize`), `canonicalized()`, `getClass().getSimpleName()`.
 - `SparkContext` (JVM side): `emptyRDD`, `union(Seq, ClassTag)`, `parallelize(Seq, n,
-  ClassTag)`; `rdd.RDD.id()`.
+  ClassTag)`; `rdd.RDD.id()`; `rdd.SQLPartitioningAwareUnionRDD(context, Seq, n, ClassTag)`.
 - Scala and Java: `scala.collection.immutable.Nil`, `scala.collection.immutable.Map.empty()`,
   `scala.Option` (`empty()`, `apply`), `scala.reflect.ClassTag.AnyRef()`,
   `scala.jdk.javaapi.CollectionConverters.asScala`, `java.util.ArrayList`.
@@ -109,6 +111,8 @@ class _Jvm:
     context: JavaObject
     logical_rdd: JavaObject
     unknown: JavaObject
+    hash_partitioning: JavaObject
+    partition_union: JavaObject
     nil: JavaObject
     none: JavaObject
     rows: JavaObject  # ClassTag of an RDD's elements
@@ -133,6 +137,8 @@ def _jvm(spark: SparkSession) -> _Jvm:
         context=spark._jsparkSession.sparkContext(),
         logical_rdd=jvm.org.apache.spark.sql.execution.LogicalRDD,
         unknown=jvm.org.apache.spark.sql.catalyst.plans.physical.UnknownPartitioning,
+        hash_partitioning=jvm.org.apache.spark.sql.catalyst.plans.physical.HashPartitioning,
+        partition_union=jvm.org.apache.spark.rdd.SQLPartitioningAwareUnionRDD,
         nil=_module(spark, "scala.collection.immutable.Nil"),
         none=jvm.scala.Option.empty(),
         rows=_module(spark, "scala.reflect.ClassTag").AnyRef(),
@@ -190,25 +196,64 @@ def id_of(rdd: JavaObject) -> int:
     return rdd.id()
 
 
-def union_rdd(spark: SparkSession, rdds: Sequence[JavaObject]) -> JavaObject:
-    """The rows of `rdds` (RDD[InternalRow]) as a new RDD (a leaf key of its own), with no job
-    and no closure."""
+def _seq(spark: SparkSession, items: Sequence[JavaObject]) -> JavaObject:
     j = _jvm(spark)
+    array = j.array_list()
+    for item in items:
+        array.add(item)
+    return j.as_scala.asScala(array).toSeq()
+
+
+def union_rdd(spark: SparkSession, rdds: Sequence[JavaObject], partitions: int = 0
+              ) -> JavaObject:
+    """The rows of `rdds` (RDD[InternalRow]) as a new RDD (a leaf key of its own), with no job
+    and no closure. With `partitions` (each of `rdds` has that many, alike partitioned):
+    partition i of the result is partition i of every RDD, so it keeps their partitioning
+    (and runs where their blocks are); none of `rdds` gives that many empty partitions."""
+    j = _jvm(spark)
+    if partitions:
+        if not rdds:
+            return j.context.parallelize(_seq(spark, []), partitions, j.rows)
+        return j.partition_union(j.context, _seq(spark, rdds), partitions, j.rows)
     if not rdds:
         return j.context.emptyRDD(j.rows)
-    array = j.array_list()
-    for rdd in rdds:
-        array.add(rdd)
-    return j.context.union(j.as_scala.asScala(array).toSeq(), j.rows)
+    return j.context.union(_seq(spark, rdds), j.rows)
 
 
-def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> JavaObject:
+Clustering = tuple[tuple[int, ...], int]  # positions of the hashed columns, partition count
+
+
+def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
+             clustering: Clustering | None = None) -> JavaObject:
     """A `LogicalRDD` reading `rdd` with the attributes `output`. Its partitioning is unknown
-    (readers that need one partition coalesce), and so is its partition count: a union's or a
-    placeholder's, it is of no use to a plan whose leaves change."""
+    (readers that need one partition coalesce) unless `clustering` declares it: hashed by the
+    columns at those positions into that many partitions, as `repartition(n, *columns)`
+    places rows, which the planner then trusts (a join or aggregate by those columns adds no
+    exchange on this side). The declaration must be true of `rdd`."""
     j = _jvm(spark)
-    return j.logical_rdd(output, rdd, j.unknown(0), j.nil, False, j.none, j.session, j.none,
+    partitioning = j.unknown(0)
+    if clustering is not None:
+        positions, partitions = clustering
+        partitioning = j.hash_partitioning(
+            _seq(spark, [output.apply(i) for i in positions]), partitions)
+    return j.logical_rdd(output, rdd, partitioning, j.nil, False, j.none, j.session, j.none,
                          j.none, False)
+
+
+def hash_clustering(frame: DataFrame) -> tuple[list[str], int] | None:
+    """The columns and partition count of the hash partitioning a frame's `LogicalRDD` (a
+    local checkpoint) reports, None when it reports another."""
+    partitioning = analyzed(frame).outputPartitioning()
+    if partitioning.getClass().getSimpleName() != "HashPartitioning":
+        return None
+    expressions = partitioning.expressions()
+    names = []
+    for i in range(expressions.size()):
+        expression = expressions.apply(i)
+        if expression.getClass().getSimpleName() != "AttributeReference":
+            return None
+        names.append(expression.name())
+    return names, partitioning.numPartitions()
 
 
 def fresh_attributes(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> JavaObject:

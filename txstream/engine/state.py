@@ -13,7 +13,15 @@ batch's one Spark job and only then installs the new versions, so a failed batch
 state as it was, and an older version stays readable (for a checkpoint) while later batches
 run. Runs are lazy local checkpoints: computed once, by the job that first reads them, then
 read from Spark's memory with their lineage cut, so plans do not grow with the number of
-batches. Runs live in one partition, like every frame of a batch: see `txstream.engine.engine`.
+batches.
+
+At parallelism 1 runs live in one partition, like every frame of a batch (see
+`txstream.engine.engine`). At P > 1 (`partitions`) every run is hash-partitioned into P
+partitions by the state's lookup columns (`partition_on`), partition i of each run holding the
+same keys, and the leaf declares it: a join or an aggregate by those columns reads each
+partition where it is, and only the batch's delta is exchanged to meet it. A run is checked to
+be so partitioned when it is staged (`checkpoint`); the declaration is a promise the planner
+trusts, and a false one would pair rows that never meet.
 
 A plan reads a state's small runs as one leaf, whatever their number: a `LogicalRDD` over the
 union of the runs' RDDs (`txstream.engine.spark_internals`), so a batch's plans have the same
@@ -22,15 +30,17 @@ again (`txstream.engine.templates`). For that, every run holds its rows in the s
 (`row_type`): decimals sum to precision 38 at once instead of widening with each merge.
 
 A lookup streams those runs past a hash table of the batch's keys, which costs every row of
-them. A large run (`index`: at least `index_rows` rows) therefore gets a hash index on the
-state's lookup columns once it is installed: Spark's broadcast of its rows as a hash table,
+them (at P > 1, a partition's rows per task). At parallelism 1 a large run (`index`: at
+least `index_rows` rows) therefore gets a hash index on the state's lookup columns once it is
+installed: Spark's broadcast of its rows as a hash table,
 built by one job, kept until the run is merged away, and probed by every later lookup with the
 batch's keys (`spark_internals.index_node`). A run's weight (rows of input) bounds its rows, so only
 runs that weigh `index_rows` are built; one whose build counts fewer rows (a group-by's few
 groups) is dropped at once and stays streamed. Size tiers keep the streamed runs' weight below
 about twice `index_rows`, or their rows below `index_rows` each, so a lookup costs
 O(delta + index_rows) rows, not O(state); an index holds a copy of its run's rows in the
-driver's memory, 110-120 bytes per row of a few columns.
+driver's memory, 110-120 bytes per row of a few columns. At P > 1 runs are not indexed: a
+driver-side index would put the whole state in one JVM again.
 """
 
 from __future__ import annotations
@@ -42,21 +52,26 @@ from functools import cached_property
 
 from py4j.java_gateway import JavaObject
 from py4j.protocol import Py4JJavaError
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructField, StructType
 
-from txstream.engine.frames import col, null_safe_on, prefixed, semi_join, union_all
+from txstream.engine.errors import EngineStateError
+from txstream.engine.frames import col, null_safe_on, parallelism, prefixed, semi_join, union_all
 from txstream.engine.spark_internals import (
+    Clustering,
     attributes,
     broadcast_bytes,
     broadcast_exchange,
     destroy_broadcast,
     frame_of,
     fresh_attributes,
+    hash_clustering,
     id_of,
     index_node,
     rdd_leaf,
+    rdd_node,
     rdd_of,
     run_broadcast,
     union_rdd,
@@ -130,12 +145,17 @@ class ZSetState:
         self._empty_when = empty_when
         # The columns every lookup matches on (None: never looked up, never indexed).
         self.lookup_on = list(lookup) if lookup is not None else None
+        # The partitions of every run, and the columns they are hashed by (see the module doc).
+        self.partitions = 1
+        self.partition_on = self.lookup_on if self.lookup_on is not None else self.keys
+        # Copies of each run's blocks on distinct executors (see `checkpoint`).
+        self.replicas = 1
         self.runs: Runs = ()
         # Fixed by the first rows the state gets: every run holds this type.
         self.row_type: StructType | None = None
         self._prototype: JavaObject | None = None  # attributes of `row_type`
         # The current version's small runs as one leaf, and its indexes' leaves.
-        self._leaf: DataFrame | None = None
+        self._leaf: dict[int, DataFrame] = {}  # by the parallelism of the plans reading it
         self._index_leaves: list[DataFrame] | None = None
         self._indexes: dict[int, JavaObject] = {}  # run's RDD id -> its broadcast exchange
         self._unindexed: set[int] = set()  # runs whose build found fewer than index_rows rows
@@ -160,11 +180,47 @@ class ZSetState:
         return frame.select(*[col(f.name).cast(f.dataType).alias(f.name)
                               for f in self.row_type.fields])
 
+    def _clustering(self) -> Clustering | None:
+        if self.partitions == 1:
+            return None
+        assert self.row_type is not None
+        return tuple(self.row_type.names.index(c) for c in self.partition_on), self.partitions
+
+    def node(self, spark: SparkSession, output: JavaObject, runs: Runs) -> JavaObject:
+        """A leaf node with the attributes `output` reading the rows of `runs`, unconsolidated:
+        at P > 1 partition i of every run in partition i, and declared so."""
+        clustering = self._clustering()
+        rdd = union_rdd(spark, [r.rdd for r in runs], clustering[1] if clustering else 0)
+        return rdd_node(spark, output, rdd, clustering)
+
     def leaf(self, spark: SparkSession, runs: Runs) -> DataFrame:
-        """The rows of `runs` (none: no rows) as one leaf in one partition, unconsolidated."""
+        """The rows of `runs` (none: no rows) as one leaf, unconsolidated: in the runs' P
+        partitions, or in one for a batch planned in one (see `txstream.engine.engine`)."""
         assert self._prototype is not None, "typed() fixes the row type before any leaf"
-        return rdd_leaf(spark, self._prototype, union_rdd(spark, [r.rdd for r in runs])) \
-            .coalesce(1)
+        if self.partitions == 1:
+            leaf = rdd_leaf(spark, self._prototype, union_rdd(spark, [r.rdd for r in runs]))
+        else:
+            leaf = frame_of(spark, self.node(spark, self._prototype, runs).newInstance())
+        return leaf.coalesce(1) if parallelism() == 1 else leaf
+
+    def checkpoint(self, source: DataFrame) -> DataFrame:
+        """A staged run: `source` as a lazy local checkpoint (computed, and its lineage cut, by
+        the batch's job). At P > 1 it must come out hash-partitioned as the state's leaves
+        declare: Spark's checkpoint records the partitioning of its physical plan, which is
+        read here; a plan that lost it (an exchange the planner chose by other columns) is
+        repartitioned explicitly, which costs a shuffle of the run but never a wrong pair."""
+        run = self._local_checkpoint(source, eager=False)
+        if self.partitions == 1 or hash_clustering(run) == (self.partition_on, self.partitions):
+            return run
+        log.debug("a staged run of %s lost its hash partitioning: repartitioned",
+                  self.partition_on)
+        run = self._local_checkpoint(
+            source.repartition(self.partitions, *[col(c) for c in self.partition_on]),
+            eager=False)
+        if hash_clustering(run) != (self.partition_on, self.partitions):
+            raise EngineStateError(f"a state run is not hash-partitioned by {self.partition_on} "
+                                   f"into {self.partitions} partitions: {hash_clustering(run)}")
+        return run
 
     def merge(self, weight: int) -> Merge:
         """The runs a batch of `weight` input rows merges with (size tiers: a run merges into
@@ -178,14 +234,28 @@ class ZSetState:
             weight += run.weight
         return Merge(tuple(runs), tuple(merged), weight)
 
+    def _local_checkpoint(self, frame: DataFrame, eager: bool) -> DataFrame:
+        """`frame` checkpointed into the executors' block managers: a local checkpoint has no
+        lineage, so a block lost with its executor is lost for good (Spark fails the job,
+        CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND) unless a replica exists. With `replicas` above 1
+        each block is also copied to other executors, from which a task reads it when its
+        own is gone (Spark's `spark.storage.replication.proactive` then copies it again);
+        rows stay deserialized, as the default level keeps them."""
+        if self.replicas == 1:
+            return frame.localCheckpoint(eager=eager)
+        return frame.localCheckpoint(eager=eager, storageLevel=StorageLevel(
+            useDisk=True, useMemory=True, useOffHeap=False, deserialized=True,
+            replication=self.replicas))
+
     def staged_frame(self, changes: DataFrame, merged: DataFrame) -> DataFrame:
-        """A new run: the batch's `changes` (`typed`, not necessarily consolidated) plus the
-        `merged` runs (a `leaf`), consolidated."""
+        """A new run: the batch's `changes` (`typed`, not necessarily consolidated; at P > 1
+        clustered by `partition_on`, see `BatchPlan.clustered`) plus the `merged` runs (a
+        `leaf`), consolidated."""
         return self.typed(self._consolidate(union_all([changes, merged]), whole=False))
 
     def install(self, runs: Runs) -> None:
         self.runs = runs
-        self._leaf = self._index_leaves = None
+        self._leaf, self._index_leaves = {}, None
 
     def streamed(self) -> Runs:
         """The current version's runs without an index: lookups stream their rows."""
@@ -204,9 +274,10 @@ class ZSetState:
         streamed = self.streamed()
         if not streamed:
             return None
-        if self._leaf is None:
-            self._leaf = self.leaf(streamed[0].frame.sparkSession, streamed)
-        return self._leaf
+        planned = parallelism()
+        if planned not in self._leaf:
+            self._leaf[planned] = self.leaf(streamed[0].frame.sparkSession, streamed)
+        return self._leaf[planned]
 
     def index_frames(self) -> list[DataFrame]:
         """One leaf per indexed run of the current version (see `index_node`)."""
@@ -279,7 +350,7 @@ class ZSetState:
         for rdd_id in [i for i in self._indexes if i not in current]:
             destroy_broadcast(self._indexes.pop(rdd_id))
         self._unindexed &= current
-        if self.lookup_on is None:  # never looked up, so never indexed
+        if self.lookup_on is None or self.partitions > 1:  # see the module doc
             return
         for run in self.runs:
             if (run.weight < index_rows or run.rdd_id in self._indexes
@@ -301,7 +372,7 @@ class ZSetState:
                 self._indexes[run.rdd_id] = exchange
         if set(self._indexes) != before:  # runs moved between streamed and indexed
             self.index_bytes = sum(broadcast_bytes(e) for e in self._indexes.values())
-            self._leaf = self._index_leaves = None
+            self._leaf, self._index_leaves = {}, None
 
     def _build_index(self, run: Run) -> tuple[JavaObject, int, int]:
         """The broadcast exchange of `run`'s rows as a hash table on the lookup columns, its
@@ -331,7 +402,10 @@ class ZSetState:
         self.install(())
         if path is not None:
             frame = self.typed(spark.read.parquet(path))
-            loaded = frame.coalesce(1).localCheckpoint(eager=True)
+            # Whatever parallelism saved it: a restart with another one repartitions here.
+            spread = frame.coalesce(1) if self.partitions == 1 else frame.repartition(
+                self.partitions, *[col(c) for c in self.partition_on])
+            loaded = self._local_checkpoint(spread, eager=True)
             # Weighed by its size, so small batches after a restore do not rewrite it.
             self.install((Run(loaded, loaded.count()),))
 

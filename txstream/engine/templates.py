@@ -136,14 +136,12 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, J
     for key, role in template.roles.items():
         if role[0] == "index":
             bindings[key] = lambda out, state=role[1], i=role[2]: state.index_node(i, out)
-            continue
-        if role[0] == "source":
-            rdd = sources[role[1]]
-        elif role[0] == "state":
-            rdd = union_rdd(spark, [r.rdd for r in role[1].streamed()])
+        elif role[0] == "source":
+            bindings[key] = reading(sources[role[1]])
         else:
-            rdd = union_rdd(spark, [r.rdd for r in merge_of(role[1]).merged])
-        bindings[key] = reading(rdd)
+            state = role[1]
+            runs = state.streamed() if role[0] == "state" else merge_of(state).merged
+            bindings[key] = lambda out, state=state, runs=runs: state.node(spark, out, runs)
     staged = []
     for step in template.steps:
         frame = frame_of(spark, rebind(spark, step.plan, step.found, bindings))
@@ -152,7 +150,7 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, J
             bindings[step.key] = lambda out, relation=relation: with_attributes(relation, out)
             continue
         assert step.state is not None
-        run = frame.localCheckpoint(eager=False)
+        run = step.state.checkpoint(frame)
         bindings[step.key] = reading(rdd_of(run))
         merge = merge_of(step.state)
         staged.append(StagedRuns(step.state, (*merge.kept, Run(run, merge.new_weight))))

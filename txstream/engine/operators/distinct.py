@@ -41,6 +41,7 @@ class DistinctOp(Operator):
         if d is None:
             return None
         cols = self.columns
+        d = batch.clustered(d, cols)  # at P > 1 partitioned as the state is
         before = self.state.lookup(d, cols)
         timeline = d.select(*[col(c) for c in cols], col(TIME), col(DIFF))
         if before is not None:

@@ -107,6 +107,10 @@ class JoinOp(Operator):
         d_left, d_right = deltas
         if d_left is None and d_right is None:
             return None
+        # At P > 1 both deltas meet the states where they are partitioned, by the join key.
+        on = self.node.on
+        d_left = batch.clustered(d_left, on) if d_left is not None else None
+        d_right = batch.clustered(d_right, on) if d_right is not None else None
         terms: list[DataFrame] = []
         if d_left is not None:
             right_all = self._before(self.right_state, d_left)

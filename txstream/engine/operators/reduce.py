@@ -208,8 +208,11 @@ class ReduceOp(Operator):
             return None
         keys = self.keys
         key_cols = [col(k) for k in keys]
-        acc_delta = batch.shared(d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate))
-        touched = batch.shared(acc_delta.select(*key_cols).distinct())
+        # At P > 1 everything below is partitioned by the group keys, as the states are.
+        d = batch.clustered(d, keys)
+        acc_delta = batch.shared(d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate),
+                                 clustered_by=keys)
+        touched = batch.shared(acc_delta.select(*key_cols).distinct(), clustered_by=keys)
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then each transaction's delta.
         timeline = acc_delta
@@ -236,7 +239,7 @@ class ReduceOp(Operator):
             d.where(col(column).isNotNull()).select(*key_cols, col(column).alias(VALUE),
                                                    col(TIME), col(DIFF)),
             [*keys, VALUE],
-        ))
+        ), clustered_by=keys)
         touched_values = vd.select(*key_cols, col(VALUE)).distinct()
 
         # The state's values of the touched groups, split in two: values the batch does not

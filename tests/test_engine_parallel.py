@@ -1,0 +1,82 @@
+"""The engine at parallelism above 1: every state run is hash-partitioned as its leaf declares,
+batches small and large give the stream of parallelism 1, and a saved state resumes at another
+parallelism (rescaling). The DuckDB suite (tests/test_engine_correctness.py) runs at P = 2 too.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from pathlib import Path
+
+import pytest
+from engine_oracle import process
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from test_engine_state import CUSTOMERS, FIRST, SECOND, _sorted
+
+from txstream.engine import Engine
+from txstream.engine.spark_internals import hash_clustering
+from txstream.examples.orders import pipeline
+
+
+def _misplaced(engine: Engine) -> dict[str, int]:
+    """Per state, the rows of its runs in another partition than their key's (hash as
+    `repartition(P, *partition_on)` places them), plus runs of another partition count: one
+    Spark job for all of them."""
+    counts = []
+    wrong_partitions: dict[str, int] = {}
+    for name, (state, runs) in engine.version().states.items():
+        wrong_partitions[name] = sum(abs(run.rdd.getNumPartitions() - engine.parallelism)
+                                     for run in runs)
+        keys = [F.col(f"`{c}`") for c in state.partition_on]
+        for run in runs:
+            wrong = F.spark_partition_id() != F.pmod(F.hash(*keys), F.lit(engine.parallelism))
+            counts.append(run.frame.select(F.lit(name).alias("state"),
+                                           wrong.cast("long").alias("wrong")))
+    rows = reduce(DataFrame.unionByName, counts).groupBy("state").sum("wrong").collect()
+    return {row[0]: row[1] + wrong_partitions[row[0]] for row in rows}
+
+
+@pytest.mark.parametrize("spread_rows", [0, 10**9], ids=["spread", "small"])
+def test_runs_are_partitioned_as_declared(spark: SparkSession, spread_rows: int) -> None:
+    """Batches spread over the partitions (`spread`) and batches planned in one task over
+    the partitioned state (`small`) both stage runs hash-partitioned by the state's lookup
+    columns, and give the stream of parallelism 1."""
+    one = Engine(pipeline(), spark)
+    two = Engine(pipeline(), spark, parallelism=2, spread_rows=spread_rows)
+    for batch in ({"customers": CUSTOMERS, "orders": FIRST}, {"orders": SECOND}):
+        assert _sorted(process(two, batch)) == _sorted(process(one, batch))
+    runs = [run for _, runs in two.version().states.values() for run in runs]
+    assert runs and all(hash_clustering(run.frame) is not None for run in runs)
+    assert set(_misplaced(two).values()) == {0}
+    assert two.last_batch is not None and two.last_batch.jobs == 1
+
+
+def test_lone_transaction_stays_a_small_job(spark: SparkSession) -> None:
+    """A small batch at P = 2 is planned in one task: one stage for the DAG, and one more per
+    state run it stages (the exchange into P partitions), not one per exchanged delta."""
+    engine = Engine(pipeline(), spark, parallelism=2)
+    process(engine, {"customers": CUSTOMERS, "orders": FIRST})
+    process(engine, {"orders": SECOND})
+    stats = engine.last_batch
+    assert stats is not None and stats.jobs == 1
+    staged = sum(1 for _, (state, runs) in engine.version().states.items() if runs)
+    assert stats.stages <= 1 + staged, stats
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [(1, 2), (2, 1), (2, 3)])
+def test_state_resumes_at_another_parallelism(spark: SparkSession, tmp_path: Path, saved: int,
+                                              resumed: int) -> None:
+    straight = Engine(pipeline(), spark)
+    process(straight, {"customers": CUSTOMERS, "orders": FIRST})
+    expected = _sorted(process(straight, {"orders": SECOND}))
+
+    first = Engine(pipeline(), spark, parallelism=saved, spread_rows=0)
+    process(first, {"customers": CUSTOMERS, "orders": FIRST})
+    first.save_state(str(tmp_path / "state"))
+    again = Engine(pipeline(), spark, parallelism=resumed, spread_rows=0)
+    again.load_state(str(tmp_path / "state"))
+    if resumed > 1:
+        assert set(_misplaced(again).values()) == {0}
+    assert _sorted(process(again, {"orders": SECOND})) == expected
+    assert any(expected.values())
