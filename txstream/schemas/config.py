@@ -29,7 +29,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -138,6 +138,17 @@ class PipelineConfig(BaseModel):
     # code compilation on a cold JVM (seconds). Above 500 rows a batch runs generated code, so
     # that is compiled too; more rows hardly change the warm-up's effect. 0: no warm-up.
     warm_up_rows: int = Field(default=5_000, ge=0)
+    # Partitions of the engine's state and of a batch's exchanged deltas: the cores a large
+    # batch spreads over (txstream.engine.engine). "auto": the Spark session's default
+    # parallelism (the cores of `local[N]`, of a cluster's executors). 1, the default, plans
+    # every batch in one task: the fastest lone transactions, one core per batch. A restart
+    # with another value repartitions the checkpointed state once.
+    parallelism: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    # Copies of every block of state on distinct executors. State lives in the executors'
+    # memory without lineage: 1 loses it with an executor (the batch fails, the service
+    # restarts from its checkpoint); 2 survives an executor's loss at the price of twice the
+    # executors' memory for state and a network copy of each new run. Set 2 on a cluster.
+    state_replicas: int = Field(default=1, ge=1)
     kafka_bootstrap_servers: str | None = None
     # TLS and SASL of every Kafka client the service creates (txstream.schemas.kafka).
     kafka_security: KafkaSecurity = KafkaSecurity()

@@ -32,7 +32,11 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
     pipeline = pipeline or load_pipeline(config.pipeline)
     refuse(sources_fit(config, pipeline))
     spark = spark or get_spark(config.spark_master)
-    engine = Engine(pipeline, spark)
+    parallelism = (spark.sparkContext.defaultParallelism if config.parallelism == "auto"
+                   else config.parallelism)
+    engine = Engine(pipeline, spark, parallelism=parallelism,
+                    state_replicas=config.state_replicas)
+    log.info("engine parallelism %d", parallelism)
     refuse(sinks_fit(config, engine.outputs))
     if config.warm_up_rows:
         seconds = engine.warm_up(config.warm_up_rows)

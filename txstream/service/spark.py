@@ -48,6 +48,9 @@ _SETTINGS = {
     "spark.python.sql.dataFrameDebugging.enabled": "false",
     # Old state versions are released by the context cleaner once unreferenced.
     "spark.cleaner.periodicGC.interval": "1min",
+    # A replicated state block whose executor is lost is copied again to another one, so that
+    # a later loss is survived too (`state_replicas`, txstream.engine.state).
+    "spark.storage.replication.proactive": "true",
 }
 
 # What the JVM prints at every start and says nothing to act on: the JDK's note on the vector
