@@ -4,6 +4,7 @@ Pure (no Kafka client; tested without a broker):
     kafka_source       what records become: RawRecords, decoded rows' bookkeeping, BadRecord
     decoder            SourceDecoder: one topic's RawRecords -> rows + bad records
     json_values, field_checks, single_records, debezium_decimals   the decoder's parts
+    avro_values        Confluent-framed Avro values -> the JSON the decoder reads, or the reason
     boundaries         TransactionBoundaries: records as arrays -> closed transactions
     open_transactions, positions   its parts: rules, mini-batches, emission order, offsets
     debezium_metadata  Debezium END events -> expected counts
@@ -18,6 +19,7 @@ With the Kafka client:
     transactions       TransactionBuilder: polls, decodes, commits (thin)
     consumed           the client's records as plain data
     dead_letters       the dead-letter producer
+    schema_registry    Avro writer schemas by id from a Schema Registry (its REST client)
     kafka_monitor      lag and latency, off the service's threads
     kafka_input        KafkaInput: the builder and the monitor as the service sees them
 """

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from txstream.schemas.sources import KafkaMetadata, RecordField, SourceSpec, split_path
 from txstream.schemas.tables import ColumnType
+from txstream.sources.avro_values import AvroValues, WriterSchemas
 from txstream.sources.debezium_events import advice, event_kind
 from txstream.sources.debezium_ids import transaction_ids
 from txstream.sources.field_checks import (
@@ -39,6 +40,7 @@ from txstream.sources.kafka_source import (
     bookkeeping,
     rows_schema,
 )
+from txstream.sources.schema_registry import RegistrySchemas
 from txstream.sources.single_records import tombstone_rows, with_upstream
 
 log = logging.getLogger(__name__)
@@ -56,19 +58,25 @@ def _header(headers: Headers | None, name: str) -> bytes | None:
 class SourceDecoder:
     """Decodes and validates the records of one source, a whole poll batch at a time."""
 
-    def __init__(self, spec: SourceSpec) -> None:
+    def __init__(self, spec: SourceSpec, schemas: WriterSchemas | None = None) -> None:
+        """`schemas`: an Avro source's writer schemas (default: its Schema Registry's)."""
         self.spec = spec
         self._schema = spec.table_schema
         self._envelope = spec.format == "debezium"  # before, after and op; else a row
         self._warned: set[str] = set()  # kinds of Debezium's own records logged
         self._out_schema = rows_schema(spec)
         self._json = JsonReader(spec)
+        self._avro: AvroValues | None = None
+        if spec.value_format == "avro":
+            assert spec.schema_registry_url is not None  # SourceSpec requires it
+            self._avro = AvroValues(schemas or RegistrySchemas(spec.schema_registry_url))
 
-    def _screen(self, records: RawRecords, reject: Callable[[int, str], None]
-                ) -> tuple[list[int], list[bytes], list[int]]:
+    def _screen(self, records: RawRecords, reject: Callable[[int, str], None],
+                rejected: dict[int, str]) -> tuple[list[int], list[bytes], list[int]]:
         """The indices of the records to parse (in order) and their values, and the indices of
-        the tombstones; `reject`s the others. Whole-batch checks pass the records whose value
-        can only be one JSON object; the rest, usually none, are looked at one by one."""
+        the tombstones; `reject`s the others but the `rejected` ones (already). Whole-batch
+        checks pass the records whose value can only be one JSON object; the rest, usually
+        none, are looked at one by one."""
         spec = self.spec
         upsert = spec.semantics == "upsert"
         # A Debezium change names its row's key in its value (a truncate has no message key);
@@ -82,12 +90,15 @@ class SourceDecoder:
         fast = as_mask(pc.fill_null(plain, False))
         if keyed:
             fast &= np.fromiter((k is not None for k in records.keys), bool, n)
+        fast[list(rejected)] = False
         if fast.all():
             return list(range(n)), raw, []
         candidates = np.flatnonzero(fast).tolist()
         tombstones: list[int] = []
         for i in np.flatnonzero(~fast).tolist():
             value = raw[i]
+            if i in rejected:
+                continue
             if upsert and records.keys[i] is None and (keyed or value is None):
                 reject(i, "null message key on an upsert source: the key identifies the row "
                           "to replace; produce the record with its primary key as the key")
@@ -106,13 +117,29 @@ class SourceDecoder:
     def decode(self, records: RawRecords, seqs: Sequence[int]) -> DecodedBatch:
         """The rows of `records` (one topic's, in consumption order; `seqs`: their positions
         in the pipeline's consumption order) and the records that fail."""
+        if self._avro is None:
+            return self._decode(records, seqs, {})
+        transcoded, undecodable = self._avro.transcode(records)
+        batch = self._decode(transcoded, seqs, undecodable)
+        if batch.bad:  # dead letters hold the original bytes, not their JSON form
+            index = {int(s): i for i, s in enumerate(seqs)}
+            batch.bad = [b.model_copy(update={"value": records.values[index[b.seq]]})
+                         for b in batch.bad]
+        return batch
+
+    def _decode(self, records: RawRecords, seqs: Sequence[int], undecodable: dict[int, str]
+                ) -> DecodedBatch:
+        """`decode` of JSON values, the `undecodable` ones (by index) rejected for their
+        reason."""
         spec = self.spec
         bad: list[BadRecord] = []
 
         def reject(i: int, reason: str) -> None:
             bad.append(self.bad_record(records, i, seqs[i], reason))
 
-        candidates, values, tombstones = self._screen(records, reject)
+        for i, reason in undecodable.items():
+            reject(i, reason)
+        candidates, values, tombstones = self._screen(records, reject, undecodable)
 
         parts: list[pa.Table] = []
         parsed, ok, parse_errors = self._json.parse(values)

@@ -50,6 +50,7 @@ from txstream.sources.kafka_source import (
 )
 from txstream.sources.pending import PendingChanges, originals
 from txstream.sources.positions import Partition, caught_up
+from txstream.sources.schema_registry import RegistrySchemas
 from txstream.sources.single_records import with_upstream
 from txstream.sources.source_checks import check_sources, metadata_connectors
 from txstream.sources.source_state import IngestStats, SourceState
@@ -93,7 +94,14 @@ class TransactionBuilder:
         self._policy = policy
         self._by_topic = {s.topic: s for s in sources}
         self._by_name = {s.name: s for s in sources}
-        self._decoders = {s.name: SourceDecoder(s) for s in sources}
+        # One client per Schema Registry, asked at start: a registry that does not answer
+        # stops the start (SchemaRegistryUnavailable) rather than dead-letter every record.
+        registries = {s.schema_registry_url: RegistrySchemas(s.schema_registry_url)
+                      for s in sources if s.schema_registry_url is not None}
+        for registry in registries.values():
+            registry.check()
+        self._decoders = {s.name: SourceDecoder(s, registries.get(s.schema_registry_url or ""))
+                          for s in sources}
         self._core = TransactionBoundaries(policy, {s.topic: TopicRule.of(s) for s in sources})
         self._pending = PendingChanges(sources)
         self._dead = (
