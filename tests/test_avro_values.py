@@ -1,0 +1,230 @@
+"""`value_format: avro`, without a broker: values written by confluent-kafka's own
+`AvroSerializer` (Confluent's wire format) against a Schema Registry over HTTP, the test double
+of `tests/support/schema_registry_double.py` or, with SCHEMA_REGISTRY_URL set, a real one;
+decoded into the rows the same records give as JSON, and every record that cannot be read
+dead-lettered with its original bytes and the reason."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from support.schema_registry_double import running_double
+
+from txstream.schemas.sources import SourceSpec
+from txstream.schemas.tables import TableSchema
+from txstream.sources.decoder import SourceDecoder
+from txstream.sources.kafka_source import RawRecords
+from txstream.sources.schema_registry import (
+    RegistrySchemas,
+    SchemaRegistryUnavailable,
+    SchemaUnavailable,
+)
+
+ORDERS = TableSchema.of({"id": "bigint", "customer": "text", "amount": "decimal(12,2)",
+                         "placed_at": "timestamp", "day": "date", "note": "text"},
+                        primary_key=["id"])
+
+
+@pytest.fixture(scope="module")
+def registry_url() -> Iterator[str]:
+    url = os.environ.get("SCHEMA_REGISTRY_URL")
+    if url:
+        yield url
+        return
+    with running_double() as url:
+        yield url
+
+
+def record_schema(name: str, fields: list[dict[str, Any]]) -> str:
+    return json.dumps({"type": "record", "name": name, "namespace": "test", "fields": fields})
+
+
+NULLABLE_TEXT: Any = ["null", "string"]
+ORDER_FIELDS: list[dict[str, Any]] = [
+    {"name": "id", "type": "long"},
+    {"name": "customer", "type": "string"},
+    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12,
+                                "scale": 2}},
+    {"name": "placed_at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "note", "type": NULLABLE_TEXT, "default": None},
+]
+
+
+class Producer:
+    """Values as a producer with the Schema Registry's Avro serializer writes them, each
+    schema registered under `<topic>-value` (a fresh topic per producer: a real registry keeps
+    what earlier runs registered)."""
+
+    def __init__(self, url: str) -> None:
+        self.topic = f"orders-{uuid.uuid4().hex[:8]}"
+        self.client = SchemaRegistryClient({"url": url})
+
+    def values(self, schema: str, records: list[dict[str, Any]]) -> list[bytes]:
+        serialize = AvroSerializer(self.client, schema, conf={"auto.register.schemas": True})
+        ctx = SerializationContext(self.topic, MessageField.VALUE)
+        return [serialize(r, ctx) for r in records]
+
+
+def order(i: int, **extra: Any) -> dict[str, Any]:
+    return {"id": i, "customer": f"c{i}", "amount": Decimal("-1234567890.12"),
+            "placed_at": datetime.datetime(2026, 11, 26, 10, 30, 0, 123456,
+                                           tzinfo=datetime.UTC),
+            "day": datetime.date(2026, 2, 28), "note": None, **extra}
+
+
+def source(url: str, topic: str, **settings: Any) -> SourceSpec:
+    return SourceSpec(**{"name": "orders", "topic": topic, "schema": ORDERS,
+                         "value_format": "avro", "schema_registry_url": url, **settings})
+
+
+def decode(spec: SourceSpec, values: list[bytes | None], keys: list[bytes | None] | None = None,
+           **retries: Any) -> Any:
+    assert spec.schema_registry_url is not None
+    decoder = SourceDecoder(spec, RegistrySchemas(spec.schema_registry_url, **retries))
+    return decoder.decode(RawRecords.of(spec.topic, values, keys), list(range(len(values))))
+
+
+def columns(batch: Any) -> list[dict[str, Any]]:
+    return [{c: r[c] for c in ORDERS.names} for r in batch.rows.to_pylist()]
+
+
+def test_rows_read_as_from_json(registry_url: str) -> None:
+    """Decimals (exact, negative), microsecond timestamps, dates, nullable unions: the same
+    rows as the JSON form of the records."""
+    producer = Producer(registry_url)
+    values = producer.values(record_schema("Order", ORDER_FIELDS),
+                             [order(1), order(2, note="gift")])
+    assert values[0][0] == 0  # the wire format's magic byte
+    batch = decode(source(registry_url, producer.topic), list(values))
+    assert batch.bad == []
+    as_json = SourceDecoder(SourceSpec(name="orders", topic=producer.topic, schema=ORDERS))
+    json_rows = as_json.decode(RawRecords.of(producer.topic, [json.dumps(
+        {**order(i, note=note), "amount": "-1234567890.12",
+         "placed_at": "2026-11-26T10:30:00.123456Z", "day": "2026-02-28"}).encode()
+        for i, note in ((1, None), (2, "gift"))]), [0, 1])
+    assert columns(batch) == columns(json_rows)
+    assert columns(batch)[1]["amount"] == Decimal("-1234567890.12")
+
+
+def test_writer_schema_evolving_twice_needs_no_restart(registry_url: str) -> None:
+    """A field added (with a default) then one removed: each record is read with its own
+    writer schema by the same decoder; the removed nullable column reads as null."""
+    producer = Producer(registry_url)
+    v1 = record_schema("Order", ORDER_FIELDS)
+    v2 = record_schema("Order", [*ORDER_FIELDS, {"name": "channel", "type": NULLABLE_TEXT,
+                                                 "default": None}])
+    v3 = record_schema("Order", [f for f in ORDER_FIELDS if f["name"] != "note"])
+    values = (producer.values(v1, [order(1, note="a")])
+              + producer.values(v2, [order(2, note="b", channel="web")])
+              + producer.values(v3, [{k: v for k, v in order(3).items() if k != "note"}]))
+    assert len({v[1:5] for v in values}) == 3  # three schema ids
+    batch = decode(source(registry_url, producer.topic), list(values))
+    assert batch.bad == []
+    assert [(r["id"], r["note"]) for r in columns(batch)] == [(1, "a"), (2, "b"), (3, None)]
+
+
+def test_debezium_avro_envelope(registry_url: str) -> None:
+    """Debezium's envelope through AvroConverter: `before`/`after` as nullable records,
+    `op`, `source.connector`, `transaction.id` with PostgreSQL's LSN; an upsert source reads
+    the create as a row and the delete as a delete of its key, its tombstone as for JSON."""
+    producer = Producer(registry_url)
+    row = {"type": "record", "name": "Value", "namespace": "dbserver1.public.orders",
+           "fields": ORDER_FIELDS}
+    envelope = record_schema("Envelope", [
+        {"name": "before", "type": ["null", row], "default": None},
+        {"name": "after", "type": ["null", "dbserver1.public.orders.Value"], "default": None},
+        {"name": "source", "type": {"type": "record", "name": "Source", "fields": [
+            {"name": "connector", "type": "string"}, {"name": "txId", "type": "long"}]}},
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None},
+        {"name": "transaction", "type": ["null", {"type": "record", "name": "block", "fields": [
+            {"name": "id", "type": "string"}, {"name": "total_order", "type": "long"},
+            {"name": "data_collection_order", "type": "long"}]}], "default": None},
+    ])
+    tx = {"id": "780:34131368", "total_order": 1, "data_collection_order": 1}
+    src = {"connector": "postgresql", "txId": 780}
+    values: list[bytes | None] = list(producer.values(envelope, [
+        {"before": None, "after": order(1), "source": src, "op": "c", "ts_ms": 1,
+         "transaction": tx},
+        {"before": order(2), "after": None, "source": src, "op": "d", "ts_ms": 2,
+         "transaction": {**tx, "total_order": 2, "data_collection_order": 2}},
+    ]))
+    spec = source(registry_url, producer.topic, format="debezium", semantics="upsert",
+                  upstream={"metadata_topic": "dbserver1.transaction",
+                            "data_collection": "public.orders"})
+    batch = decode(spec, [*values, None], [b'{"id": 1}', b'{"id": 2}', b'{"id": 2}'])
+    assert batch.bad == []
+    rows = batch.rows.to_pylist()
+    assert [(r["id"], r["__delete"], r["__upstream_id"]) for r in rows] == [
+        (1, False, "780"), (2, True, "780"), (2, True, None)]
+    assert rows[0]["amount"] == Decimal("-1234567890.12")
+    assert batch.tombstones == [2]  # read as for JSON: a delete only if the key has a row
+
+
+def test_unreadable_records_are_dead_lettered_with_their_bytes(registry_url: str) -> None:
+    """Not the wire format, an unknown schema id, a body cut short, a missing required
+    key: each dead-lettered holding its original bytes, the good record kept."""
+    producer = Producer(registry_url)
+    good, = producer.values(record_schema("Order", ORDER_FIELDS), [order(1)])
+    no_id, = producer.values(
+        record_schema("Order", [f for f in ORDER_FIELDS if f["name"] != "id"]),
+        [{k: v for k, v in order(2).items() if k != "id"}])
+    values: list[bytes | None] = [b'{"id": 3}', b"\x00\x7f\xff\xff\xf0" + good[5:], good[:-4],
+                                  good, b"\x00\x00", no_id]
+    batch = decode(source(registry_url, producer.topic), values)
+    assert [r["id"] for r in batch.rows.to_pylist()] == [1]
+    reasons = {b.offset: b.error for b in batch.bad}
+    assert sorted(reasons) == [0, 1, 2, 4, 5]
+    assert all(b.value == values[b.offset] for b in batch.bad)
+    assert "starts with byte 123" in reasons[0] and "magic byte 0" in reasons[0]
+    assert f"schema id {0x7ffffff0} is unknown" in reasons[1]
+    assert "does not decode with writer schema id" in reasons[2]
+    assert "is empty" not in reasons[4] and "2 bytes" in reasons[4]
+    assert "missing or null required field 'id'" in reasons[5]
+
+
+def test_unreachable_registry() -> None:
+    """Down at start: a typed error naming the URL. Down later: the records whose schema is not
+    cached are dead-lettered after the client's retries, asked once per id and batch."""
+    url = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    with pytest.raises(SchemaRegistryUnavailable, match=r"127\.0\.0\.1:9 does not answer"):
+        RegistrySchemas(url, **{"max.retries": 0}).check()
+    value = b"\x00\x00\x00\x00\x01" + b"\x02"
+    batch = decode(source(url, "orders"), [value, value], **{"max.retries": 0})
+    assert [b.value for b in batch.bad] == [value, value]
+    assert "unreachable for schema id 1 after retries" in batch.bad[0].error
+    assert "replay this dead letter" in batch.bad[0].error
+
+
+def test_basic_auth_from_the_environment() -> None:
+    """SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO reaches the client; without it the registry's
+    refusal is the dead letter's reason."""
+    with running_double({"SCHEMA_REGISTRY_DOUBLE_USER_INFO": "tx:secret"}) as url:
+        env = {"SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO": "tx:secret"}
+        RegistrySchemas(url, env).check()
+        with pytest.raises(SchemaRegistryUnavailable):
+            RegistrySchemas(url, {}).check()
+        schema_id = SchemaRegistryClient({"url": url, "basic.auth.user.info": "tx:secret"}
+                                         ).register_schema(
+            "t-value", Schema(record_schema("Order", ORDER_FIELDS), "AVRO"))
+        with pytest.raises(SchemaUnavailable, match="refused schema id"):
+            RegistrySchemas(url, {}).writer(schema_id)
+        assert RegistrySchemas(url, env).writer(schema_id)["name"] == "test.Order"
+
+
+def test_settings_go_together() -> None:
+    with pytest.raises(ValueError, match="schema_registry_url go together"):
+        SourceSpec(name="o", topic="o", schema=ORDERS, value_format="avro")
+    with pytest.raises(ValueError, match="schema_registry_url go together"):
+        SourceSpec(name="o", topic="o", schema=ORDERS, schema_registry_url="http://r:8081")
