@@ -21,6 +21,7 @@ run are what matter, so the load average at start and end is part of the output.
 
     .venv/bin/python bench/engine.py [--latency] [--throughput] [--state] (none: all three)
         [--quick] [--sizes 10k,1M,10M] [--reps 5] [--latency-sizes 20k,1M] [--no-peer]
+    .venv/bin/python bench/engine.py --scale [bench/scale.py's arguments]
 """
 
 from __future__ import annotations
@@ -508,7 +509,15 @@ def main() -> None:
                         help="order events behind the latency runs' state")
     parser.add_argument("--reps", type=int, default=5, help="timed transactions per size")
     parser.add_argument("--no-peer", action="store_true", help="skip the Pathway run")
-    args = parser.parse_args()
+    parser.add_argument("--scale", action="store_true",
+                        help="instead: bench/scale.py (parallelism 1 vs 2, one vs two workers, "
+                             "Flink), which takes the arguments after --scale")
+    args, rest = parser.parse_known_args()
+    if args.scale:  # driver processes of their own: nothing of this one is needed
+        os.execv(sys.executable, [sys.executable, os.path.join(os.path.dirname(
+            os.path.abspath(__file__)), "scale.py"), *rest])
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     parts = {p for p in ("latency", "throughput", "state") if getattr(args, p)} \
         or {"latency", "throughput", "state"}
     sizes = sorted(parse_size(s) for s in args.sizes.split(",")) if args.sizes \

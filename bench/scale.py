@@ -1,0 +1,246 @@
+"""Scale benchmark (issue 28): does the engine's throughput grow with cores and executors?
+Prints one JSON document (progress goes to stderr); `bench/engine.py --scale` runs it.
+
+Two workloads, each in large batches (10 transactions of 10,000 events per Spark job):
+- `orders`: the example pipeline (txstream/examples/orders.py: a join, two group-bys, a left
+  join, a distinct) over `--events` order events of txstream/examples/order_events.py (10,000
+  customers first, then orders created, updated and deleted);
+- `groupby`: Pathway's workload, `--events` insertions, keys i mod 10,000, count and sum.
+
+Each runs at parallelism 1 and 2 on `local[2]`, and on a Spark standalone cluster on
+127.0.0.1 (tests/spark_standalone.py) of one worker of one core at parallelism 1 and of two
+such workers at parallelism 2. Every run is a driver process of its own (one SparkContext per
+process) that builds all its input first, runs the first batch untimed (planning, code
+generation and the JVM's warm-up), then times `Engine.process` of every later batch: events/s
+is the events of those batches over that time, from the first call to the last result
+collected. Apache Flink runs the same workloads at parallelism 1 and 2 (bench/flink_peer.py:
+PyFlink in a virtualenv of its own, Flink SQL in streaming mode; its job start excluded).
+
+Also lone 10-event transactions of the example pipeline (state of 20,000 order events) at
+parallelism 1 and 2 on `local[2]`: p50 of `Engine.process`.
+
+The machine is shared: compare figures of one run only; the load average is printed.
+
+    .venv/bin/python bench/scale.py [--events 1000000] [--workloads orders,groupby]
+        [--no-cluster] [--no-peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TRANSACTION_EVENTS = 10_000
+TRANSACTIONS_PER_JOB = 10
+CUSTOMERS = 10_000
+KEYS = 10_000
+
+
+def log(message: str) -> None:
+    print(f"[scale] {message}", file=sys.stderr, flush=True)
+
+
+def _orders_batches(events: int) -> list[dict[str, Any]]:
+    import pyarrow as pa
+
+    from txstream.changes import consolidate
+    from txstream.examples.order_events import as_changes
+    from txstream.examples.order_events import events as order_events
+
+    stream = order_events(random.Random(28), CUSTOMERS)
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    batches = []
+    time_ = 1
+    for _ in range(0, events, TRANSACTION_EVENTS * TRANSACTIONS_PER_JOB):
+        parts: dict[str, list[Any]] = {}
+        for _ in range(TRANSACTIONS_PER_JOB):
+            txn = as_changes([next(stream) for _ in range(TRANSACTION_EVENTS)], rows, time_)
+            for source, table in txn.items():
+                parts.setdefault(source, []).append(table)
+            time_ += 1
+        batches.append({s: consolidate(pa.concat_tables(t), [c for c in t[0].column_names
+                                                              if c not in ("time", "diff")])
+                        for s, t in parts.items()})
+    return batches
+
+
+def _groupby_batches(events: int) -> list[dict[str, Any]]:
+    import numpy as np
+    import pyarrow as pa
+
+    from txstream.changes import consolidate
+
+    per_job = TRANSACTION_EVENTS * TRANSACTIONS_PER_JOB
+    batches = []
+    for lo in range(0, events, per_job):
+        i = np.arange(lo, min(lo + per_job, events), dtype=np.int64)
+        table = pa.table({"k": i % KEYS, "v": (i * 7919) % 1000,
+                          "time": i // TRANSACTION_EVENTS + 1,
+                          "diff": np.ones(len(i), dtype=np.int64)})
+        batches.append({"events": consolidate(table, ["k", "v"])})
+    return batches
+
+
+def _pipeline(workload: str) -> Any:
+    from txstream import Pipeline, TableSchema
+    from txstream import reducers as r
+    from txstream.examples.orders import pipeline
+
+    if workload == "orders":
+        return pipeline()
+    p = Pipeline()
+    events = p.source("events", TableSchema.of({"k": "bigint", "v": "bigint"}))
+    p.output("sums", events.groupby("k").reduce(n=r.count(), s=r.sum("v")))
+    return p
+
+
+def run_one(workload: str, parallelism: int, events: int) -> dict[str, Any]:
+    """One measured run in this process (a driver of its own): see the module doc."""
+    from txstream.engine import Engine
+    from txstream.service.spark import get_spark
+
+    started = time.perf_counter()
+    spark = get_spark()
+    spark_start_s = time.perf_counter() - started
+    batches = (_orders_batches if workload == "orders" else _groupby_batches)(events)
+    engine = Engine(_pipeline(workload), spark, parallelism=parallelism)
+    engine.process(batches[0])
+    timed = batches[1:]
+    stages = []
+    start = time.perf_counter()
+    for batch in timed:
+        engine.process(batch)
+        assert engine.last_batch is not None
+        stages.append(engine.last_batch.stages)
+    seconds = time.perf_counter() - start
+    timed_events = sum(TRANSACTION_EVENTS * TRANSACTIONS_PER_JOB for _ in timed)
+    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
+    return {"workload": workload, "parallelism": parallelism,
+            "master": spark.sparkContext.master, "block_managers": executors,
+            "events": timed_events, "seconds": round(seconds, 2),
+            "events_per_s": round(timed_events / seconds),
+            "stages_per_batch": max(stages), "spark_start_s": round(spark_start_s, 1)}
+
+
+def lone_latency(parallelism: int, transactions: int = 30) -> dict[str, Any]:
+    """Lone 10-event transactions of the example pipeline against the state of 20,000 order
+    events, after ten untimed ones: p50 of `Engine.process` (planning and execution)."""
+    import statistics
+
+    from txstream.changes import consolidate
+    from txstream.engine import Engine
+    from txstream.examples.order_events import as_changes
+    from txstream.examples.order_events import events as order_events
+    from txstream.service.spark import get_spark
+
+    spark = get_spark()
+    engine = Engine(_pipeline("orders"), spark, parallelism=parallelism)
+    stream = order_events(random.Random(11), 200)
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+
+    def process(events: int, time_: int) -> None:
+        txn = as_changes([next(stream) for _ in range(events)], rows, time_)
+        engine.process({s: consolidate(t, [c for c in t.column_names
+                                           if c not in ("time", "diff")])
+                        for s, t in txn.items()})
+
+    for time_ in range(1, 3):
+        process(10_000, time_)
+    seconds, stages = [], []
+    for i in range(10 + transactions):
+        process(10, 3 + i)
+        assert engine.last_batch is not None
+        if i >= 10:
+            seconds.append(engine.last_batch.planning_s + engine.last_batch.execution_s)
+            stages.append(engine.last_batch.stages)
+    return {"workload": "lone_transaction", "parallelism": parallelism,
+            "p50_s": round(statistics.median(seconds), 3), "max_s": round(max(seconds), 3),
+            "stages_per_batch": max(stages)}
+
+
+def _driver(workload: str, parallelism: int, events: int, env: dict[str, str]
+            ) -> dict[str, Any]:
+    """`run_one` in a driver process of its own, with `env` (its SPARK_MASTER)."""
+    command = [sys.executable, __file__, "--run", workload, "--parallelism", str(parallelism),
+               "--events", str(events)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    if result.returncode != 0:
+        return {"workload": workload, "parallelism": parallelism,
+                "error": result.stderr.strip().splitlines()[-1:]}
+    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    log(f"{workload} P={parallelism}: {answer}")
+    return answer
+
+
+def _ratio(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    if "events_per_s" not in a or "events_per_s" not in b:
+        return None
+    return round(a["events_per_s"] / b["events_per_s"], 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--workloads", default="orders,groupby")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the standalone runs")
+    parser.add_argument("--no-peer", action="store_true", help="skip the Flink runs")
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # a driver process: see `_driver`
+    parser.add_argument("--parallelism", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        print(json.dumps(lone_latency(args.parallelism) if args.run == "latency"
+                         else run_one(args.run, args.parallelism, args.events)))
+        return
+
+    load_start = os.getloadavg()
+    report: dict[str, Any] = {"events": args.events,
+                              "events_per_transaction": TRANSACTION_EVENTS,
+                              "transactions_per_job": TRANSACTIONS_PER_JOB}
+    workloads = args.workloads.split(",")
+    local_env = {**os.environ, "SPARK_MASTER": "local[2]"}
+    for workload in workloads:
+        runs = {f"local2_P{p}": _driver(workload, p, args.events, local_env) for p in (1, 2)}
+        report[workload] = {"runs": runs, "local2_P2_over_P1": _ratio(runs["local2_P2"],
+                                                                      runs["local2_P1"])}
+    report["lone_transaction"] = {f"local2_P{p}": _driver("latency", p, 0, local_env)
+                                  for p in (1, 2)}
+    if not args.no_cluster:
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from spark_standalone import standalone_cluster
+
+        for workers in (1, 2):
+            with tempfile.TemporaryDirectory() as workdir, \
+                    standalone_cluster(Path(workdir), workers=workers, cores=1,
+                                       memory="2g") as cluster:
+                for workload in workloads:
+                    report[workload]["runs"][f"cluster_{workers}w"] = _driver(
+                        workload, workers, args.events, cluster.driver_env())
+        for workload in workloads:
+            runs = report[workload]["runs"]
+            report[workload]["cluster_2w_over_1w"] = _ratio(runs["cluster_2w"],
+                                                            runs["cluster_1w"])
+    if not args.no_peer:
+        from flink_peer import run_flink
+
+        for workload in workloads:
+            for p in (1, 2):
+                peer = run_flink(workload, p, args.events)
+                report[workload]["runs"][f"flink_P{p}"] = peer
+                report[workload][f"local2_P{p}_over_flink_P{p}"] = _ratio(
+                    report[workload]["runs"][f"local2_P{p}"], peer)
+    report["load_average"] = {"start": load_start, "end": os.getloadavg()}
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    main()
