@@ -61,6 +61,22 @@ ORDER_FIELDS: list[dict[str, Any]] = [
 ]
 
 
+ROW_SCHEMA = {"type": "record", "name": "Value", "namespace": "dbserver1.public.orders",
+              "fields": ORDER_FIELDS}
+# Debezium's envelope as AvroConverter registers it (the fields txstream reads).
+ENVELOPE = record_schema("Envelope", [
+    {"name": "before", "type": ["null", ROW_SCHEMA], "default": None},
+    {"name": "after", "type": ["null", "dbserver1.public.orders.Value"], "default": None},
+    {"name": "source", "type": {"type": "record", "name": "Source", "fields": [
+        {"name": "connector", "type": "string"}, {"name": "txId", "type": "long"}]}},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    {"name": "transaction", "type": ["null", {"type": "record", "name": "block", "fields": [
+        {"name": "id", "type": "string"}, {"name": "total_order", "type": "long"},
+        {"name": "data_collection_order", "type": "long"}]}], "default": None},
+])
+
+
 class Producer:
     """Values as a producer with the Schema Registry's Avro serializer writes them, each
     schema registered under `<topic>-value` (a fresh topic per producer: a real registry keeps
@@ -139,22 +155,9 @@ def test_debezium_avro_envelope(registry_url: str) -> None:
     `op`, `source.connector`, `transaction.id` with PostgreSQL's LSN; an upsert source reads
     the create as a row and the delete as a delete of its key, its tombstone as for JSON."""
     producer = Producer(registry_url)
-    row = {"type": "record", "name": "Value", "namespace": "dbserver1.public.orders",
-           "fields": ORDER_FIELDS}
-    envelope = record_schema("Envelope", [
-        {"name": "before", "type": ["null", row], "default": None},
-        {"name": "after", "type": ["null", "dbserver1.public.orders.Value"], "default": None},
-        {"name": "source", "type": {"type": "record", "name": "Source", "fields": [
-            {"name": "connector", "type": "string"}, {"name": "txId", "type": "long"}]}},
-        {"name": "op", "type": "string"},
-        {"name": "ts_ms", "type": ["null", "long"], "default": None},
-        {"name": "transaction", "type": ["null", {"type": "record", "name": "block", "fields": [
-            {"name": "id", "type": "string"}, {"name": "total_order", "type": "long"},
-            {"name": "data_collection_order", "type": "long"}]}], "default": None},
-    ])
     tx = {"id": "780:34131368", "total_order": 1, "data_collection_order": 1}
     src = {"connector": "postgresql", "txId": 780}
-    values: list[bytes | None] = list(producer.values(envelope, [
+    values: list[bytes | None] = list(producer.values(ENVELOPE, [
         {"before": None, "after": order(1), "source": src, "op": "c", "ts_ms": 1,
          "transaction": tx},
         {"before": order(2), "after": None, "source": src, "op": "d", "ts_ms": 2,
