@@ -6,11 +6,16 @@ times decoding + upsert/consolidation alone on messages fetched beforehand, to s
 broker's and the client's share from ours.
 
     .venv/bin/python bench/ingest.py [--records 100000] [--keys 50000] [--batch 10000]
+
+`--formats-only` times only the decoding of the same records as JSON and as Avro in
+Confluent's wire format (`value_format: avro`), without a broker.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import io
 import json
 import os
 import random
@@ -19,6 +24,7 @@ import time
 import uuid
 from typing import Any
 
+import fastavro
 import numpy as np
 import pandas  # noqa: F401 (pyarrow's to_numpy imports it once: keep that out of the timings)
 import pyarrow as pa
@@ -30,7 +36,7 @@ from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker, kafka_from_env
 from txstream.sources.consumed import raw_records
 from txstream.sources.decoder import SourceDecoder
-from txstream.sources.kafka_source import SIGN
+from txstream.sources.kafka_source import SIGN, RawRecords
 from txstream.sources.transactions import TransactionBuilder
 from txstream.sources.upsert import UpsertState
 
@@ -41,8 +47,8 @@ SCHEMA = TableSchema.of(
 )
 
 
-def record(rng: random.Random, key: int) -> bytes:
-    value = {
+def row(rng: random.Random, key: int) -> dict[str, Any]:
+    return {
         "id": key,
         "customer": f"customer-{rng.randrange(100_000):06d}",
         "item": f"sku-{rng.randrange(1_000_000):07d}-{'x' * rng.randrange(35, 55)}",
@@ -51,7 +57,55 @@ def record(rng: random.Random, key: int) -> bytes:
         "status": rng.choice(["new", "paid", "shipped", "cancelled"]),
         "created": f"2026-11-21T10:{rng.randrange(60):02d}:{rng.randrange(60):02d}Z",
     }
-    return json.dumps(value).encode()
+
+
+def record(rng: random.Random, key: int) -> bytes:
+    return json.dumps(row(rng, key)).encode()
+
+
+AVRO_SCHEMA = fastavro.parse_schema({"type": "record", "name": "Order", "fields": [
+    {"name": "id", "type": "long"}, {"name": "customer", "type": "string"},
+    {"name": "item", "type": "string"}, {"name": "qty", "type": "int"},
+    {"name": "price", "type": "double"}, {"name": "status", "type": "string"},
+    {"name": "created", "type": {"type": "long", "logicalType": "timestamp-micros"}}]})
+
+
+class KeptSchema:
+    """The writer schema as the decoder holds it after its first fetch from the registry."""
+
+    def writer(self, schema_id: int) -> Any:
+        return AVRO_SCHEMA
+
+
+def avro_value(value: dict[str, Any]) -> bytes:
+    """`value` as the Schema Registry's Avro serializer writes it (schema id 1)."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, AVRO_SCHEMA, {
+        **value, "created": datetime.datetime.fromisoformat(value["created"])})
+    return b"\x00" + (1).to_bytes(4, "big") + buf.getvalue()
+
+
+def formats(n: int, batch: int) -> list[dict[str, Any]]:
+    """Decoding alone (append-only), the same records as JSON and as Avro."""
+    rng = random.Random(7)
+    rows = [row(rng, k) for k in range(n)]
+    out = []
+    for fmt, values in (("json", [json.dumps(r).encode() for r in rows]),
+                        ("avro", [avro_value(r) for r in rows])):
+        spec = SourceSpec(name="orders", topic="orders", schema=SCHEMA, value_format=fmt,
+                          schema_registry_url="http://registry.invalid" if fmt == "avro"
+                          else None)
+        decoder = SourceDecoder(spec, KeptSchema())
+        start = time.perf_counter()
+        for lo in range(0, n, batch):
+            chunk = values[lo:lo + batch]
+            decoded = decoder.decode(RawRecords.of("orders", chunk), range(len(chunk)))
+            assert not decoded.bad and decoded.rows.num_rows == len(chunk)
+        elapsed = time.perf_counter() - start
+        out.append({"value_format": fmt, "records": n,
+                    "avg_value_bytes": round(sum(map(len, values)) / n),
+                    "records_per_s": round(n / elapsed)})
+    return out
 
 
 def fill(kafka: KafkaEndpoint, topic: str, n: int, keys: int, partitions: int
@@ -151,7 +205,12 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--formats-only", action="store_true")
     args = parser.parse_args()
+    decode_formats = formats(args.records, args.batch)
+    if args.formats_only:
+        print(json.dumps({"decode_by_value_format": decode_formats}, indent=2))
+        return
     kafka = kafka_from_env()
     try:
         topic = f"bench-{uuid.uuid4().hex[:8]}"
@@ -174,6 +233,7 @@ def main() -> None:
         "produce_records_per_s": round(args.records / produce_s),
         "kafka_to_transactions": results,
         "decode_upsert_consolidate_only": decoding,
+        "decode_by_value_format": decode_formats,
     }, indent=2))
 
 
