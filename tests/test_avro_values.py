@@ -22,6 +22,8 @@ from support.schema_registry_double import running_double
 
 from txstream.schemas.sources import SourceSpec
 from txstream.schemas.tables import TableSchema
+from txstream.sources.avro_values import AvroValues
+from txstream.sources.debezium_metadata import end_event
 from txstream.sources.decoder import SourceDecoder
 from txstream.sources.kafka_source import RawRecords
 from txstream.sources.schema_registry import (
@@ -75,6 +77,27 @@ ENVELOPE = record_schema("Envelope", [
         {"name": "id", "type": "string"}, {"name": "total_order", "type": "long"},
         {"name": "data_collection_order", "type": "long"}]}], "default": None},
 ])
+
+
+# Debezium's transaction metadata events as AvroConverter registers them
+# (io.debezium.connector.common.TransactionMetadataValue).
+TRANSACTION_METADATA = record_schema("TransactionMetadataValue", [
+    {"name": "status", "type": "string"}, {"name": "id", "type": "string"},
+    {"name": "event_count", "type": ["null", "long"], "default": None},
+    {"name": "data_collections", "type": ["null", {"type": "array", "items": {
+        "type": "record", "name": "ConnectDefault", "fields": [
+            {"name": "data_collection", "type": "string"},
+            {"name": "event_count", "type": "long"}]}}], "default": None},
+    {"name": "ts_ms", "type": "long"},
+])
+
+
+def metadata(status: str, txid: str, count: int = 0) -> dict[str, Any]:
+    end = status == "END"
+    return {"status": status, "id": txid, "ts_ms": 1486500577125,
+            "event_count": count if end else None,
+            "data_collections": [{"data_collection": "public.orders", "event_count": count}]
+            if end else None}
 
 
 class Producer:
@@ -173,6 +196,16 @@ def test_debezium_avro_envelope(registry_url: str) -> None:
         (1, False, "780"), (2, True, "780"), (2, True, None)]
     assert rows[0]["amount"] == Decimal("-1234567890.12")
     assert batch.tombstones == [2]  # read as for JSON: a delete only if the key has a row
+
+
+def test_transaction_metadata_in_avro(registry_url: str) -> None:
+    """BEGIN and END events written with the changes' converter read as their JSON form."""
+    producer = Producer(registry_url)
+    begin, end = producer.values(TRANSACTION_METADATA, [metadata("BEGIN", "780:34131152"),
+                                                        metadata("END", "780:34131464", 2)])
+    avro = AvroValues(RegistrySchemas(registry_url))
+    assert end_event(avro.json_of(begin), "postgresql") == (None, {})
+    assert end_event(avro.json_of(end), "postgresql") == ("780", {"public.orders": 2})
 
 
 def test_unreadable_records_are_dead_lettered_with_their_bytes(registry_url: str) -> None:

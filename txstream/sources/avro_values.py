@@ -90,25 +90,29 @@ class AvroValues:
             if value is None:
                 continue
             try:
-                schema_id, body = frame(value)
+                values[i] = self.json_of(value, missing)
             except ValueError as exc:
                 failed[i] = str(exc)
-                continue
-            if schema_id in missing:
-                failed[i] = missing[schema_id]
-                continue
-            try:
-                writer = self._schemas.writer(schema_id)
-            except SchemaUnavailable as exc:
-                failed[i] = missing[schema_id] = str(exc)
-                continue
-            try:
-                values[i] = self._decode(writer, body)
-            except _CORRUPT as exc:
-                failed[i] = (f"Avro body does not decode with writer schema id {schema_id} "
-                             f"({type(exc).__name__}: {exc}); the record is corrupt or was "
-                             "written with another registry's id")
         return replace(records, values=values), failed
+
+    def json_of(self, value: bytes, missing: dict[int, str] | None = None) -> bytes:
+        """`value` as JSON; ValueError (SchemaUnavailable among them) says why it cannot be
+        read. `missing`: the reasons of the schema ids already found unavailable, added to."""
+        schema_id, body = frame(value)
+        if missing is not None and schema_id in missing:
+            raise SchemaUnavailable(missing[schema_id])
+        try:
+            writer = self._schemas.writer(schema_id)
+        except SchemaUnavailable as exc:
+            if missing is not None:
+                missing[schema_id] = str(exc)
+            raise
+        try:
+            return self._decode(writer, body)
+        except _CORRUPT as exc:
+            raise ValueError(f"Avro body does not decode with writer schema id {schema_id} "
+                             f"({type(exc).__name__}: {exc}); the record is corrupt or was "
+                             "written with another registry's id") from exc
 
     @staticmethod
     def _decode(writer: Any, body: bytes) -> bytes:

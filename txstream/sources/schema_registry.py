@@ -44,8 +44,9 @@ class SchemaRegistryUnavailable(KafkaSourceError):
     """The Schema Registry cannot be reached or refuses the service (at start)."""
 
 
-class SchemaUnavailable(Exception):
-    """The writer schema of a record cannot be had; the message is the dead letter's reason."""
+class SchemaUnavailable(ValueError):
+    """The writer schema of a record cannot be had; the message is the dead letter's reason (a
+    ValueError: the value cannot be read, as a malformed one cannot)."""
 
 
 def client_settings(url: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
