@@ -11,6 +11,10 @@ COMMIT whose outcome was lost, adds nothing twice, without reading any output ta
 the row exists, each append table's greatest `time` decides, as for tables an earlier release
 wrote).
 
+With a writer epoch (`fence`, see `txstream.sinks.postgres_writers`), each transaction first
+checks that the epoch is still this instance's, so an instance another one took over from
+writes nothing more.
+
 The row belongs to one pipeline (its consumer group): other pipelines' rows are never read or
 written.
 """
@@ -29,6 +33,7 @@ from psycopg import sql
 from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy
 from txstream.sinks.postgres_common import Connection, check_identifier
+from txstream.sinks.postgres_writers import WriterEpoch
 
 PROGRESS_TABLE = "txstream_progress"
 
@@ -69,9 +74,11 @@ class PostgresOutputs:
     def __init__(self, url: str, tables: Mapping[str, Sequence[PostgresTable]], *,
                  pipeline: str, definition: str, db_schema: str = "public",
                  commit: Literal["batch", "transaction"] = "batch",
-                 retry: RetryPolicy | None = None, start_over: bool = False) -> None:
+                 retry: RetryPolicy | None = None, start_over: bool = False,
+                 fence: WriterEpoch | None = None) -> None:
         """`start_over`: every table was just recreated empty, so the pipeline's progress row
-        is deleted too."""
+        is deleted too. `fence`: the writer epoch every transaction checks (None: unfenced)."""
+        self._fence = fence
         self._tables = {name: list(sinks) for name, sinks in tables.items() if sinks}
         self._pipeline = pipeline
         self._definition = definition
@@ -113,8 +120,15 @@ class PostgresOutputs:
             self._write({name: changes.at(mark.transaction)
                          for name, changes in outputs.items()}, mark)
 
+    def check_writer(self) -> None:
+        """WriterFencedError if another instance took the writer epoch (nothing without one)."""
+        if self._fence is not None:
+            self._db.run(self._fence.check)
+
     def _write(self, outputs: Mapping[str, Changes], mark: Mark) -> None:
         def work(conn: PgConnection) -> list[tuple[PostgresTable, int]]:
+            if self._fence is not None:
+                self._fence.check(conn)
             row = conn.execute(sql.SQL(
                 'SELECT "transaction" FROM {} WHERE pipeline = %s FOR UPDATE').format(
                     self.progress), [self._pipeline]).fetchone()
