@@ -49,6 +49,9 @@ class Readiness:
     def __init__(self, max_lag: int) -> None:
         self.max_lag = max_lag
         self.started = threading.Event()
+        # "standby" or "fenced" while this instance waits for the pipeline's writer lease
+        # (`txstream.service.leadership`): not ready whatever else holds.
+        self._waiting: str | None = None
         self._problems: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
@@ -76,7 +79,13 @@ class Readiness:
         error: what /readyz tells anyone who asks."""
         return self._problems_as(metrics, detail=False)
 
+    def wait_as(self, reason: str | None) -> None:
+        """Not ready with `reason` while waiting for the writer lease (None: no longer)."""
+        self._waiting = reason
+
     def _problems_as(self, metrics: Metrics, detail: bool) -> list[str]:
+        if self._waiting is not None:
+            return [self._waiting]
         if not self.started.is_set():
             return ["starting"]
         with self._lock:

@@ -112,6 +112,7 @@ class DeliveryMetrics:
     rejected_rows: dict[str, int] = field(default_factory=dict)
     live_table_bytes: int = 0  # the live tables' rows and row keys
     live_subscribers: int = 0
+    fenced: int = 0  # times another instance took the writer epoch from this one
 
 
 @dataclass
@@ -214,6 +215,8 @@ def _families(m: Metrics) -> Iterator[tuple[str, str, str, object]]:
         ("txstream_output_changes_total", "changes written to the sinks", "counter",
          d.output_changes),
         ("txstream_checkpoints_total", "checkpoints completed", "counter", k.checkpoints),
+        ("txstream_fenced_total", "times another instance took over the pipeline's writer "
+         "epoch from this one", "counter", d.fenced),
         ("txstream_spark_jobs_total", "Spark jobs the engine's batches ran", "counter",
          c.spark_jobs),
         ("txstream_spark_stages_total", "stages of those jobs (skipped ones included)",
