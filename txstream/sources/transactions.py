@@ -32,6 +32,7 @@ from txstream.changes import Changes
 from txstream.kafka_client import client_settings
 from txstream.schemas.kafka import PLAINTEXT, KafkaSecurity
 from txstream.schemas.sources import BatchPolicy, SourceSpec
+from txstream.sources.avro_values import AvroValues
 from txstream.sources.boundaries import PolledRecords, TopicRule, TransactionBoundaries
 from txstream.sources.consumed import raw_records, records_and_ends
 from txstream.sources.dead_letters import DeadLetterWriter
@@ -102,6 +103,12 @@ class TransactionBuilder:
             registry.check()
         self._decoders = {s.name: SourceDecoder(s, registries.get(s.schema_registry_url or ""))
                           for s in sources}
+        # Debezium writes its transaction metadata with the connector's value converter: Avro
+        # when the changes are.
+        self._metadata_avro = {
+            s.upstream.metadata_topic: AvroValues(registries[s.schema_registry_url])
+            for s in sources if s.upstream is not None and s.upstream.metadata_topic
+            and s.schema_registry_url is not None}
         self._core = TransactionBoundaries(policy, {s.topic: TopicRule.of(s) for s in sources})
         self._pending = PendingChanges(sources)
         self._dead = (
@@ -287,8 +294,11 @@ class TransactionBuilder:
         for message in events:
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             seq = self._core.take_seqs(1)
+            value, avro = message.value(), self._metadata_avro.get(topic)
             try:
-                uid, counts = end_event(message.value(), self._end_connectors.get(topic))
+                if avro is not None and value is not None:
+                    value = avro.json_of(value)
+                uid, counts = end_event(value, self._end_connectors.get(topic))
             except ValueError as exc:
                 bad.append(BadRecord(
                     source=f"transaction metadata {topic}", topic=topic, partition=partition,
