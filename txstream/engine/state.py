@@ -80,6 +80,10 @@ from txstream.engine.spark_internals import (
 log = logging.getLogger(__name__)
 
 
+# The partition number a small batch's new run is split by (see ZSetState._split).
+_PARTITION = "__partition"
+
+
 @dataclass(frozen=True)
 class Run:
     frame: DataFrame  # a local checkpoint: its plan is a LogicalRDD
@@ -206,9 +210,12 @@ class ZSetState:
     def checkpoint(self, source: DataFrame) -> DataFrame:
         """A staged run: `source` as a lazy local checkpoint (computed, and its lineage cut, by
         the batch's job). At P > 1 it must come out hash-partitioned as the state's leaves
-        declare: Spark's checkpoint records the partitioning of its physical plan, which is
-        read here; a plan that lost it (an exchange the planner chose by other columns) is
-        repartitioned explicitly, which costs a shuffle of the run but never a wrong pair."""
+        declare: a batch planned in one partition splits it so (`_split`); otherwise Spark's
+        checkpoint records the partitioning of its physical plan, which is read here, and a
+        plan that lost it (an exchange the planner chose by other columns) is repartitioned
+        explicitly, which costs a shuffle of the run but never a wrong pair."""
+        if self.partitions > 1 and parallelism() == 1:
+            return self._local_checkpoint(self._split(source), eager=False)
         run = self._local_checkpoint(source, eager=False)
         if self.partitions == 1 or hash_clustering(run) == (self.partition_on, self.partitions):
             return run
@@ -233,6 +240,22 @@ class ZSetState:
             merged.insert(0, run)
             weight += run.weight
         return Merge(tuple(runs), tuple(merged), weight)
+
+    def _split(self, frame: DataFrame) -> DataFrame:
+        """`frame`, planned in one partition (a small batch's), in the state's P partitions as
+        `repartition(P, *partition_on)` places its rows, with no exchange: a cartesian product
+        with P one-row partitions numbered 0..P-1, partition j of which keeps the rows whose
+        key hashes to j. Each of the P tasks reads the one partition (a small batch's new run:
+        its delta and the small runs it merges), so the batch stays one stage where an
+        exchange per staged run would add as many."""
+        spark = frame.sparkSession
+        numbers = spark.range(0, self.partitions, 1, self.partitions).select(
+            F.col("id").alias(_PARTITION))
+        target = F.pmod(F.hash(*[col(c) for c in self.partition_on]), F.lit(self.partitions))
+        # Not `target == number`: Spark would plan that equality as an equi-join, which
+        # exchanges both sides by the hash of the partition number.
+        keep = (target - F.col(_PARTITION)) == 0
+        return frame.crossJoin(numbers).where(keep).drop(_PARTITION)
 
     def _local_checkpoint(self, frame: DataFrame, eager: bool) -> DataFrame:
         """`frame` checkpointed into the executors' block managers: a local checkpoint has no
