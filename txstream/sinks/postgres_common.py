@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -175,6 +176,9 @@ class Connection:
         self._application_name = application_name[:63]
         self._retry = retry
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        # One transaction at a time: the deliver stage writes while the checkpoint stage
+        # checks the writer epoch, and two transactions on one connection would nest.
+        self._lock = threading.Lock()
 
     def _connection(self) -> psycopg.Connection[tuple[object, ...]]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -184,6 +188,10 @@ class Connection:
 
     def run(self, work: Callable[[psycopg.Connection[tuple[object, ...]]], _T]) -> _T:
         """`work(conn)` inside one transaction, retried with exponential backoff."""
+        with self._lock:
+            return self._run(work)
+
+    def _run(self, work: Callable[[psycopg.Connection[tuple[object, ...]]], _T]) -> _T:
         delay = self._retry.initial_backoff_s
         for attempt in range(1, self._retry.attempts + 1):
             try:
@@ -212,6 +220,7 @@ class Connection:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

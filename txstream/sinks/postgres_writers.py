@@ -190,17 +190,15 @@ class Lease:
             return self.table.current(self._connection(), lock=False)
 
     def renew(self) -> bool:
-        """Keep the session (hence the lock) alive, or lock again on a new one after it was
-        lost (a PostgreSQL restart); False while another session holds the lock. Locking again
-        takes no epoch: if another instance took one meanwhile, the next write is fenced."""
+        """Keep the session (hence the lock) alive; False once it was lost (a PostgreSQL
+        restart, a pause past the lease). It is not locked again: the holder goes on writing
+        until another instance takes the lock and the next epoch, which fences it."""
         with self._lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                return False
             try:
-                if self._conn is not None and not self._conn.closed and not self._conn.broken:
-                    self._conn.execute("SELECT 1")
-                    return True
-                row = self._connection().execute("SELECT pg_try_advisory_lock(%s)",
-                                                 [self.table.lock_key]).fetchone()
-                return row is not None and bool(row[0])
+                self._conn.execute("SELECT 1")
+                return True
             except psycopg.Error as exc:
                 log.warning("writer lease of pipeline %r lost: %s", self.table.pipeline, exc)
                 if self._conn is not None:
