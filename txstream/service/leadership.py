@@ -107,14 +107,12 @@ class Leadership:
         self._heartbeat.start()
 
     def _renew(self) -> None:
-        held = True
         while not self._released.wait(self._lease.lease_s / 4):
-            now_held = self._lease.renew()
-            if now_held != held:
+            if not self._lease.renew():
                 # Writing goes on: the epoch, not the lock, decides whether a write commits.
-                log.warning("writer lease of pipeline %r %s", self._lease.table.pipeline,
-                            "held again" if now_held else "lost; retrying")
-                held = now_held
+                log.warning("writer lease of pipeline %r lost: a standby may take over and "
+                            "fence this instance", self._lease.table.pipeline)
+                return
 
     def release(self) -> None:
         """Stop renewing and end the lease's session (the lock goes with it)."""
