@@ -96,6 +96,7 @@ class Leadership:
     def fenced(self, exc: WriterFencedError) -> None:
         """Another instance took over: give the lease up (it is lost already, or about to be:
         the other one holds it) and count it; `wait_for_turn("fenced")` next."""
+        self._readiness.wait_as("fenced")  # not ready from now on, not once the runner closed
         self._metrics.delivery.fenced += 1
         log.error("fenced: %s", exc)
         self.release()
