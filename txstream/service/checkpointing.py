@@ -17,6 +17,7 @@ from txstream.schemas.config import PipelineConfig
 from txstream.service.metrics import CheckpointMetrics
 from txstream.service.outputs import Outputs
 from txstream.service.stages import CrashPoints, Stages
+from txstream.sinks.postgres_writers import WriterFencedError
 from txstream.sources.source_state import SourceState
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class Checkpointing:
                 continue
             try:
                 self.save(number, state, version)
+            except WriterFencedError:
+                raise  # stops every stage: another instance took over
             except Exception:
                 # The storage may be back by the next one; until then a crash replays more
                 # (an incomplete checkpoint has no manifest and is never read).
@@ -92,6 +95,8 @@ class Checkpointing:
         self._engine.save_state(self._store.engine_uri(prepared), version)
         self._outputs.before_checkpoint(number)
         self._crash.reached("checkpoint")
+        # A fenced instance never publishes: the instance that took over may have newer ones.
+        self._outputs.check_writer()
         self._store.publish(prepared)
         self._crash.reached("checkpointed")
         elapsed = time.monotonic() - started

@@ -20,10 +20,12 @@ from txstream.engine.errors import EngineStateError
 from txstream.schemas.config import ConfigError, PipelineConfig
 from txstream.service.checkpoint import CheckpointError
 from txstream.service.health import HealthServer, Readiness
+from txstream.service.leadership import Leadership
 from txstream.service.metrics import Metrics
 from txstream.sinks.kafka_sink import KafkaSinkFatalError
 from txstream.sinks.live.flight import LiveFlightServer
 from txstream.sinks.live.serving import LiveTables
+from txstream.sinks.postgres_writers import WriterFencedError
 
 if TYPE_CHECKING:  # imported when running: it loads Spark
     from txstream.service.runner import PipelineRunner
@@ -74,13 +76,13 @@ def _status_printer(json_format: bool) -> Callable[[Metrics], None]:
 def _run(args: argparse.Namespace) -> int:
     from txstream.service.compose import open_runner
     from txstream.service.runner import ShutdownRequested
+    from txstream.service.spark import get_spark
 
     config = PipelineConfig.load(args.config)
     _set_up_logging(args.log_level, config.log_format == "json")
     metrics, readiness = Metrics(), Readiness(config.ready_max_lag)
     health = start_endpoint(config, metrics, readiness)
     runner: PipelineRunner | None = None
-    live: LiveFlightServer | None = None
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -99,13 +101,45 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    leadership = Leadership.of(config, readiness, metrics, stop)
+    # Up before waiting for the lease: a standby that takes over skips the JVM's start.
+    spark = get_spark(config.spark_master) if leadership is not None else None
+    waiting_as = "standby"
     try:
-        try:
-            runner = open_runner(config, metrics=metrics, readiness=readiness)
-        except ShutdownRequested:
-            return 0
-        if stop.is_set():
-            runner.request_stop()
+        while True:
+            fence = None
+            if leadership is not None:
+                fence = leadership.wait_for_turn(waiting_as)
+                if fence is None:
+                    return 0  # stopped while waiting
+            try:
+                runner = open_runner(config, spark=spark, metrics=metrics, readiness=readiness,
+                                     fence=fence)
+            except ShutdownRequested:
+                return 0
+            try:
+                return _serve(args, config, runner, health, stop)
+            except WriterFencedError as exc:
+                assert leadership is not None  # only a fenced PostgreSQL write raises it
+                leadership.fenced(exc)
+                waiting_as = "fenced"  # and wait for the lease again, as the new standby
+            finally:
+                runner.close()
+                runner = None
+    finally:
+        if leadership is not None:
+            leadership.release()
+        if health is not None:
+            health.stop()
+
+
+def _serve(args: argparse.Namespace, config: PipelineConfig, runner: PipelineRunner,
+           health: HealthServer | None, stop: threading.Event) -> int:
+    """Run `runner` until stopped (or halted), then checkpoint."""
+    live: LiveFlightServer | None = None
+    if stop.is_set():
+        runner.request_stop()
+    try:
         if runner.live is not None:
             live = serve_live(config, runner.live)
             if health is not None and config.live.page:
@@ -118,15 +152,11 @@ def _run(args: argparse.Namespace) -> int:
             _halt(exc, runner, stop)
             return 0
         if runner.checkpoint():
-            log.info("final checkpoint through #%d", metrics.delivery.last_transaction)
-        print(metrics.line(), flush=True)
+            log.info("final checkpoint through #%d", runner.metrics.delivery.last_transaction)
+        print(runner.metrics.line(), flush=True)
     finally:
         if live is not None:
             live.shutdown()
-        if runner is not None:
-            runner.close()
-        if health is not None:
-            health.stop()
     return 0
 
 

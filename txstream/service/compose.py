@@ -20,15 +20,18 @@ from txstream.service.spark import get_spark
 from txstream.service.startup import refuse, sinks_fit, sources_fit
 from txstream.sinks.live.serving import LiveTables
 from txstream.sinks.live.table import LiveTable, LiveTableError
+from txstream.sinks.postgres_writers import WriterEpoch
 
 log = logging.getLogger(__name__)
 
 
 def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
                 pipeline: Pipeline | None = None, metrics: Metrics | None = None,
-                readiness: Readiness | None = None) -> PipelineRunner:
+                readiness: Readiness | None = None, fence: WriterEpoch | None = None
+                ) -> PipelineRunner:
     """The runner of `config`: its pipeline (`pipeline`, else `config.pipeline` imported) on
-    `spark` (else a session for `config.spark_master`); see `PipelineRunner`."""
+    `spark` (else a session for `config.spark_master`), writing PostgreSQL as writer epoch
+    `fence`; see `PipelineRunner`."""
     pipeline = pipeline or load_pipeline(config.pipeline)
     refuse(sources_fit(config, pipeline))
     spark = spark or get_spark(config.spark_master)
@@ -48,7 +51,7 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
                                   sources={s.name: s.topic for s in config.sources},
                                   outputs=sorted(engine.outputs)))
     return PipelineRunner(config, engine=engine, checkpoints=checkpoints, metrics=metrics,
-                          readiness=readiness, live=live_tables(config, engine))
+                          readiness=readiness, live=live_tables(config, engine), fence=fence)
 
 
 def live_tables(config: PipelineConfig, engine: Engine) -> LiveTables | None:

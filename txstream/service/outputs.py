@@ -17,6 +17,7 @@ from txstream.service.stages import Computed, CrashPoints, Retrying
 from txstream.sinks.factory import PostgresSink, open_postgres_sink, open_sink
 from txstream.sinks.live.serving import LiveTables
 from txstream.sinks.postgres_outputs import Mark, PostgresOutputs
+from txstream.sinks.postgres_writers import WriterEpoch
 from txstream.sinks.sink import Sink
 
 SinksByOutput = dict[str, list[tuple[SinkConfig, Sink]]]
@@ -54,10 +55,11 @@ def open_sinks(config: PipelineConfig, schemas: Mapping[str, TableSchema], *, re
     return opened, tables
 
 
-def _postgres_outputs(config: PipelineConfig, tables: PostgresTables, resuming: bool
-                      ) -> PostgresOutputs | None:
+def _postgres_outputs(config: PipelineConfig, tables: PostgresTables, resuming: bool,
+                      fence: WriterEpoch | None) -> PostgresOutputs | None:
     """The PostgreSQL sinks, committed together with the pipeline's progress row (which a
-    start from scratch that recreates every table deletes); None without any."""
+    start from scratch that recreates every table deletes), each transaction checking the
+    writer epoch `fence` if given; None without any."""
     settings = [s for cfg in config.sinks if (s := cfg.settings.postgres) is not None]
     if not settings:
         return None
@@ -66,7 +68,8 @@ def _postgres_outputs(config: PipelineConfig, tables: PostgresTables, resuming: 
     return PostgresOutputs(
         config.database_dsn, tables, pipeline=config.consumer_group,
         definition=config.pipeline, db_schema=first.db_schema, commit=config.postgres_commit,
-        retry=first.retry, start_over=not resuming and all(s.replaces for s in settings))
+        retry=first.retry, start_over=not resuming and all(s.replaces for s in settings),
+        fence=fence)
 
 
 class Outputs:
@@ -75,14 +78,16 @@ class Outputs:
 
     def __init__(self, config: PipelineConfig, schemas: Mapping[str, TableSchema], *,
                  resuming: bool, live: LiveTables | None, retrying: Retrying,
-                 crash: CrashPoints) -> None:
-        """Opens every sink (retrying while PostgreSQL is unavailable)."""
+                 crash: CrashPoints, fence: WriterEpoch | None = None) -> None:
+        """Opens every sink (retrying while PostgreSQL is unavailable). `fence`: the writer
+        epoch this instance took (`txstream.service.leadership`), checked by every PostgreSQL
+        transaction."""
         self.sinks, tables = retrying("postgresql", lambda: open_sinks(
             config, schemas, resuming=resuming, live=live))
         self.postgres: PostgresOutputs | None = None
         try:
-            self.postgres = retrying("postgresql",
-                                     lambda: _postgres_outputs(config, tables, resuming))
+            self.postgres = retrying(
+                "postgresql", lambda: _postgres_outputs(config, tables, resuming, fence))
         except BaseException:
             self._close_sinks()
             raise
@@ -144,6 +149,11 @@ class Outputs:
         self._retrying("postgresql", lambda: outputs.write(computed.outputs, marks))
         metrics.sink_write_seconds.observe(time.monotonic() - started)
         self._crash.reached("sink_write")
+
+    def check_writer(self) -> None:
+        """WriterFencedError if another instance took over the PostgreSQL outputs."""
+        if self.postgres is not None:
+            self._retrying("postgresql", self.postgres.check_writer)
 
     def before_checkpoint(self, transaction: int) -> None:
         for _, sink in self.each():

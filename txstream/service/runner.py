@@ -73,6 +73,7 @@ from txstream.service.startup import (
     stale_saved_state,
 )
 from txstream.sinks.live.serving import LiveTables
+from txstream.sinks.postgres_writers import WriterEpoch
 from txstream.sources.kafka_input import KafkaInput
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionBatch
@@ -119,11 +120,12 @@ class PipelineRunner:
 
     def __init__(self, config: PipelineConfig, *, engine: Engine, checkpoints: CheckpointStore,
                  metrics: Metrics | None = None, readiness: Readiness | None = None,
-                 live: LiveTables | None = None) -> None:
+                 live: LiveTables | None = None, fence: WriterEpoch | None = None) -> None:
         """`engine` and `checkpoints`: the pipeline's compute and state storage, composed by
         `txstream.service.compose.open_runner`. `metrics` and `readiness`: given when an HTTP
         endpoint serves them from before the runner exists (restoring and connecting take a
-        while). `live`: the tables of the outputs with a live sink."""
+        while). `live`: the tables of the outputs with a live sink. `fence`: the writer epoch
+        this instance took (`txstream.service.leadership`; None: not fenced)."""
         self.config = config
         self.live = live
         self.engine = engine
@@ -161,7 +163,7 @@ class PipelineRunner:
                      checkpointed, latest.name if latest else "no checkpoint", len(replay))
         self.outputs = Outputs(config, {name: out.schema for name, out in engine.outputs.items()},
                                resuming=resuming, live=live, retrying=self._retrying,
-                               crash=self._crash)
+                               crash=self._crash, fence=fence)
         try:
             refuse(self._startup_problems(resuming, checkpointed))
         except BaseException:
