@@ -38,6 +38,7 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
 - Scala and Java: `scala.collection.immutable.Nil`, `scala.collection.immutable.Map.empty()`,
   `scala.Option` (`empty()`, `apply`), `scala.reflect.ClassTag.AnyRef()`,
   `scala.jdk.javaapi.CollectionConverters.asScala`, `java.util.ArrayList`.
+- `SparkContext.statusTracker().getExecutorInfos()` (`host()`, `port()`).
 - The session setting `spark.sql.execution.arrow.localRelationThreshold` (see `input_rows`).
 """
 
@@ -342,6 +343,15 @@ def _find(plan: JavaObject, class_name: str) -> JavaObject | None:
         if found is not None:
             return found
     return None
+
+
+# --- executors -------------------------------------------------------------------------------
+
+def block_managers(spark: SparkSession) -> frozenset[str]:
+    """`host:port` of every block manager the application has now, the driver's included (its
+    status tracker's executor infos)."""
+    infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return frozenset(f"{info.host()}:{info.port()}" for info in infos)
 
 
 # --- rebinding -------------------------------------------------------------------------------

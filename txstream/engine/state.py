@@ -280,6 +280,16 @@ class ZSetState:
         self.runs = runs
         self._leaf, self._index_leaves = {}, None
 
+    def replicate(self) -> None:
+        """Copy the current version's runs anew, each block to `replicas` executors (one job
+        per run). After an executor's loss the blocks it held are left with fewer copies:
+        Spark copies a lost replica again only to an executor alive at that moment, and a
+        replacement executor that registers later gets none, so a second loss would find
+        blocks with no copy at all."""
+        if self.replicas > 1 and self.runs:
+            self.install(tuple(Run(self._local_checkpoint(run.frame, eager=True), run.weight)
+                               for run in self.runs))
+
     def streamed(self) -> Runs:
         """The current version's runs without an index: lookups stream their rows."""
         return tuple(r for r in self.runs if r.rdd_id not in self._indexes)

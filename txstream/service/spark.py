@@ -51,6 +51,10 @@ _SETTINGS = {
     # A replicated state block whose executor is lost is copied again to another one, so that
     # a later loss is survived too (`state_replicas`, txstream.engine.state).
     "spark.storage.replication.proactive": "true",
+    # An executor asks the master for replication peers at most this often (ms; Spark's
+    # default is a minute): after a loss it would otherwise keep replicating to none for a
+    # minute, and the replacement executor would get no copy of the state copied to it.
+    "spark.storage.cachedPeersTtl": "1000",
 }
 
 # What the JVM prints at every start and says nothing to act on: the JDK's note on the vector
