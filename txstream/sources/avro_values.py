@@ -33,7 +33,6 @@ from typing import Any, Protocol
 from fastavro import schemaless_reader
 
 from txstream.sources.kafka_source import RawRecords
-from txstream.sources.schema_registry import SchemaUnavailable
 
 MAGIC = 0
 _HEADER = 5  # magic byte + schema id
@@ -41,6 +40,11 @@ _HEADER = 5  # magic byte + schema id
 # union branch, bad UTF-8, a negative length...).
 _CORRUPT = (EOFError, ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error,
             MemoryError)
+
+
+class SchemaUnavailable(ValueError):
+    """The writer schema of a record cannot be had; the message is the dead letter's reason (a
+    ValueError: the value cannot be read, as a malformed one cannot)."""
 
 
 class WriterSchemas(Protocol):

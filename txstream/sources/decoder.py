@@ -40,7 +40,6 @@ from txstream.sources.kafka_source import (
     bookkeeping,
     rows_schema,
 )
-from txstream.sources.schema_registry import RegistrySchemas
 from txstream.sources.single_records import tombstone_rows, with_upstream
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,13 @@ class SourceDecoder:
         self._avro: AvroValues | None = None
         if spec.value_format == "avro":
             assert spec.schema_registry_url is not None  # SourceSpec requires it
-            self._avro = AvroValues(schemas or RegistrySchemas(spec.schema_registry_url))
+            if schemas is None:
+                # Imported here: the registry's client is the Kafka client's package, which
+                # the decoder's other formats (and its pure tests) do without.
+                from txstream.sources.schema_registry import RegistrySchemas
+
+                schemas = RegistrySchemas(spec.schema_registry_url)
+            self._avro = AvroValues(schemas)
 
     def _screen(self, records: RawRecords, reject: Callable[[int, str], None],
                 rejected: dict[int, str]) -> tuple[list[int], list[bytes], list[int]]:

@@ -27,6 +27,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistry
 # the client chose), raised once its retries are spent.
 from confluent_kafka.schema_registry.common._httpx_compat import httpx
 
+from txstream.sources.avro_values import SchemaUnavailable
 from txstream.sources.kafka_source import KafkaSourceError
 
 # Environment variable -> the client's setting.
@@ -42,11 +43,6 @@ _SCHEMA_NOT_FOUND = 40403
 
 class SchemaRegistryUnavailable(KafkaSourceError):
     """The Schema Registry cannot be reached or refuses the service (at start)."""
-
-
-class SchemaUnavailable(ValueError):
-    """The writer schema of a record cannot be had; the message is the dead letter's reason (a
-    ValueError: the value cannot be read, as a malformed one cannot)."""
 
 
 def client_settings(url: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
