@@ -100,7 +100,6 @@ def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], anti: bool 
     keys = build_side(prefixed(probe.select(*[col(c) for c in on]).distinct(), "__p_")
                       .withColumn("__p_hit", F.lit(True)))
     probe_cols = [f"__p_{c}" for c in on]
-    cond = null_safe_on(frame, keys, on, probe_cols)
     if parallelism() > 1 and not anti:
         # Spark plans `<=>` as an equi-join on (coalesce(c, default), isnull(c)), which no
         # partitioning of `frame` by `on` satisfies: all of `frame` (state) would be exchanged.
@@ -116,6 +115,7 @@ def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], anti: bool 
             *[frame[f"`{c}`"] for c in frame.columns]).unionByName(
             join(nulls, null_keys, null_safe_on(nulls, null_keys, on, probe_cols), "inner")
             .select(*[nulls[f"`{c}`"] for c in frame.columns]))
+    cond = null_safe_on(frame, keys, on, probe_cols)
     if anti:
         return join(frame, keys, cond, "left").where(F.col("__p_hit").isNull()) \
             .select(*[frame[f"`{c}`"] for c in frame.columns])

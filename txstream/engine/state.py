@@ -201,10 +201,7 @@ class ZSetState:
         """The rows of `runs` (none: no rows) as one leaf, unconsolidated: in the runs' P
         partitions, or in one for a batch planned in one (see `txstream.engine.engine`)."""
         assert self._prototype is not None, "typed() fixes the row type before any leaf"
-        if self.partitions == 1:
-            leaf = rdd_leaf(spark, self._prototype, union_rdd(spark, [r.rdd for r in runs]))
-        else:
-            leaf = frame_of(spark, self.node(spark, self._prototype, runs).newInstance())
+        leaf = frame_of(spark, self.node(spark, self._prototype, runs).newInstance())
         return leaf.coalesce(1) if parallelism() == 1 else leaf
 
     def checkpoint(self, source: DataFrame) -> DataFrame:
@@ -221,9 +218,7 @@ class ZSetState:
             return run
         log.debug("a staged run of %s lost its hash partitioning: repartitioned",
                   self.partition_on)
-        run = self._local_checkpoint(
-            source.repartition(self.partitions, *[col(c) for c in self.partition_on]),
-            eager=False)
+        run = self._local_checkpoint(self._hashed(source), eager=False)
         if hash_clustering(run) != (self.partition_on, self.partitions):
             raise EngineStateError(f"a state run is not hash-partitioned by {self.partition_on} "
                                    f"into {self.partitions} partitions: {hash_clustering(run)}")
@@ -240,6 +235,10 @@ class ZSetState:
             merged.insert(0, run)
             weight += run.weight
         return Merge(tuple(runs), tuple(merged), weight)
+
+    def _hashed(self, frame: DataFrame) -> DataFrame:
+        """`frame` exchanged into the state's P partitions by `partition_on`."""
+        return frame.repartition(self.partitions, *[col(c) for c in self.partition_on])
 
     def _split(self, frame: DataFrame) -> DataFrame:
         """`frame`, planned in one partition (a small batch's), in the state's P partitions as
@@ -436,8 +435,7 @@ class ZSetState:
         if path is not None:
             frame = self.typed(spark.read.parquet(path))
             # Whatever parallelism saved it: a restart with another one repartitions here.
-            spread = frame.coalesce(1) if self.partitions == 1 else frame.repartition(
-                self.partitions, *[col(c) for c in self.partition_on])
+            spread = frame.coalesce(1) if self.partitions == 1 else self._hashed(frame)
             loaded = self._local_checkpoint(spread, eager=True)
             # Weighed by its size, so small batches after a restore do not rewrite it.
             self.install((Run(loaded, loaded.count()),))
