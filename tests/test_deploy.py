@@ -90,8 +90,12 @@ STANDALONE_VALUES: dict[str, Any] = {
     "spark": {"master": "spark://spark-master.spark:7077"},
     "checkpoint": {"persistence": {"existingClaim": "orders-checkpoints"}},
 }
+# An active pod and a standby, the checkpoint on a claim both pods mount.
+STANDBY_VALUES: dict[str, Any] = {
+    "replicas": 2, "checkpoint": {"persistence": {"accessMode": "ReadWriteMany"}}}
 VALUE_SETS = {"defaults": {}, "k8s": K8S_VALUES, "standalone": STANDALONE_VALUES,
-              "no-persistence": {"checkpoint": {"persistence": {"enabled": False}}}}
+              "no-persistence": {"checkpoint": {"persistence": {"enabled": False}}},
+              "standby": STANDBY_VALUES, "standby-k8s": {**K8S_VALUES, "replicas": 2}}
 
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -317,6 +321,73 @@ def test_chart_on_a_standalone_cluster_with_an_existing_claim() -> None:
     assert "spark.driver.host=$(POD_IP)" in submit
     assert not any("kubernetes" in arg for arg in submit)
     assert executor_pod_template(objects) is None
+
+
+def test_chart_with_a_standby_rolls_all_pods_at_once_and_never_evicts_the_active_one(
+) -> None:
+    """replicas: 2 (values.yaml, `replicas`): the same `txstream run` twice, the lease decides
+    which one writes. A standby is never Ready, so the rollout must not wait for pods to become
+    Ready one by one, and the budget counts the active pod only."""
+    objects = render(STANDBY_VALUES)
+    kinds = by_kind(objects)
+    deployment = kinds["Deployment"]["spec"]
+    assert deployment["replicas"] == 2
+    assert deployment["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {
+        "maxSurge": 0, "maxUnavailable": "100%"}}
+    pod_labels = deployment["template"]["metadata"]["labels"]
+    budget = kinds["PodDisruptionBudget"]["spec"]
+    assert budget["minAvailable"] == 1 and "maxUnavailable" not in budget
+    assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"  # a standby may always go
+    assert budget["selector"]["matchLabels"].items() <= pod_labels.items()
+    (spread,) = deployment["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert spread["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= \
+        pod_labels.items()
+    # Both pods mount the one claim the standby restores from.
+    claim = kinds["PersistentVolumeClaim"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    volumes = {v["name"]: v for v in deployment["template"]["spec"]["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == \
+        claim["metadata"]["name"]
+    # The readiness probe is /readyz, which a standby fails: the Service resolves to the
+    # writer only.
+    assert container(objects)["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert kinds["Service"]["spec"]["selector"].items() <= pod_labels.items()
+    # An existing claim is taken to be ReadWriteMany (the chart cannot see its access mode).
+    shared = render({"replicas": 2, "checkpoint": {"persistence": {"existingClaim": "ck"}}})
+    assert "PersistentVolumeClaim" not in by_kind(shared)
+
+    # An affinity of one's own replaces the spreading; no budget when asked for none.
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "pool", "operator": "In", "values": ["pipelines"]}]}]}}}
+    objects = render({**STANDBY_VALUES, "affinity": own,
+                      "podDisruptionBudget": {"enabled": False}})
+    assert by_kind(objects)["Deployment"]["spec"]["template"]["spec"]["affinity"] == own
+    assert "PodDisruptionBudget" not in by_kind(objects)
+    assert "affinity" not in by_kind(render({}))["Deployment"]["spec"]["template"]["spec"]
+
+
+FILE_SINKS_ONLY = {**yaml.safe_load((CHART / "values.yaml").read_text())["pipeline"],
+                   "sinks": [{"output": "paid_orders", "kind": "file", "path": "/tmp/paid"}]}
+
+
+@pytest.mark.parametrize(("values", "complaint"), [
+    ({"replicas": 0}, "/replicas"),
+    # The default claim is ReadWriteOnce: a standby on another node could not mount it.
+    ({"replicas": 2}, "/checkpoint/persistence"),
+    ({"replicas": 2, "checkpoint": {"persistence": {"enabled": False}}},
+     "/checkpoint/persistence"),
+    ({"replicas": 2, "checkpoint": {"dir": "s3a://ck/orders"}, "pipeline": FILE_SINKS_ONLY},
+     "/pipeline/sinks"),
+])
+def test_chart_rejects_a_standby_that_could_not_take_over(values: dict[str, Any],
+                                                          complaint: str) -> None:
+    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
+    with pytest.raises(helm.HelmValuesError, match="schema") as failure:
+        render(values)
+    assert complaint in str(failure.value)
 
 
 def test_pipeline_config_is_a_pipeline_config() -> None:
