@@ -7,8 +7,9 @@ broker's and the client's share from ours.
 
     .venv/bin/python bench/ingest.py [--records 100000] [--keys 50000] [--batch 10000]
 
-`--formats-only` times only the decoding of the same records as JSON and as Avro in
-Confluent's wire format (`value_format: avro`), without a broker.
+`--formats-only` times only the decoding of the same records as JSON, as Avro and as JSON
+Schema-framed JSON in Confluent's wire format (`value_format` `avro`, `json_schema`), without a
+broker.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker, kafka_from_env
 from txstream.sources.consumed import raw_records
 from txstream.sources.decoder import SourceDecoder
+from txstream.sources.framed_values import WriterSchema
 from txstream.sources.kafka_source import SIGN, RawRecords
 from txstream.sources.transactions import TransactionBuilder
 from txstream.sources.upsert import UpsertState
@@ -63,39 +65,50 @@ def record(rng: random.Random, key: int) -> bytes:
     return json.dumps(row(rng, key)).encode()
 
 
-AVRO_SCHEMA = fastavro.parse_schema({"type": "record", "name": "Order", "fields": [
+AVRO_SCHEMA: dict[str, Any] = {"type": "record", "name": "Order", "fields": [
     {"name": "id", "type": "long"}, {"name": "customer", "type": "string"},
     {"name": "item", "type": "string"}, {"name": "qty", "type": "int"},
     {"name": "price", "type": "double"}, {"name": "status", "type": "string"},
-    {"name": "created", "type": {"type": "long", "logicalType": "timestamp-micros"}}]})
+    {"name": "created", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
+AVRO_ID, JSON_SCHEMA_ID = 1, 2
 
 
-class KeptSchema:
-    """The writer schema as the decoder holds it after its first fetch from the registry."""
+class KeptSchemas:
+    """The writer schemas as the registry serves them (each is parsed once, on first use)."""
 
-    def writer(self, schema_id: int) -> Any:
-        return AVRO_SCHEMA
+    def schema(self, schema_id: int) -> WriterSchema:
+        if schema_id == AVRO_ID:
+            return WriterSchema(json.dumps(AVRO_SCHEMA), "AVRO")
+        return WriterSchema('{"type": "object"}', "JSON")
 
 
-def avro_value(value: dict[str, Any]) -> bytes:
-    """`value` as the Schema Registry's Avro serializer writes it (schema id 1)."""
+def framed(schema_id: int, body: bytes) -> bytes:
+    """`body` in Confluent's wire format."""
+    return b"\x00" + schema_id.to_bytes(4, "big") + body
+
+
+def avro_value(parsed: Any, value: dict[str, Any]) -> bytes:
+    """`value` as the Schema Registry's Avro serializer writes it."""
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, AVRO_SCHEMA, {
+    fastavro.schemaless_writer(buf, parsed, {
         **value, "created": datetime.datetime.fromisoformat(value["created"])})
-    return b"\x00" + (1).to_bytes(4, "big") + buf.getvalue()
+    return framed(AVRO_ID, buf.getvalue())
 
 
 def formats(n: int, batch: int) -> list[dict[str, Any]]:
-    """Decoding alone (append-only), the same records as JSON and as Avro."""
+    """Decoding alone (append-only), the same records as JSON, Avro and framed JSON."""
     rng = random.Random(7)
     rows = [row(rng, k) for k in range(n)]
+    parsed = fastavro.parse_schema(AVRO_SCHEMA)
     out = []
     for fmt, values in (("json", [json.dumps(r).encode() for r in rows]),
-                        ("avro", [avro_value(r) for r in rows])):
+                        ("avro", [avro_value(parsed, r) for r in rows]),
+                        ("json_schema", [framed(JSON_SCHEMA_ID, json.dumps(r).encode())
+                                         for r in rows])):
         spec = SourceSpec(name="orders", topic="orders", schema=SCHEMA, value_format=fmt,
-                          schema_registry_url="http://registry.invalid" if fmt == "avro"
-                          else None)
-        decoder = SourceDecoder(spec, KeptSchema())
+                          schema_registry_url=None if fmt == "json"
+                          else "http://registry.invalid")
+        decoder = SourceDecoder(spec, KeptSchemas())
         start = time.perf_counter()
         for lo in range(0, n, batch):
             chunk = values[lo:lo + batch]

@@ -255,12 +255,14 @@ def test_basic_auth_from_the_environment() -> None:
                                          ).register_schema(
             "t-value", Schema(record_schema("Order", ORDER_FIELDS), "AVRO"))
         with pytest.raises(SchemaUnavailable, match="refused schema id"):
-            RegistrySchemas(url, {}).writer(schema_id)
-        assert RegistrySchemas(url, env).writer(schema_id)["name"] == "test.Order"
+            RegistrySchemas(url, {}).schema(schema_id)
+        assert json.loads(RegistrySchemas(url, env).schema(schema_id).text)["name"] == "Order"
 
 
 def test_settings_go_together() -> None:
     with pytest.raises(ValueError, match="schema_registry_url go together"):
         SourceSpec(name="o", topic="o", schema=ORDERS, value_format="avro")
+    with pytest.raises(ValueError, match="schema_registry_url go together"):
+        SourceSpec(name="o", topic="o", schema=ORDERS, value_format="json_schema")
     with pytest.raises(ValueError, match="schema_registry_url go together"):
         SourceSpec(name="o", topic="o", schema=ORDERS, schema_registry_url="http://r:8081")

@@ -193,8 +193,9 @@ class SourceSpec(BaseModel):
     (`op: r`) form mini-batches. `debezium_flattened` reads the rows of Debezium's
     ExtractNewRecordState SMT, upsert only: `__deleted: "true"` or `__op: "d"` deletes the
     key, and tombstones, placeholders, decimals and heartbeats are read as for `debezium`.
-    `value_format: avro` reads each value in Confluent's wire format with its writer schema
-    from `schema_registry_url`, then as the JSON form of the record (README "Schema Registry").
+    `value_format` `avro` or `json_schema` reads each value in Confluent's wire format with its
+    writer schema from `schema_registry_url`, then as the JSON form of the record (README
+    "Schema Registry").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -206,12 +207,12 @@ class SourceSpec(BaseModel):
     # `debezium`: the connector's change events; `debezium_flattened`: the same after Debezium's
     # ExtractNewRecordState SMT (the row itself, `__deleted` for deletes), upsert only.
     format: Literal["json", "debezium", "debezium_flattened"] = "json"
-    # How each value is serialized: `avro` is Confluent's wire format (magic byte 0, 4-byte
-    # big-endian schema id, Avro binary), the writer schema read by id from
-    # `schema_registry_url`; the decoded record is read as `format` reads a JSON value
-    # (`txstream.sources.avro_values`). Credentials come from the environment
-    # (`txstream.sources.schema_registry`).
-    value_format: Literal["json", "avro"] = "json"
+    # How each value is serialized: `avro` and `json_schema` are Confluent's wire format (magic
+    # byte 0, 4-byte big-endian schema id, then Avro binary or the JSON document), the writer
+    # schema read by id from `schema_registry_url`; the decoded record is read as `format`
+    # reads a JSON value (`txstream.sources.framed_values`). Credentials come from the
+    # environment (`txstream.sources.schema_registry`).
+    value_format: Literal["json", "avro", "json_schema"] = "json"
     schema_registry_url: str | None = Field(default=None, pattern=r"^https?://")
     semantics: Literal["append_only", "upsert", "insert_delete"] = "append_only"
     # Column name -> dotted path in the JSON value (in `before`/`after` for Debezium); a column
@@ -330,10 +331,11 @@ class SourceSpec(BaseModel):
             raise SourceSpecError(f"source {self.name!r}: setting(s) {debezium_only} apply to "
                                   "Debezium sources only; set format 'debezium' (or "
                                   "'debezium_flattened') or remove them")
-        if (self.value_format == "avro") != (self.schema_registry_url is not None):
+        if (self.value_format != "json") != (self.schema_registry_url is not None):
             raise SourceSpecError(
-                f"source {self.name!r}: value_format 'avro' and schema_registry_url go together: "
-                "Avro values name their writer schema by an id the registry resolves")
+                f"source {self.name!r}: value_format {self.value_format!r} and "
+                "schema_registry_url go together: values in Confluent's wire format (avro, "
+                "json_schema) name their writer schema by an id the registry resolves")
         if self.diff_values is not None and any(v == 0 for v in self.diff_values.values()):
             raise SourceSpecError(f"source {self.name!r}: diff_values may not map to 0")
         if self.delete_field is not None:
@@ -351,9 +353,10 @@ class SourceSpec(BaseModel):
 
     @property
     def precise_decimals(self) -> bool:
-        """Whether decimal values come base64-encoded (Debezium's `precise` mode over JSON; Avro
-    carries them as its decimal logical type, decoded to numbers)."""
-        return (self.debezium and self.value_format == "json"
+        """Whether decimal values come base64-encoded (Debezium's `precise` mode over JSON, framed
+        by the JSON Schema serializer or not; Avro carries them as its decimal logical type,
+        decoded to numbers)."""
+        return (self.debezium and self.value_format != "avro"
                 and self.decimal_handling_mode in (None, "precise"))
 
     @property

@@ -4,7 +4,8 @@ Pure (no Kafka client; tested without a broker):
     kafka_source       what records become: RawRecords, decoded rows' bookkeeping, BadRecord
     decoder            SourceDecoder: one topic's RawRecords -> rows + bad records
     json_values, field_checks, single_records, debezium_decimals   the decoder's parts
-    avro_values        Confluent-framed Avro values -> the JSON the decoder reads, or the reason
+    framed_values      values in Confluent's wire format -> the JSON the decoder reads, or why not
+    avro_values, json_schema_values   its kinds: Avro bodies (fastavro), framed JSON documents
     boundaries         TransactionBoundaries: records as arrays -> closed transactions
     open_transactions, positions   its parts: rules, mini-batches, emission order, offsets
     debezium_metadata  Debezium END events -> expected counts
@@ -19,7 +20,7 @@ With the Kafka client:
     transactions       TransactionBuilder: polls, decodes, commits (thin)
     consumed           the client's records as plain data
     dead_letters       the dead-letter producer
-    schema_registry    Avro writer schemas by id from a Schema Registry (its REST client)
+    schema_registry    writer schemas by id from a Schema Registry (its REST client)
     kafka_monitor      lag and latency, off the service's threads
     kafka_input        KafkaInput: the builder and the monitor as the service sees them
 """

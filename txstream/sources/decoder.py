@@ -18,7 +18,6 @@ import pyarrow.compute as pc
 
 from txstream.schemas.sources import KafkaMetadata, RecordField, SourceSpec, split_path
 from txstream.schemas.tables import ColumnType
-from txstream.sources.avro_values import AvroValues, WriterSchemas
 from txstream.sources.debezium_events import advice, event_kind
 from txstream.sources.debezium_ids import transaction_ids
 from txstream.sources.field_checks import (
@@ -30,6 +29,7 @@ from txstream.sources.field_checks import (
     header_values,
     iso_dates,
 )
+from txstream.sources.framed_values import FramedValues, WriterSchemas
 from txstream.sources.json_values import DELETED, OP, JsonReader, ParsedJson
 from txstream.sources.kafka_source import (
     SEQ,
@@ -47,6 +47,20 @@ log = logging.getLogger(__name__)
 _DEBEZIUM_OPS = ("c", "r", "u", "d", "t")
 
 
+def framed_values(value_format: str, schemas: WriterSchemas) -> FramedValues:
+    """The reader of a `value_format` in Confluent's wire format."""
+    # Each kind's library imported only by the sources that use it.
+    if value_format == "avro":
+        from txstream.sources.avro_values import AvroValues
+
+        return AvroValues(schemas)
+    if value_format == "json_schema":
+        from txstream.sources.json_schema_values import JsonSchemaValues
+
+        return JsonSchemaValues(schemas)
+    raise ValueError(f"value_format {value_format!r} is not in Confluent's wire format")
+
+
 def _header(headers: Headers | None, name: str) -> bytes | None:
     for key, value in headers or ():
         if key == name:
@@ -58,23 +72,23 @@ class SourceDecoder:
     """Decodes and validates the records of one source, a whole poll batch at a time."""
 
     def __init__(self, spec: SourceSpec, schemas: WriterSchemas | None = None) -> None:
-        """`schemas`: an Avro source's writer schemas (default: its Schema Registry's)."""
+        """`schemas`: the writer schemas of a source whose values are in Confluent's wire
+        format (default: its Schema Registry's)."""
         self.spec = spec
         self._schema = spec.table_schema
         self._envelope = spec.format == "debezium"  # before, after and op; else a row
         self._warned: set[str] = set()  # kinds of Debezium's own records logged
         self._out_schema = rows_schema(spec)
         self._json = JsonReader(spec)
-        self._avro: AvroValues | None = None
-        if spec.value_format == "avro":
-            assert spec.schema_registry_url is not None  # SourceSpec requires it
+        self._framed: FramedValues | None = None
+        if spec.schema_registry_url is not None:  # SourceSpec: exactly the framed formats
             if schemas is None:
                 # Imported here: the registry's client is the Kafka client's package, which
                 # the decoder's other formats (and its pure tests) do without.
                 from txstream.sources.schema_registry import RegistrySchemas
 
                 schemas = RegistrySchemas(spec.schema_registry_url)
-            self._avro = AvroValues(schemas)
+            self._framed = framed_values(spec.value_format, schemas)
 
     def _screen(self, records: RawRecords, reject: Callable[[int, str], None],
                 rejected: dict[int, str]) -> tuple[list[int], list[bytes], list[int]]:
@@ -122,9 +136,9 @@ class SourceDecoder:
     def decode(self, records: RawRecords, seqs: Sequence[int]) -> DecodedBatch:
         """The rows of `records` (one topic's, in consumption order; `seqs`: their positions
         in the pipeline's consumption order) and the records that fail."""
-        if self._avro is None:
+        if self._framed is None:
             return self._decode(records, seqs, {})
-        transcoded, undecodable = self._avro.transcode(records)
+        transcoded, undecodable = self._framed.transcode(records)
         batch = self._decode(transcoded, seqs, undecodable)
         if batch.bad:  # dead letters hold the original bytes, not their JSON form
             index = {int(s): i for i, s in enumerate(seqs)}

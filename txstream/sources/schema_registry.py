@@ -1,5 +1,6 @@
 """Writer schemas read by id from a Confluent Schema Registry over its REST API (confluent-kafka's
-`SchemaRegistryClient`: `GET /schemas/ids/{id}`), parsed by fastavro once per id and kept.
+`SchemaRegistryClient`: `GET /schemas/ids/{id}`, which the client caches; each kind of framed
+value parses a schema once per id, `txstream.sources.framed_values`).
 
 Credentials come from the environment, like Kafka's, never from the configuration file:
 `SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO` (`user:password`, the client's `basic.auth.user.info`),
@@ -15,19 +16,17 @@ dead-letters with the original bytes).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
-import fastavro
 from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
 
 # The transport errors of the client's HTTP library (httpx or its successor httpx2: whichever
 # the client chose), raised once its retries are spent.
 from confluent_kafka.schema_registry.common._httpx_compat import httpx
 
-from txstream.sources.avro_values import SchemaUnavailable
+from txstream.sources.framed_values import SchemaUnavailable, WriterSchema
 from txstream.sources.kafka_source import KafkaSourceError
 
 # Environment variable -> the client's setting.
@@ -53,14 +52,13 @@ def client_settings(url: str, env: Mapping[str, str] | None = None) -> dict[str,
 
 
 class RegistrySchemas:
-    """The Avro writer schemas of one registry by id (see the module doc)."""
+    """The writer schemas of one registry by id (see the module doc)."""
 
     def __init__(self, url: str, env: Mapping[str, str] | None = None, **retries: Any) -> None:
         """`retries`: the client's `max.retries`, `retries.wait.ms`, ... (its defaults: 3
         retries, backoff from 1 s)."""
         self.url = url
         self._client = SchemaRegistryClient({**client_settings(url, env), **retries})
-        self._parsed: dict[int, Any] = {}
 
     def check(self) -> None:
         """Raise SchemaRegistryUnavailable unless the registry answers (`GET /subjects`)."""
@@ -72,11 +70,8 @@ class RegistrySchemas:
                 "schema_registry_url, that the registry runs and, for a secured registry, "
                 f"{' / '.join(_ENV_SETTINGS)} in the environment") from exc
 
-    def writer(self, schema_id: int) -> Any:
-        """The parsed writer schema of `schema_id`; SchemaUnavailable says why there is none."""
-        parsed = self._parsed.get(schema_id)
-        if parsed is not None:
-            return parsed
+    def schema(self, schema_id: int) -> WriterSchema:
+        """The schema registered as `schema_id`; SchemaUnavailable says why there is none."""
         try:
             schema = self._client.get_schema(schema_id)
         except SchemaRegistryError as exc:
@@ -91,17 +86,5 @@ class RegistrySchemas:
             raise SchemaUnavailable(
                 f"Schema Registry at {self.url} unreachable for schema id {schema_id} after "
                 f"retries ({exc}); replay this dead letter once it answers") from exc
-        if (schema.schema_type or "AVRO") != "AVRO":
-            raise SchemaUnavailable(
-                f"schema id {schema_id} is a {schema.schema_type} schema; this source reads "
-                "Avro (value_format 'avro')")
-        if schema.references:
-            raise SchemaUnavailable(f"schema id {schema_id} references other schemas, which "
-                                    "txstream does not resolve yet; inline them")
-        try:
-            parsed = fastavro.parse_schema(json.loads(schema.schema_str))
-        except (ValueError, fastavro.schema.SchemaParseException) as exc:
-            raise SchemaUnavailable(f"schema id {schema_id} is no valid Avro schema: {exc}"
-                                    ) from exc
-        self._parsed[schema_id] = parsed
-        return parsed
+        return WriterSchema(schema.schema_str or "", schema.schema_type or "AVRO",
+                            tuple(r.subject for r in schema.references or ()))

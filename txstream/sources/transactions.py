@@ -32,13 +32,12 @@ from txstream.changes import Changes
 from txstream.kafka_client import client_settings
 from txstream.schemas.kafka import PLAINTEXT, KafkaSecurity
 from txstream.schemas.sources import BatchPolicy, SourceSpec
-from txstream.sources.avro_values import AvroValues
 from txstream.sources.boundaries import PolledRecords, TopicRule, TransactionBoundaries
 from txstream.sources.consumed import raw_records, records_and_ends
 from txstream.sources.dead_letters import DeadLetterWriter
 from txstream.sources.debezium_metadata import end_event, expected_count
 from txstream.sources.debezium_rows import resolve, resolve_updates
-from txstream.sources.decoder import SourceDecoder
+from txstream.sources.decoder import SourceDecoder, framed_values
 from txstream.sources.kafka_source import (
     SEQ,
     UPSTREAM_COUNT,
@@ -104,9 +103,10 @@ class TransactionBuilder:
         self._decoders = {s.name: SourceDecoder(s, registries.get(s.schema_registry_url or ""))
                           for s in sources}
         # Debezium writes its transaction metadata with the connector's value converter: Avro
-        # when the changes are.
-        self._metadata_avro = {
-            s.upstream.metadata_topic: AvroValues(registries[s.schema_registry_url])
+        # (or JSON Schema, Protobuf) when the changes are.
+        self._metadata_framed = {
+            s.upstream.metadata_topic: framed_values(s.value_format,
+                                                     registries[s.schema_registry_url])
             for s in sources if s.upstream is not None and s.upstream.metadata_topic
             and s.schema_registry_url is not None}
         self._core = TransactionBoundaries(policy, {s.topic: TopicRule.of(s) for s in sources})
@@ -294,10 +294,10 @@ class TransactionBuilder:
         for message in events:
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             seq = self._core.take_seqs(1)
-            value, avro = message.value(), self._metadata_avro.get(topic)
+            value, framed = message.value(), self._metadata_framed.get(topic)
             try:
-                if avro is not None and value is not None:
-                    value = avro.json_of(value)
+                if framed is not None and value is not None:
+                    value = framed.json_of(value)
                 uid, counts = end_event(value, self._end_connectors.get(topic))
             except ValueError as exc:
                 bad.append(BadRecord(

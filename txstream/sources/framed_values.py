@@ -1,0 +1,111 @@
+"""Values in Confluent's wire format: magic byte 0, the 4-byte big-endian id of the writer
+schema in a Schema Registry, then the body the serializer wrote (Avro binary, a JSON document,
+or Protobuf's message indexes and message). Each `FramedValues` kind turns a body into the JSON
+object the decoder reads for a JSON value of the same record (`txstream.sources.avro_values`,
+`json_schema_values`, `protobuf_values`), so everything after decoding (envelopes, columns,
+checks, dead letters) is shared with JSON sources.
+
+A record whose value is not in the wire format, names a schema that cannot be had (unknown id,
+a registry that does not answer, a schema of another kind) or whose body does not decode is
+given back with its reason, for the decoder to dead-letter with its original bytes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Protocol
+
+from txstream.sources.kafka_source import RawRecords
+
+MAGIC = 0
+HEADER = 5  # magic byte + schema id
+
+
+class SchemaUnavailable(ValueError):
+    """The writer schema of a record cannot be had; the message is the dead letter's reason (a
+    ValueError: the value cannot be read, as a malformed one cannot)."""
+
+
+@dataclass(frozen=True)
+class WriterSchema:
+    """A schema as the registry holds it."""
+
+    text: str
+    schema_type: str  # AVRO, JSON or PROTOBUF, as the registry names them
+    references: tuple[str, ...] = ()  # the subjects it imports
+
+
+class WriterSchemas(Protocol):
+    def schema(self, schema_id: int) -> WriterSchema:
+        """The schema registered as `schema_id`; raise SchemaUnavailable when there is none."""
+        ...
+
+
+class FramedValues(ABC):
+    """Transcodes a source's framed values to JSON (see the module doc); one subclass per
+    serializer, each writer schema parsed once per id and kept."""
+
+    schema_type: ClassVar[str]  # the registry's name of the schemas this kind reads
+    value_format: ClassVar[str]  # the source's `value_format`
+    serializer: ClassVar[str]  # what a producer must use, for reasons
+
+    def __init__(self, schemas: WriterSchemas) -> None:
+        self._schemas = schemas
+        self._parsed: dict[int, Any] = {}
+
+    def transcode(self, records: RawRecords) -> tuple[RawRecords, dict[int, str]]:
+        """`records` with each value as JSON (tombstones stay None) and the reasons of the
+        values that cannot be decoded, by index (those keep their original bytes)."""
+        values: list[bytes | None] = list(records.values)
+        failed: dict[int, str] = {}
+        # Schema ids that failed in this batch: a registry that is down is asked once per id
+        # and batch, not once per record.
+        missing: dict[int, str] = {}
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            try:
+                values[i] = self.json_of(value, missing)
+            except ValueError as exc:
+                failed[i] = str(exc)
+        return replace(records, values=values), failed
+
+    def json_of(self, value: bytes, missing: dict[int, str] | None = None) -> bytes:
+        """`value` as JSON; ValueError (SchemaUnavailable among them) says why it cannot be
+        read. `missing`: the reasons of the schema ids already found unavailable, added to."""
+        if len(value) < HEADER or value[0] != MAGIC:
+            first = f"starts with byte {value[0]}" if value else "is empty"
+            raise ValueError(
+                f"value {first} and {len(value)} bytes: not Confluent's wire format (magic "
+                f"byte 0, 4-byte schema id); the producer needs the Schema Registry's "
+                f"{self.serializer}, or set the source's value_format to how it writes")
+        schema_id = int.from_bytes(value[1:HEADER], "big")
+        writer = self._parsed.get(schema_id)
+        if writer is None:
+            if missing is not None and schema_id in missing:
+                raise SchemaUnavailable(missing[schema_id])
+            try:
+                writer = self._writer(schema_id)
+            except SchemaUnavailable as exc:
+                if missing is not None:
+                    missing[schema_id] = str(exc)
+                raise
+        return self._decode(writer, value[HEADER:], schema_id)
+
+    def _writer(self, schema_id: int) -> Any:
+        schema = self._schemas.schema(schema_id)
+        if schema.schema_type != self.schema_type:
+            raise SchemaUnavailable(
+                f"schema id {schema_id} is a {schema.schema_type} schema; this source reads "
+                f"{self.schema_type} (value_format {self.value_format!r})")
+        parsed = self._parsed[schema_id] = self._parse(schema, schema_id)
+        return parsed
+
+    @abstractmethod
+    def _parse(self, schema: WriterSchema, schema_id: int) -> Any:
+        """The form of `schema` that `_decode` reads with; SchemaUnavailable if unusable."""
+
+    @abstractmethod
+    def _decode(self, writer: Any, body: bytes, schema_id: int) -> bytes:
+        """`body` as a JSON object; ValueError says why it does not decode."""
