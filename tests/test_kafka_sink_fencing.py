@@ -1,5 +1,6 @@
-"""A Kafka sink that cannot recover: fenced once it reopens, fenced again it stops; fatal
-errors on every new producer stop it; a second live writer with the same transactional id.
+"""A Kafka sink that cannot recover: fenced once it reopens, fenced again it stops; fenced
+after the pipeline's writer epoch moved on it does not reopen; fatal errors on every new
+producer stop it; a second live writer with the same transactional id.
 
 The fatal errors come from the broker process: librdkafka's mock cluster answers the next
 AddPartitionsToTxn requests with the error asked for (`MockKafkaBroker.fail_requests`). It
@@ -18,13 +19,17 @@ import uuid
 import pyarrow as pa
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from test_postgres_outputs import outputs
+from test_writer_fencing import lease, wait_to_take
 
 from txstream.changes import DIFF, TIME, Changes
 from txstream.schemas.sinks import RetryPolicy
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
+from txstream.service.embedded.postgres import PostgresEndpoint
 from txstream.sinks.kafka_sink import KafkaSink, KafkaSinkFatalError, KafkaSinkFencedError
-from txstream.sinks.sink import SinkWriteError
+from txstream.sinks.postgres_writers import WriterFencedError
+from txstream.sinks.sink import FencedError, SinkWriteError
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text"}, primary_key=["id"])
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN = 22, 24  # Kafka protocol API keys
@@ -79,7 +84,44 @@ def test_a_fenced_kafka_sink_reopens_once_and_stops_when_fenced_again(
         sink.write(changes(3, 3))
     # Not a SinkWriteError: the service retries those forever, and it must stop instead.
     assert not isinstance(raised.value, SinkWriteError)
+    # A fence, which the service answers like a fenced PostgreSQL write: it waits.
+    assert isinstance(raised.value, FencedError)
     sink.close()
+
+
+def test_a_kafka_sink_fenced_by_the_pipelines_new_writer_does_not_reopen(
+        kafka: KafkaEndpoint, postgres: PostgresEndpoint, pg_schema: str, topic_name: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The producer of an instance another one took over from was fenced by the new writer's
+    producer: reopening would fence that one in turn and commit this batch after the
+    takeover. The sink asks the writer epoch first, and raises the WriterFencedError."""
+    broker = mock_broker(kafka)
+    broker.create_topic(topic_name, 1)
+    old, new = (lease(postgres.url, pg_schema, "old-host", 11),
+                lease(postgres.url, pg_schema, "new-host", 22))
+    epoch = old.try_take()
+    assert epoch is not None
+    group, *tables = outputs(postgres.url, pg_schema, fence=epoch)
+    sink = KafkaSink(broker.bootstrap_servers, topic_name, "t", SCHEMA,
+                     transactional_id=f"txn-{topic_name}", retry=FAST_RETRY,
+                     writer_check=group.check_writer)
+    try:
+        sink.write(changes(1, 1))
+        old.close()
+        wait_to_take(new, timeout_s=5)  # the new writer, whose producer fences this one's
+        broker.fail_requests(ADD_PARTITIONS_TO_TXN, KafkaError.PRODUCER_FENCED, 1)
+        with caplog.at_level(logging.WARNING, logger="txstream.sinks.kafka_sink"), \
+                pytest.raises(WriterFencedError, match="fenced by epoch 2, taken by host "
+                              "new-host"):
+            sink.write(changes(2, 2))
+        assert not any("reopening" in r.getMessage() for r in caplog.records)
+        assert written_ids(kafka, topic_name, 2) == [1]
+    finally:
+        sink.close()
+        group.close()
+        for table in tables:
+            table.close()
+        new.close()
 
 
 def test_a_kafka_sink_failing_fatally_on_every_new_producer_stops(

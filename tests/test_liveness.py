@@ -129,6 +129,23 @@ def test_healthz_without_a_stall_timeout_never_fails(
     assert scrape(server.port, "/healthz") == (200, "ok\n")
 
 
+def test_a_standby_or_fenced_instance_is_never_stalled(
+        health: Callable[..., HealthServer]) -> None:
+    """A fenced instance abandoned a batch and runs none while it waits: a restart by the
+    liveness probe would only cost it its warm Spark session (or, without a lease, fence the
+    instance that took over)."""
+    now = time.monotonic()
+    metrics = metrics_at(closed=5, committed=2, delivered_at=now - 100, waiting_since=now - 100)
+    readiness = Readiness(max_lag=10)
+    server = health(metrics, readiness, stall_timeout_s=30.0)
+    for waiting in ("fenced", "standby"):
+        readiness.wait_as(waiting)
+        assert scrape(server.port, "/healthz") == (200, "ok\n")
+        assert scrape(server.port, "/readyz") == (503, f"not ready: {waiting}\n")
+    readiness.wait_as(None)  # it took the lease: its own batches count again
+    assert scrape(server.port, "/healthz")[0] == 503
+
+
 # ---- /readyz names what is down, the log says why -----------------------------------------
 
 

@@ -20,12 +20,12 @@ from txstream.engine.errors import EngineStateError
 from txstream.schemas.config import ConfigError, PipelineConfig
 from txstream.service.checkpoint import CheckpointError
 from txstream.service.health import HealthServer, Readiness
-from txstream.service.leadership import Leadership
+from txstream.service.leadership import Leadership, report_fenced
 from txstream.service.metrics import Metrics
 from txstream.sinks.kafka_sink import KafkaSinkFatalError
 from txstream.sinks.live.flight import LiveFlightServer
 from txstream.sinks.live.serving import LiveTables
-from txstream.sinks.postgres_writers import WriterFencedError
+from txstream.sinks.sink import FencedError
 
 if TYPE_CHECKING:  # imported when running: it loads Spark
     from txstream.service.runner import PipelineRunner
@@ -119,13 +119,21 @@ def _run(args: argparse.Namespace) -> int:
                 return 0
             try:
                 return _serve(args, config, runner, health, stop)
-            except WriterFencedError as exc:
-                assert leadership is not None  # only a fenced PostgreSQL write raises it
-                leadership.fenced(exc)
+            except FencedError as exc:
+                if leadership is not None:
+                    leadership.fenced(exc)
+                else:
+                    report_fenced(exc, readiness, metrics)
                 waiting_as = "fenced"  # and wait for the lease again, as the new standby
             finally:
                 runner.close()
                 runner = None
+            if leadership is None:
+                # No lease to wait for: the instance that fenced this one writes on. Waiting
+                # rather than exiting keeps Kubernetes from restarting this one, which would
+                # fence the other in turn.
+                stop.wait()
+                return 0
     finally:
         if leadership is not None:
             leadership.release()

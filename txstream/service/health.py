@@ -83,9 +83,14 @@ class Readiness:
         """Not ready with `reason` while waiting for the writer lease (None: no longer)."""
         self._waiting = reason
 
+    @property
+    def waiting(self) -> str | None:
+        """Why this instance runs no pipeline (`standby`, `fenced`), or None."""
+        return self._waiting
+
     def _problems_as(self, metrics: Metrics, detail: bool) -> list[str]:
-        if self._waiting is not None:
-            return [self._waiting]
+        if (waiting := self._waiting) is not None:
+            return [waiting]
         if not self.started.is_set():
             return ["starting"]
         with self._lock:
@@ -173,7 +178,9 @@ class HealthServer:
         return 404, "not found: try /healthz, /readyz, /metrics, /ui\n", text
 
     def _stall(self) -> str | None:
-        if self.stall_timeout_s is None:
+        # A standby or fenced instance runs no batch: the batch a fence abandoned is not stuck,
+        # and a restart would only cost the standby its warm Spark session.
+        if self.stall_timeout_s is None or self.readiness.waiting is not None:
             return None
         stalled = stall(self.metrics, time.monotonic(), self.stall_timeout_s)
         if (stalled is not None) != self._stalled:

@@ -5,14 +5,16 @@
 the pipeline's lease, this one waits (`/healthz` 200, `/readyz` 503 `standby`), polling the
 lease every second with its Spark session already up; once the lease is free it takes the next
 writer epoch, and the runner restores the newest checkpoint and resumes. While active, a thread
-renews the lease. An instance fenced by another one (`WriterFencedError` from a write or
-before a checkpoint is published) stops its runner, counts it (`txstream_fenced_total`), logs
-who took over, and waits again (`/readyz` 503 `fenced`) instead of exiting: an exit would
-only make Kubernetes restart it into the same wait, with a cold start, and a fenced instance
-that waits is the new holder's standby.
+renews the lease. An instance fenced by another one (a `FencedError`: `WriterFencedError` from
+a write or before a checkpoint is published, or a Kafka sink's producer fenced by the new
+writer's) stops its runner, counts it (`txstream_fenced_total`), logs who took over, and waits
+again (`/readyz` 503 `fenced`) instead of exiting: an exit would only make Kubernetes restart
+it into the same wait, with a cold start, and a fenced instance that waits is the new holder's
+standby.
 
-A pipeline without a PostgreSQL sink has no lease and no epoch (`Leadership.of` is None): it is
-not fenced; Kafka sinks fence each other through their `transactional_id`.
+A pipeline without a PostgreSQL sink has no lease (`Leadership.of` is None): nothing makes a
+second instance wait. A fenced one reports it the same way (`report_fenced`) and waits until
+it is stopped.
 """
 
 from __future__ import annotations
@@ -25,14 +27,8 @@ import psycopg
 from txstream.schemas.config import PipelineConfig
 from txstream.service.health import Readiness
 from txstream.service.metrics import Metrics
-from txstream.sinks.postgres_writers import (
-    LEASE_S,
-    Lease,
-    Writer,
-    WriterEpoch,
-    WriterFencedError,
-    WritersTable,
-)
+from txstream.sinks.postgres_writers import LEASE_S, Lease, Writer, WriterEpoch, WritersTable
+from txstream.sinks.sink import FencedError
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +89,10 @@ class Leadership:
             self._stop.wait(POLL_S)
         return None
 
-    def fenced(self, exc: WriterFencedError) -> None:
-        """Another instance took over: give the lease up (it is lost already, or about to be:
-        the other one holds it) and count it; `wait_for_turn("fenced")` next."""
-        self._readiness.wait_as("fenced")  # not ready from now on, not once the runner closed
-        self._metrics.delivery.fenced += 1
-        log.error("fenced: %s", exc)
+    def fenced(self, exc: FencedError) -> None:
+        """Another instance took over: report it, give the lease up (it is lost already, or
+        about to be: the other one holds it); `wait_for_turn("fenced")` next."""
+        report_fenced(exc, self._readiness, self._metrics)
         self.release()
 
     def _start_heartbeat(self) -> None:
@@ -122,3 +116,11 @@ class Leadership:
             self._heartbeat.join()
             self._heartbeat = None
         self._lease.close()
+
+
+def report_fenced(exc: FencedError, readiness: Readiness, metrics: Metrics) -> None:
+    """Not ready (`fenced`) from now on, not once the runner is closed; counted and logged with
+    what fenced this instance."""
+    readiness.wait_as("fenced")
+    metrics.delivery.fenced += 1
+    log.error("fenced: %s", exc)

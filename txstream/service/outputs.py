@@ -25,10 +25,12 @@ PostgresTables = dict[str, list[PostgresSink]]
 
 
 def open_sinks(config: PipelineConfig, schemas: Mapping[str, TableSchema], *, resuming: bool,
-               live: LiveTables | None) -> tuple[SinksByOutput, PostgresTables]:
+               live: LiveTables | None, writer_check: Callable[[], None] | None = None
+               ) -> tuple[SinksByOutput, PostgresTables]:
     """Every configured sink, by output (`schemas`: the outputs' schemas), and the PostgreSQL
     ones among them. A run that resumes never recreates a destination (see
-    `SinkSettings.resumed`)."""
+    `SinkSettings.resumed`). `writer_check`: raises a `FencedError` once another instance took
+    over (a Kafka sink asks it before reopening a fenced producer)."""
     opened: SinksByOutput = {}
     tables: PostgresTables = {}
     try:
@@ -45,7 +47,8 @@ def open_sinks(config: PipelineConfig, schemas: Mapping[str, TableSchema], *, re
                 sink = open_sink(settings, cfg.output, schema,
                                  kafka_bootstrap_servers=config.kafka_bootstrap_servers,
                                  kafka_security=config.kafka_security, live=live,
-                                 live_state_dir=config.live_state_dir if live else None)
+                                 live_state_dir=config.live_state_dir if live else None,
+                                 writer_check=writer_check)
             opened.setdefault(cfg.output, []).append((cfg, sink))
     except BaseException:
         for sinks in opened.values():
@@ -81,10 +84,11 @@ class Outputs:
                  crash: CrashPoints, fence: WriterEpoch | None = None) -> None:
         """Opens every sink (retrying while PostgreSQL is unavailable). `fence`: the writer
         epoch this instance took (`txstream.service.leadership`), checked by every PostgreSQL
-        transaction."""
-        self.sinks, tables = retrying("postgresql", lambda: open_sinks(
-            config, schemas, resuming=resuming, live=live))
+        transaction, and by a Kafka sink before it reopens a fenced producer."""
         self.postgres: PostgresOutputs | None = None
+        self._retrying = retrying
+        self.sinks, tables = retrying("postgresql", lambda: open_sinks(
+            config, schemas, resuming=resuming, live=live, writer_check=self.check_writer))
         try:
             self.postgres = retrying(
                 "postgresql", lambda: _postgres_outputs(config, tables, resuming, fence))
@@ -92,7 +96,6 @@ class Outputs:
             self._close_sinks()
             raise
         self.live = live
-        self._retrying = retrying
         self._crash = crash
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(config.sinks)),
                                         thread_name_prefix="sink")
@@ -151,7 +154,8 @@ class Outputs:
         self._crash.reached("sink_write")
 
     def check_writer(self) -> None:
-        """WriterFencedError if another instance took over the PostgreSQL outputs."""
+        """WriterFencedError if another instance took over the PostgreSQL outputs (from any
+        thread: the PostgreSQL outputs run one transaction at a time)."""
         if self.postgres is not None:
             self._retrying("postgresql", self.postgres.check_writer)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from txstream.schemas.kafka import PLAINTEXT, KafkaSecurity
@@ -49,10 +50,11 @@ def open_postgres_sink(settings: PostgresTableSettings, output: str, schema: Tab
 def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
               database_url: str | None = None, kafka_bootstrap_servers: str | None = None,
               kafka_security: KafkaSecurity = PLAINTEXT, live: LiveTables | None = None,
-              live_state_dir: Path | None = None) -> Sink:
+              live_state_dir: Path | None = None,
+              writer_check: Callable[[], None] | None = None) -> Sink:
     """The sink `settings` describe for the output table `output` with `schema`; a Kafka sink
-    connects with `kafka_security`; a live sink writes into `live`, saved in
-    `live_state_dir`."""
+    connects with `kafka_security` and asks `writer_check` before reopening a fenced producer
+    (see `KafkaSink`); a live sink writes into `live`, saved in `live_state_dir`."""
     match settings:
         case PostgresSnapshotSettings() | PostgresAppendSettings():
             return open_postgres_sink(settings, output, schema, database_url=database_url)
@@ -64,7 +66,7 @@ def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
                              transactional_id=settings.transactional_id,
                              format=settings.format, retry=settings.retry,
                              producer_config=settings.producer_config,
-                             security=kafka_security)
+                             security=kafka_security, writer_check=writer_check)
         case FileSinkSettings():
             return FileSink(settings.path, output, schema, format=settings.format)
         case LiveSinkSettings():

@@ -16,9 +16,15 @@ the broker refuses, an authorization lost) can never be used again. The sink dro
 a new one with the same transactional id before the next attempt, which aborts whatever the old
 one left open. What cannot be mended that way raises `KafkaSinkFatalError`, which the service
 does not retry (it stops with the message): a fatal error initialising the first producer (a
-transactional id the broker does not authorise), every attempt of a write failing fatally, and
-a second fence (`KafkaSinkFencedError`), which means another live producer uses the same
-transactional id: reopened, each would keep fencing the other.
+transactional id the broker does not authorise) and every attempt of a write failing fatally.
+
+A fenced producer is reopened only while this instance is still the pipeline's writer: the
+sink asks `writer_check` first (the service's writer epoch), which raises a `FencedError` when
+another instance of the pipeline took over, whose new producer is what fenced this one.
+Reopening then would fence the new writer in turn and commit this batch after the takeover.
+A second fence (`KafkaSinkFencedError`, a `FencedError` too) means another live producer uses
+the same transactional id: reopened, each would keep fencing the other. Either way the service
+goes the way of any fenced instance: it stops consuming and waits, not ready (`fenced`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Literal
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -38,7 +45,13 @@ from txstream.schemas.tables import TableSchema
 from txstream.sinks.change_json import encode_rows
 from txstream.sinks.conform import conform_changes
 from txstream.sinks.kafka_readback import last_transaction
-from txstream.sinks.sink import SinkBase, SinkError, SinkSchemaError, SinkWriteError
+from txstream.sinks.sink import (
+    FencedError,
+    SinkBase,
+    SinkError,
+    SinkSchemaError,
+    SinkWriteError,
+)
 from txstream.sinks.update_records import update_records
 
 log = logging.getLogger(__name__)
@@ -55,7 +68,7 @@ class KafkaSinkFatalError(SinkError):
     help, so the service stops (unlike `SinkWriteError`, which it retries)."""
 
 
-class KafkaSinkFencedError(KafkaSinkFatalError):
+class KafkaSinkFencedError(KafkaSinkFatalError, FencedError):
     """The sink was fenced a second time: another live producer uses its transactional id."""
 
 
@@ -70,9 +83,12 @@ class KafkaSink(SinkBase):
                  transactional_id: str, format: Literal["changes", "updates"] = "changes",
                  retry: RetryPolicy | None = None, timeout_s: float = 30.0,
                  producer_config: dict[str, str] | None = None,
-                 security: KafkaSecurity = PLAINTEXT, skip_replays: bool = True) -> None:
+                 security: KafkaSecurity = PLAINTEXT, skip_replays: bool = True,
+                 writer_check: Callable[[], None] | None = None) -> None:
         """`skip_replays=False`: every write is appended, for a writer that does not write
-        transactions in order or shares its topic (no exactly once then)."""
+        transactions in order or shares its topic (no exactly once then). `writer_check`:
+        raises a `FencedError` once this instance is no longer the pipeline's writer; asked
+        before a fenced producer is reopened (None: no writer epoch, reopen once)."""
         if not _TOPIC.match(topic):
             raise SinkSchemaError(
                 f"{topic!r} is not a valid Kafka topic name: use 1 to 249 characters out of "
@@ -94,6 +110,7 @@ class KafkaSink(SinkBase):
         # One fence is taken for an accident (a transaction the coordinator timed out, a
         # predecessor's late start): the sink reopens. A second one is another live writer.
         self._fenced = False
+        self._writer_check = writer_check
         self._bootstrap = bootstrap_servers
         self._security = security
         # The last transaction the topic holds, read back (after init_transactions has aborted
@@ -140,7 +157,8 @@ class KafkaSink(SinkBase):
     def write(self, changes: Changes) -> None:
         """Write `changes` as one Kafka transaction, retried whole (on a new producer after a
         fatal failure). SinkWriteError when every attempt failed and one of them transiently;
-        KafkaSinkFatalError when every attempt failed fatally or the sink was fenced twice."""
+        KafkaSinkFatalError when every attempt failed fatally; a FencedError when fenced by
+        the pipeline's new writer (`writer_check`) or fenced twice."""
         batch = conform_changes(changes, self.schema)
         delay = self._retry.initial_backoff_s
         all_fatal = True
@@ -168,12 +186,7 @@ class KafkaSink(SinkBase):
                 if error.fatal():
                     self._drop()
                     if error.code() in _FENCING:
-                        if self._fenced:
-                            raise KafkaSinkFencedError(self._fenced_again(error)) from exc
-                        self._fenced = True
-                        log.warning("the Kafka producer of topic %r was fenced (%s): reopening "
-                                    "it with transactional id %r", self.topic, error.str(),
-                                    self.transactional_id)
+                        self._may_reopen_after(error)
                 else:
                     self._abort()
                 if attempt == self._retry.attempts:
@@ -249,16 +262,24 @@ class KafkaSink(SinkBase):
         except KafkaException as exc:
             log.warning("aborting the Kafka transaction failed: %s", exc)
 
-    def _fenced_again(self, error: KafkaError) -> str:
-        return (
-            f"the Kafka sink of {self.table!r} (topic {self.topic!r}) was fenced again after "
-            f"reopening its producer: {error.str()}. Another live producer uses the "
-            f"transactional id {self.transactional_id!r}, and each would keep fencing the "
-            "other. Give every writer its own transactional_id (two txstream processes with one "
-            "configuration share it: stop the other one). If no other writer exists, the "
-            "broker timed out a transaction: raise transaction.timeout.ms in producer_config. "
-            "Nothing of this write was committed (the service replays it at its next start)"
-        )
+    def _may_reopen_after(self, error: KafkaError) -> None:
+        """The producer was fenced: return if a new one may be opened, else raise the
+        FencedError that says why not (see the module's doc)."""
+        if self._writer_check is not None:
+            self._writer_check()
+        if self._fenced:
+            raise KafkaSinkFencedError(
+                f"the Kafka sink of {self.table!r} (topic {self.topic!r}) was fenced again "
+                f"after reopening its producer: {error.str()}. Another live producer uses the "
+                f"transactional id {self.transactional_id!r}, and each would keep fencing the "
+                "other. Nothing of this write was committed, and this instance writes nothing "
+                "more: it stops consuming and waits. Give every writer its own "
+                "transactional_id (two txstream processes with one configuration share it: "
+                "stop the other one). If no other writer exists, the broker timed out a "
+                "transaction: raise transaction.timeout.ms in producer_config")
+        self._fenced = True
+        log.warning("the Kafka producer of topic %r was fenced (%s): reopening it with "
+                    "transactional id %r", self.topic, error.str(), self.transactional_id)
 
     def _gave_up(self, count: int, attempts: int, error: KafkaError, all_fatal: bool
                  ) -> SinkError:

@@ -43,6 +43,7 @@ from psycopg import sql
 from pydantic import BaseModel, ConfigDict
 
 from txstream.sinks.postgres_common import check_identifier
+from txstream.sinks.sink import FencedError
 
 WRITERS_TABLE = "txstream_writers"
 LEASE_S = 10.0  # a silent holder loses its lease after this long (see the module's doc)
@@ -68,7 +69,7 @@ class Writer(BaseModel):
         return f"host {self.host}, pid {self.pid}, started {self.started_at.isoformat()}"
 
 
-class WriterFencedError(Exception):
+class WriterFencedError(FencedError):
     """Another instance took the pipeline's writer epoch: this one must write nothing more."""
 
     def __init__(self, pipeline: str, epoch: int, current: tuple[int, Writer] | None) -> None:

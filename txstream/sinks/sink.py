@@ -25,6 +25,14 @@ class SinkWriteError(SinkError):
     """The destination kept failing after all retries; nothing of the failed batch is visible."""
 
 
+class FencedError(Exception):
+    """Another instance took over this pipeline's outputs: this one must write nothing more.
+
+    Not a failure to retry or to exit on: the service stops consuming, reports it (`/readyz`
+    `fenced`, `txstream_fenced_total`, the message in the log) and waits
+    (`txstream.service.leadership`). The message names what was fenced and by whom."""
+
+
 @runtime_checkable
 class Sink(Protocol):
     """An output connector.
