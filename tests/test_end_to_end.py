@@ -1,6 +1,10 @@
 """The walking skeleton end to end: events in Kafka -> transactions -> Spark -> PostgreSQL
 live snapshots, against the real broker, PostgreSQL and Spark fixtures. Expected tables are
-computed independently, in plain Python, from the events."""
+computed independently, in plain Python, from the events.
+
+The same events go through as JSON and as Avro from a Schema Registry (the test double, or
+SCHEMA_REGISTRY_URL), so both give the same snapshot; the Avro orders' writer schema evolves
+twice mid-stream (a field added with a default, then one removed)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,10 @@ from typing import Any
 import psycopg
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from test_avro_values import record_schema, registry_url  # noqa: F401 (a fixture by name)
 
 from txstream.examples.orders import kafka_sources
 from txstream.schemas.config import PipelineConfig, SinkConfig
@@ -34,14 +42,83 @@ def _value(row: Row) -> bytes:
                       ).encode()
 
 
+class JsonEvents:
+    """The values of the example's sources as JSON."""
+
+    def value(self, topic: str, row: Row, version: int = 1) -> bytes:
+        return _value(row)
+
+    def malformed(self, topic: str) -> list[bytes]:
+        """Three order values that must be dead-lettered."""
+        return [b"{not json",
+                _value({"order_id": 101, "customer_id": 1, "amount": "ten", "status": "paid"}),
+                _value({"customer_id": 1, "amount": 1.0, "status": "paid"})]
+
+
+_AMOUNT = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}
+_ORDER = [{"name": "order_id", "type": "long"}, {"name": "customer_id", "type": "long"},
+          {"name": "amount", "type": _AMOUNT}, {"name": "status", "type": "string"}]
+_COUPON = {"name": "coupon", "type": ["null", "string"], "default": None}  # read by no column
+_CHANNEL = {"name": "channel", "type": "string", "default": "web"}
+# Writer schemas of each source by version: orders v2 adds a field with a default, v3 removes
+# one; the pipeline's sources are never restarted between them.
+_AVRO_SCHEMAS = {
+    ("customers", 1): record_schema("Customer", [
+        {"name": "customer_id", "type": "long"}, {"name": "name", "type": "string"},
+        {"name": "region", "type": "string"}]),
+    ("orders", 1): record_schema("Order", [*_ORDER, _COUPON]),
+    ("orders", 2): record_schema("Order", [*_ORDER, _COUPON, _CHANNEL]),
+    ("orders", 3): record_schema("Order", [*_ORDER, _CHANNEL]),
+}
+
+
+class AvroEvents:
+    """The values as the Schema Registry's Avro serializer writes them, each schema registered
+    under `<topic>-value`."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client = SchemaRegistryClient({"url": url})
+
+    def value(self, topic: str, row: Row, version: int = 1) -> bytes:
+        schema = _AVRO_SCHEMAS[(topic.rsplit("-", 1)[1], version)]
+        serialize = AvroSerializer(self.client, schema, conf={"auto.register.schemas": True})
+        return serialize(row, SerializationContext(topic, MessageField.VALUE))
+
+    def malformed(self, topic: str) -> list[bytes]:
+        """Not the wire format, an unknown schema id, no primary key."""
+        good = self.value(topic, {"order_id": 101, "customer_id": 1,
+                                  "amount": Decimal("1.00"), "status": "paid"})
+        keyless = AvroSerializer(self.client, record_schema("Order", _ORDER[1:]),
+                                 conf={"auto.register.schemas": True})
+        return [b"{not json", b"\x00\x7f\xff\xff\xf0" + good[5:],
+                keyless({"customer_id": 1, "amount": Decimal("1.00"), "status": "paid"},
+                        SerializationContext(topic, MessageField.VALUE))]
+
+
+@pytest.fixture(params=["json", "avro"])
+def value_format(request) -> str:  # type: ignore[no-untyped-def]
+    return request.param
+
+
 @pytest.fixture
-def runner(kafka, postgres, spark, pg_schema, topic_name, tmp_path):  # type: ignore[no-untyped-def]
+def values(value_format: str, request) -> JsonEvents | AvroEvents:  # type: ignore[no-untyped-def]
+    if value_format == "json":
+        return JsonEvents()
+    return AvroEvents(request.getfixturevalue("registry_url"))
+
+
+@pytest.fixture
+def runner(kafka, postgres, spark, pg_schema, topic_name, tmp_path, value_format,  # type: ignore[no-untyped-def]
+           values):
     topics = {"customers": f"{topic_name}-customers", "orders": f"{topic_name}-orders"}
     kafka.create_topic(topics["customers"], 1)
     kafka.create_topic(topics["orders"], 2)
+    settings = {} if value_format == "json" else {
+        "value_format": value_format, "schema_registry_url": values.url}
     config = PipelineConfig(
         pipeline="txstream.examples.orders:pipeline",
-        sources=kafka_sources(topics["customers"], topics["orders"]),
+        sources=kafka_sources(topics["customers"], topics["orders"], **settings),
         sinks=[SinkConfig.model_validate({"output": o, "db_schema": pg_schema})
                for o in ("customer_stats", "region_totals", "statuses")],
         transactions=BatchPolicy(max_events=4, max_delay_ms=100),
@@ -101,7 +178,8 @@ def _assert_matches(runner: PipelineRunner, url: str, schema: str, customers: di
     assert got_statuses == {o["status"] for o in orders.values()}
 
 
-def test_events_to_live_snapshot(runner: PipelineRunner, postgres, pg_schema) -> None:  # type: ignore[no-untyped-def]
+def test_events_to_live_snapshot(runner: PipelineRunner, postgres, pg_schema,  # type: ignore[no-untyped-def]
+                                 values) -> None:
     topics = runner.topics  # type: ignore[attr-defined]
     bootstrap = runner.config.kafka_bootstrap_servers
     assert bootstrap is not None
@@ -111,9 +189,10 @@ def test_events_to_live_snapshot(runner: PipelineRunner, postgres, pg_schema) ->
                   "amount": Decimal(10 * i) + Decimal("0.25"),
                   "status": "paid" if i % 3 else "new"} for i in range(1, 13)}
     _produce(bootstrap, topics["customers"],
-             [({"customer_id": k}, _value(v)) for k, v in customers.items()])
+             [({"customer_id": k}, values.value(topics["customers"], v))
+              for k, v in customers.items()])
     _produce(bootstrap, topics["orders"],
-             [({"order_id": k}, _value(v)) for k, v in orders.items()])
+             [({"order_id": k}, values.value(topics["orders"], v)) for k, v in orders.items()])
     _drain(runner)
     first_round = runner.metrics.delivery.last_transaction
     assert first_round >= 2, "16 events in transactions of at most 4 make several transactions"
@@ -122,23 +201,22 @@ def test_events_to_live_snapshot(runner: PipelineRunner, postgres, pg_schema) ->
     # Updates of the same keys in later transactions: status and amount changes, an order
     # moved to another customer, a deleted order (tombstone), a customer moved to another
     # region, a deleted customer; plus malformed records, which must not stop anything.
+    # Avro orders: the first two updates with writer schema v2, the others with v3.
     updates: list[tuple[Any, bytes | None]] = []
-    for oid, change in ((3, {"status": "paid"}), (4, {"amount": Decimal("99.05")}),
-                        (5, {"customer_id": 2}), (1, {"status": "refunded"})):
+    for oid, change, version in ((3, {"status": "paid"}, 2), (4, {"amount": Decimal("99.05")}, 2),
+                                 (5, {"customer_id": 2}, 3), (1, {"status": "refunded"}, 3)):
         orders[oid] = {**orders[oid], **change}
-        updates.append(({"order_id": oid}, _value(orders[oid])))
+        updates.append(({"order_id": oid}, values.value(topics["orders"], orders[oid], version)))
     del orders[7]
     updates.append(({"order_id": 7}, None))
-    updates += [({"order_id": 100}, b"{not json"),
-                ({"order_id": 101}, _value({"order_id": 101, "customer_id": 1,
-                                            "amount": "ten", "status": "paid"})),
-                ({"order_id": 102}, _value({"customer_id": 1, "amount": 1.0,
-                                            "status": "paid"}))]
+    updates += [({"order_id": 100 + i}, bad)
+                for i, bad in enumerate(values.malformed(topics["orders"]))]
     _produce(bootstrap, topics["orders"], updates)
     customers[2] = {**customers[2], "region": "eu"}
     del customers[4]
     _produce(bootstrap, topics["customers"],
-             [({"customer_id": 2}, _value(customers[2])), ({"customer_id": 4}, None)])
+             [({"customer_id": 2}, values.value(topics["customers"], customers[2])),
+              ({"customer_id": 4}, None)])
     _drain(runner)
 
     assert runner.metrics.delivery.last_transaction > first_round

@@ -13,6 +13,8 @@ Outputs, with the meaning of these SQL queries:
 - statuses:       SELECT DISTINCT status FROM orders
 """
 
+from typing import Any
+
 from txstream import Pipeline, TableSchema
 from txstream import reducers as r
 from txstream.schemas.sources import SourceSpec
@@ -29,12 +31,15 @@ ORDERS = TableSchema.of(
 OUTPUTS = ("paid_orders", "region_totals", "customer_stats", "statuses")
 
 
-def kafka_sources(customers_topic: str, orders_topic: str) -> list[SourceSpec]:
-    """The pipeline's sources as upsert topics of JSON rows keyed by primary key (the format of
-    `txstream.examples.order_events`)."""
+def kafka_sources(customers_topic: str, orders_topic: str, **settings: Any
+                  ) -> list[SourceSpec]:
+    """The pipeline's sources as upsert topics of rows keyed by primary key, JSON (the format
+    of `txstream.examples.order_events`) unless `settings` (of both sources) say otherwise,
+    e.g. `value_format="avro", schema_registry_url=...`."""
     return [SourceSpec(name="customers", topic=customers_topic, schema=CUSTOMERS,
-                       semantics="upsert"),
-            SourceSpec(name="orders", topic=orders_topic, schema=ORDERS, semantics="upsert")]
+                       semantics="upsert", **settings),
+            SourceSpec(name="orders", topic=orders_topic, schema=ORDERS, semantics="upsert",
+                       **settings)]
 
 
 def pipeline() -> Pipeline:
