@@ -3,11 +3,16 @@ JSON keys) through the transaction builder and the broker fixture, schemas from 
 Registry test double (or SCHEMA_REGISTRY_URL): snapshot reads in a mini-batch, then a
 transaction (BEGIN and END framed alike on the metadata topic) holding an update, a delete and
 its tombstone, as one stream transaction; a record naming an unknown schema id lands in the
-dead-letter topic byte for byte, with its reason."""
+dead-letter topic byte for byte, with its reason. A registry down when the service starts is
+waited for, never a crash."""
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +27,7 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     produce,
     read_dead_letters,
 )
+from support.schema_registry_double import running_double
 from test_avro_values import (  # noqa: F401 (registry_url: a fixture by name)
     ENVELOPE,
     ORDERS,
@@ -33,8 +39,16 @@ from test_avro_values import (  # noqa: F401 (registry_url: a fixture by name)
 )
 from test_json_schema_values import JsonSchemaProducer, json_order
 
+from txstream.schemas.config import PipelineConfig
 from txstream.schemas.sources import SourceSpec, UpstreamTransactions
+from txstream.service.check import run_checks
 from txstream.service.embedded.kafka import KafkaEndpoint
+from txstream.service.health import Readiness
+from txstream.service.metrics import Metrics
+from txstream.service.runner import InputReports
+from txstream.service.stages import Retrying
+from txstream.sources.kafka_input import KafkaInput
+from txstream.sources.source_state import SourceState
 from txstream.sources.transactions import TransactionBuilder
 
 
@@ -112,3 +126,62 @@ def test_debezium_framed_stream(kafka: KafkaEndpoint, registry_url: str,  # noqa
     dead, = read_dead_letters(kafka, dlq, 1)
     assert dead["value"] == unknown and dead["key"] == key(2)
     assert "schema id 2147483632 is unknown" in dead["txstream.error"]
+
+
+def test_a_registry_down_at_start_is_waited_for(kafka: KafkaEndpoint,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The input's start as `PipelineRunner` runs it (under its `Retrying`) while nothing
+    answers at the registry's address: not ready, retried with backoff and the registry named in
+    the log, no exception out of the start; it starts once a registry answers there.
+    `txstream check` says the same."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    config = PipelineConfig(
+        pipeline="txstream.examples.orders:pipeline", sinks=[], consumer_group=f"g-{topic}",
+        sources=[SourceSpec(name="orders", topic=topic, schema=ORDERS, value_format="avro",
+                            schema_registry_url=url)],
+        kafka_bootstrap_servers=kafka.bootstrap_servers)
+
+    def no_spark(*_: object, **__: object) -> None:
+        raise RuntimeError("no Spark in this test")
+
+    monkeypatch.setattr("txstream.service.spark.get_spark", no_spark)
+
+    def registry_check() -> tuple[bool, str]:
+        return next((ok, found) for name, ok, found in run_checks(config)
+                    if name == "schema_registry")
+
+    ok, found = registry_check()
+    assert not ok and f"Schema Registry at {url} does not answer" in found
+
+    readiness, stop = Readiness(config.ready_max_lag), threading.Event()
+    retrying = Retrying(readiness, stop, initial_s=0.1, max_s=0.5)
+    started: list[KafkaInput] = []
+    state = SourceState(next_number=1, offsets={}, upsert_rows={})
+
+    def start() -> None:
+        started.append(retrying(KafkaInput.name, lambda: KafkaInput(
+            config, state, [], InputReports(Metrics().source, readiness, KafkaInput.name))))
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "retrying in" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert f"Schema Registry at {url} does not answer" in caplog.text
+        assert not readiness.up(KafkaInput.name) and thread.is_alive()
+        with running_double({"SCHEMA_REGISTRY_DOUBLE_PORT": str(port)}):
+            thread.join(timeout=60)
+            assert started and readiness.up(KafkaInput.name)
+            assert registry_check() == (True, f"Schema Registry at {url} answers")
+    finally:
+        stop.set()
+        thread.join()
+        for source in started:
+            source.close()

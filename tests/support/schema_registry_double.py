@@ -16,7 +16,8 @@ SCHEMA_REGISTRY_DOUBLE_USER_INFO=`user:password` in its environment it requires 
 set (`registry_url`).
 
 Run: `python -m tests.support.schema_registry_double` prints `listening on <url>` once it
-serves on a free port of 127.0.0.1.
+serves on a free port of 127.0.0.1 (on SCHEMA_REGISTRY_DOUBLE_PORT when set: a registry that
+comes up at an address the service already tries).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def running_double(env: dict[str, str] | None = None) -> Iterator[str]:
 
 
 def main() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    port = int(os.environ.get("SCHEMA_REGISTRY_DOUBLE_PORT", "0"))
+    server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
     print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
 

@@ -21,6 +21,7 @@ from txstream.service.startup import (
     sinks_fit,
     sources_fit,
 )
+from txstream.sources.schema_registry import RegistrySchemas
 
 Check = tuple[str, bool, str]  # name, passed, what it found
 
@@ -38,7 +39,8 @@ def run_checks(config: PipelineConfig) -> list[Check]:
     topics exist (`kafka`), PostgreSQL answers (`postgresql`), the checkpoint location is
     readable and belongs to this pipeline (`checkpoint`), and the PostgreSQL outputs' progress
     row fits it as a start would require (`outputs`: the start-up checks of
-    `txstream.service.startup` that need no sink opened)."""
+    `txstream.service.startup` that need no sink opened), and the sources' Schema Registries
+    answer (`schema_registry`)."""
     # Looked up when called: a test replaces it to run the checks without Spark.
     from txstream.service import spark as spark_module
 
@@ -76,6 +78,12 @@ def run_checks(config: PipelineConfig) -> list[Check]:
                               f"{config.kafka_bootstrap_servers}; create them")
         return ", ".join(f"{t} ({len(topics[t].partitions)} partitions)" for t in wanted)
 
+    def registries_answer() -> str:
+        urls = sorted({s.schema_registry_url for s in config.sources if s.schema_registry_url})
+        for url in urls:
+            RegistrySchemas(url).check()
+        return f"Schema Registry at {', '.join(urls)} answers"
+
     def postgres_answers() -> str:
         assert config.database_dsn is not None
         with psycopg.connect(config.database_dsn, connect_timeout=10) as conn:
@@ -111,6 +119,8 @@ def run_checks(config: PipelineConfig) -> list[Check]:
     checks.append(_attempt("pipeline", pipeline_fits))
     checks.append(_attempt("spark", spark_compiles))
     checks.append(_attempt("kafka", kafka_topics))
+    if any(s.schema_registry_url for s in config.sources):
+        checks.append(_attempt("schema_registry", registries_answer))
     if config.database_dsn is not None:
         checks.append(_attempt("postgresql", postgres_answers))
     checks.append(_attempt("checkpoint", checkpoint_readable))
