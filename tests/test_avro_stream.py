@@ -1,10 +1,10 @@
-"""A Debezium stream in Confluent's wire format (AvroConverter, or JsonSchemaConverter, values;
-JSON keys) through the transaction builder and the broker fixture, schemas from the Schema
-Registry test double (or SCHEMA_REGISTRY_URL): snapshot reads in a mini-batch, then a
-transaction (BEGIN and END framed alike on the metadata topic) holding an update, a delete and
-its tombstone, as one stream transaction; a record naming an unknown schema id lands in the
-dead-letter topic byte for byte, with its reason. A registry down when the service starts is
-waited for, never a crash."""
+"""A Debezium stream in Confluent's wire format (AvroConverter, JsonSchemaConverter or
+ProtobufConverter values; JSON keys) through the transaction builder and the broker fixture,
+schemas from the Schema Registry test double (or SCHEMA_REGISTRY_URL): snapshot reads in a
+mini-batch, then a transaction (BEGIN and END framed alike on the metadata topic) holding an
+update, a delete and its tombstone, as one stream transaction; a record naming an unknown
+schema id lands in the dead-letter topic byte for byte, with its reason. A registry down when
+the service starts is waited for, never a crash."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from test_avro_values import (  # noqa: F401 (registry_url: a fixture by name)
     registry_url,
 )
 from test_json_schema_values import JsonSchemaProducer, json_order
+from test_protobuf_values import ProtobufProducer
 
 from txstream.schemas.config import PipelineConfig
 from txstream.schemas.sources import SourceSpec, UpstreamTransactions
@@ -69,10 +70,35 @@ def any_object(title: str) -> str:
     return json.dumps({"title": title, "type": "object"})
 
 
+# Debezium's envelope and transaction metadata as Protobuf messages, decimals and timestamps as
+# text (decimal.handling.mode=string, ZonedTimestamp).
+ENVELOPE_PROTO = """syntax = "proto3";
+package dbserver1.orders;
+message Envelope {
+  message Value {
+    int64 id = 1; string customer = 2; string amount = 3; string placed_at = 4; string day = 5;
+    optional string note = 6;
+  }
+  message Source { string connector = 1; int64 txId = 2; }
+  message Block { string id = 1; int64 total_order = 2; int64 data_collection_order = 3; }
+  Value before = 1; Value after = 2; Source source = 3; string op = 4; optional int64 ts_ms = 5;
+  Block transaction = 6;
+}
+"""
+METADATA_PROTO = """syntax = "proto3";
+package io.debezium.connector.common;
+message TransactionMetadataValue {
+  message DataCollection { string data_collection = 1; int64 event_count = 2; }
+  string status = 1; string id = 2; optional int64 event_count = 3;
+  repeated DataCollection data_collections = 4; int64 ts_ms = 5;
+}
+"""
+
+
 @dataclass(frozen=True)
 class Framing:
     value_format: str
-    producer: type[Producer]
+    producer: Callable[[str], Any]  # registry URL -> .topic, .values(schema, records)
     envelope: str  # the change events' schema
     metadata: str  # the transaction metadata's schema
     order: Callable[..., dict[str, Any]]
@@ -84,6 +110,8 @@ FRAMINGS = [
     Framing("avro", Producer, ENVELOPE, TRANSACTION_METADATA, order, {}),
     Framing("json_schema", JsonSchemaProducer, any_object("Envelope"),
             any_object("TransactionMetadataValue"), json_order,
+            {"decimal_handling_mode": "string"}),
+    Framing("protobuf", ProtobufProducer, ENVELOPE_PROTO, METADATA_PROTO, json_order,
             {"decimal_handling_mode": "string"}),
 ]
 

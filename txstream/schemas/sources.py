@@ -193,9 +193,9 @@ class SourceSpec(BaseModel):
     (`op: r`) form mini-batches. `debezium_flattened` reads the rows of Debezium's
     ExtractNewRecordState SMT, upsert only: `__deleted: "true"` or `__op: "d"` deletes the
     key, and tombstones, placeholders, decimals and heartbeats are read as for `debezium`.
-    `value_format` `avro` or `json_schema` reads each value in Confluent's wire format with its
-    writer schema from `schema_registry_url`, then as the JSON form of the record (README
-    "Schema Registry").
+    `value_format` `avro`, `json_schema` or `protobuf` reads each value in Confluent's wire
+    format with its writer schema from `schema_registry_url`, then as the JSON form of the
+    record (README "Schema Registry").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -207,12 +207,13 @@ class SourceSpec(BaseModel):
     # `debezium`: the connector's change events; `debezium_flattened`: the same after Debezium's
     # ExtractNewRecordState SMT (the row itself, `__deleted` for deletes), upsert only.
     format: Literal["json", "debezium", "debezium_flattened"] = "json"
-    # How each value is serialized: `avro` and `json_schema` are Confluent's wire format (magic
-    # byte 0, 4-byte big-endian schema id, then Avro binary or the JSON document), the writer
-    # schema read by id from `schema_registry_url`; the decoded record is read as `format`
-    # reads a JSON value (`txstream.sources.framed_values`). Credentials come from the
-    # environment (`txstream.sources.schema_registry`).
-    value_format: Literal["json", "avro", "json_schema"] = "json"
+    # How each value is serialized: `avro`, `json_schema` and `protobuf` are Confluent's wire
+    # format (magic byte 0, 4-byte big-endian schema id, then Avro binary, the JSON document, or
+    # Protobuf's message indexes and message), the writer schema read by id from
+    # `schema_registry_url`; the decoded record is read as `format` reads a JSON value
+    # (`txstream.sources.framed_values`). Credentials come from the environment
+    # (`txstream.sources.schema_registry`).
+    value_format: Literal["json", "avro", "json_schema", "protobuf"] = "json"
     schema_registry_url: str | None = Field(default=None, pattern=r"^https?://")
     semantics: Literal["append_only", "upsert", "insert_delete"] = "append_only"
     # Column name -> dotted path in the JSON value (in `before`/`after` for Debezium); a column
@@ -335,7 +336,7 @@ class SourceSpec(BaseModel):
             raise SourceSpecError(
                 f"source {self.name!r}: value_format {self.value_format!r} and "
                 "schema_registry_url go together: values in Confluent's wire format (avro, "
-                "json_schema) name their writer schema by an id the registry resolves")
+                "json_schema, protobuf) name their writer schema by an id the registry resolves")
         if self.diff_values is not None and any(v == 0 for v in self.diff_values.values()):
             raise SourceSpecError(f"source {self.name!r}: diff_values may not map to 0")
         if self.delete_field is not None:
@@ -354,9 +355,9 @@ class SourceSpec(BaseModel):
     @property
     def precise_decimals(self) -> bool:
         """Whether decimal values come base64-encoded (Debezium's `precise` mode over JSON, framed
-        by the JSON Schema serializer or not; Avro carries them as its decimal logical type,
-        decoded to numbers)."""
-        return (self.debezium and self.value_format != "avro"
+        by the JSON Schema serializer or not; Avro and Protobuf carry them as their decimal
+        types, decoded to numbers)."""
+        return (self.debezium and self.value_format in ("json", "json_schema")
                 and self.decimal_handling_mode in (None, "precise"))
 
     @property

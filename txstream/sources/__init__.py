@@ -5,7 +5,8 @@ Pure (no Kafka client; tested without a broker):
     decoder            SourceDecoder: one topic's RawRecords -> rows + bad records
     json_values, field_checks, single_records, debezium_decimals   the decoder's parts
     framed_values      values in Confluent's wire format -> the JSON the decoder reads, or why not
-    avro_values, json_schema_values   its kinds: Avro bodies (fastavro), framed JSON documents
+    avro_values, json_schema_values, protobuf_values   its kinds: Avro bodies (fastavro), framed
+                       JSON documents, Protobuf messages (protobuf, protoc from grpcio-tools)
     boundaries         TransactionBoundaries: records as arrays -> closed transactions
     open_transactions, positions   its parts: rules, mini-batches, emission order, offsets
     debezium_metadata  Debezium END events -> expected counts

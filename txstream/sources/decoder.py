@@ -58,6 +58,10 @@ def framed_values(value_format: str, schemas: WriterSchemas) -> FramedValues:
         from txstream.sources.json_schema_values import JsonSchemaValues
 
         return JsonSchemaValues(schemas)
+    if value_format == "protobuf":
+        from txstream.sources.protobuf_values import ProtobufValues
+
+        return ProtobufValues(schemas)
     raise ValueError(f"value_format {value_format!r} is not in Confluent's wire format")
 
 

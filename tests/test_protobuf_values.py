@@ -1,0 +1,185 @@
+"""`value_format: protobuf`, without a broker: values framed by confluent-kafka's own
+`ProtobufSerializer` (magic byte 0, the schema id, the message indexes, the message) against a
+Schema Registry over HTTP (the test double, or SCHEMA_REGISTRY_URL). The writer schema is read
+both as the serializer registers it (a serialized FileDescriptorProto) and as `.proto` text, the
+form a registry serves (compiled by grpcio-tools' protoc); the message classes that write the
+records are made from the schema as txstream compiles it, the bytes and the frame by protobuf
+and Confluent's serializer."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from test_avro_values import ORDERS, columns, registry_url  # noqa: F401 (a fixture by name)
+from test_json_schema_values import json_order
+
+from txstream.schemas.sources import SourceSpec
+from txstream.schemas.tables import TableSchema
+from txstream.sources.decoder import SourceDecoder
+from txstream.sources.framed_values import WriterSchema
+from txstream.sources.kafka_source import RawRecords
+from txstream.sources.protobuf_values import ProtobufValues
+from txstream.sources.schema_registry import RegistrySchemas
+
+
+def order_proto(*fields: str) -> str:
+    """The orders' schema as `.proto` text, `fields` added to (or, as `-name`, removed
+    from) its message."""
+    body = {"id": "int64 id = 1;", "customer": "string customer = 2;",
+            "amount": "confluent.type.Decimal amount = 3;",
+            "placed_at": "google.protobuf.Timestamp placed_at = 4;", "day": "string day = 5;",
+            "note": "optional string note = 6;"}
+    for f in fields:
+        if f.startswith("-"):
+            del body[f[1:]]
+        else:
+            body[f.split()[1]] = f
+    return "\n".join([
+        'syntax = "proto3";', "package shop;", 'import "google/protobuf/timestamp.proto";',
+        'import "confluent/type/decimal.proto";',
+        "message Order {", *body.values(),
+        "  message Line { string sku = 1; int32 qty = 2; }", "}", ""])
+
+
+class Compiled:
+    """One schema, as a registry holding only its text would serve it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def schema(self, schema_id: int) -> WriterSchema:
+        return WriterSchema(self.text, "PROTOBUF")
+
+
+def message_class(text: str, *indexes: int) -> type[Message]:
+    return ProtobufValues(Compiled(text))._writer(1).of(indexes or (0,), 1)
+
+
+def proto_order(i: int, **extra: Any) -> dict[str, Any]:
+    """`json_order(i)` as protobuf's JSON mapping writes it (the decimal as Confluent's
+    Decimal message: -123456789012 unscaled, scale 2)."""
+    row = {**json_order(i), **extra}
+    unscaled = (-123456789012).to_bytes(8, "big", signed=True)
+    row["amount"] = {"value": base64.b64encode(unscaled).decode(), "precision": 12, "scale": 2}
+    return {k: v for k, v in row.items() if v is not None}
+
+
+class ProtobufProducer:
+    """Values as a producer with the Schema Registry's Protobuf serializer writes them."""
+
+    def __init__(self, url: str) -> None:
+        self.topic = f"orders-{uuid.uuid4().hex[:8]}"
+        self.client = SchemaRegistryClient({"url": url})
+
+    def values(self, text: str, records: list[dict[str, Any]], *indexes: int) -> list[bytes]:
+        cls = message_class(text, *indexes)
+        serialize = ProtobufSerializer(cls, self.client, {"auto.register.schemas": True})
+        ctx = SerializationContext(self.topic, MessageField.VALUE)
+        return [serialize(json_format.ParseDict(r, cls()), ctx) for r in records]
+
+    def as_text(self, values: list[bytes], text: str) -> list[bytes]:
+        """`values` under the id of `text` registered as `.proto` text."""
+        schema_id = self.client.register_schema(f"{self.topic}-text", Schema(text, "PROTOBUF"))
+        return [v[:1] + schema_id.to_bytes(4, "big") + v[5:] for v in values]
+
+
+def decode(url: str, topic: str, values: list[bytes | None], schema: TableSchema = ORDERS
+           ) -> Any:
+    spec = SourceSpec(name="orders", topic=topic, schema=schema, value_format="protobuf",
+                      schema_registry_url=url)
+    decoder = SourceDecoder(spec, RegistrySchemas(url))
+    return decoder.decode(RawRecords.of(topic, values), list(range(len(values))))
+
+
+def test_rows_read_as_from_json(registry_url: str) -> None:  # noqa: F811
+    """Confluent's Decimal exactly, Timestamp with microseconds, an unset optional field as
+    null: the same rows as the JSON documents give, from the serialized schema and from its
+    `.proto` text alike."""
+    producer = ProtobufProducer(registry_url)
+    text = order_proto()
+    values = producer.values(text, [proto_order(1), proto_order(2, note="gift")])
+    assert values[0][0] == 0 and values[0][5] == 0  # magic byte; message indexes [0]
+    as_json = SourceDecoder(SourceSpec(name="orders", topic=producer.topic, schema=ORDERS))
+    expected = columns(as_json.decode(RawRecords.of(producer.topic, [
+        json.dumps(json_order(i, note=note)).encode() for i, note in ((1, None), (2, "gift"))
+    ]), [0, 1]))
+    for framed in (values, producer.as_text(values, text)):
+        batch = decode(registry_url, producer.topic, list(framed))
+        assert batch.bad == []
+        assert columns(batch) == expected
+
+
+def test_a_nested_message(registry_url: str) -> None:  # noqa: F811
+    """Message indexes [0, 0]: the first message nested in the first one."""
+    producer = ProtobufProducer(registry_url)
+    value, = producer.values(order_proto(), [{"sku": "a", "qty": 2}], 0, 0)
+    assert value[5:8] == b"\x04\x00\x00"  # two indexes, zigzag-encoded
+    lines = TableSchema.of({"sku": "text", "qty": "int"})
+    batch = decode(registry_url, producer.topic, [value], lines)
+    assert batch.bad == [] and batch.rows.select(["sku", "qty"]).to_pylist() == [
+        {"sku": "a", "qty": 2}]
+
+
+def test_schema_evolving_twice_needs_no_restart(registry_url: str) -> None:  # noqa: F811
+    """A field added, then one removed: three schema ids, one decoder, no dead letter."""
+    producer = ProtobufProducer(registry_url)
+    values = (producer.values(order_proto(), [proto_order(1, note="a")])
+              + producer.values(order_proto("string channel = 7;"),
+                                [proto_order(2, note="b", channel="web")])
+              + producer.values(order_proto("string channel = 7;", "-note"), [proto_order(3)]))
+    assert len({v[1:5] for v in values}) == 3
+    batch = decode(registry_url, producer.topic, list(values))
+    assert batch.bad == []
+    assert [(r["id"], r["note"]) for r in columns(batch)] == [(1, "a"), (2, "b"), (3, None)]
+
+
+def test_unreadable_records_are_dead_lettered_with_their_bytes(registry_url: str  # noqa: F811
+                                                               ) -> None:
+    """An unknown schema id, a JSON Schema id, message indexes naming no message, a message
+    cut short, `.proto` text that does not compile: each dead-lettered holding its original
+    bytes. The good record is kept, and so is one whose proto3 `id` is 0: without `optional`,
+    an unset field and its default are one and the same on the wire."""
+    producer = ProtobufProducer(registry_url)
+    good, no_id = producer.values(order_proto(), [proto_order(1),
+                                                  {**proto_order(2), "id": 0}])
+    json_id = producer.client.register_schema(f"{producer.topic}-json",
+                                              Schema('{"type": "object"}', "JSON"))
+    broken = producer.client.register_schema(f"{producer.topic}-broken",
+                                             Schema("message Order { int64 id = ; }",
+                                                    "PROTOBUF"))
+
+    def with_id(schema_id: int) -> bytes:
+        return good[:1] + schema_id.to_bytes(4, "big") + good[5:]
+
+    values: list[bytes | None] = [
+        b"\x00\x7f\xff\xff\xf0" + good[5:], with_id(json_id), good[:5] + b"\x02\x0a" + good[6:],
+        good[:-3], with_id(broken), good, no_id]
+    batch = decode(registry_url, producer.topic, values)
+    assert [r["id"] for r in batch.rows.to_pylist()] == [1, 0]
+    reasons = {b.offset: b.error for b in batch.bad}
+    assert sorted(reasons) == [0, 1, 2, 3, 4]
+    assert all(b.value == values[b.offset] for b in batch.bad)
+    assert f"schema id {0x7ffffff0} is unknown" in reasons[0]
+    assert "is a JSON schema; this source reads PROTOBUF" in reasons[1]
+    assert "message indexes [5] name no message" in reasons[2]
+    assert "Protobuf message does not decode" in reasons[3]
+    assert f"schema id {broken}: the .proto text does not compile" in reasons[4]
+
+
+def test_unset_optional_fields_are_left_out() -> None:
+    """An unset `optional` field is not in the JSON (null: a primary key's record is then
+    dead-lettered); a frame with no message indexes is no Protobuf frame."""
+    cls = message_class('syntax = "proto3"; message K { optional int64 id = 1; }')
+    values = ProtobufValues(Compiled('syntax = "proto3"; message K { optional int64 id = 1; }'))
+    assert values.json_of(b"\x00\x00\x00\x00\x01\x00" + cls().SerializeToString()) == b"{}"
+    with pytest.raises(ValueError, match="message indexes cut short"):
+        values.json_of(b"\x00\x00\x00\x00\x01")

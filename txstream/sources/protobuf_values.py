@@ -1,0 +1,255 @@
+"""Protobuf values framed by Confluent's Protobuf serializer (`txstream.sources.framed_values`):
+after the schema id, the message indexes (a zigzag varint count, then that many zigzag varints:
+which message of the schema's file, nested by position; a count of 0 means the first message),
+then the message. Each message is written as the JSON object the decoder reads.
+
+The writer schema comes from the registry as `.proto` text (what a registry serves by
+default), compiled by the protoc that `grpcio-tools` ships into descriptors, or as the base64
+of a serialized FileDescriptorProto (what confluent-kafka's Python serializer registers); both
+are loaded into a descriptor pool of their own, and protobuf's runtime parses the messages. A
+schema may import protobuf's well-known types and Confluent's own files (`confluent/meta.proto`,
+`confluent/type/decimal.proto`), which Confluent's serializers never register as references;
+other references are not resolved yet.
+
+The JSON keeps proto field names and reads as a JSON producer's would: 64-bit integers as
+numbers (not the strings of protobuf's JSON mapping), enums by name, bytes as base64,
+`google.protobuf.Timestamp` as RFC 3339 text, wrappers as their value, `confluent.type.Decimal`
+(what Confluent's ProtobufConverter writes for decimals) as an exact numeric string, maps as
+objects. A field with presence (`optional`, a message, a oneof member) that is not set is left
+out, so it reads as null; a proto3 field without presence reads as its default (0, "", false),
+as protobuf itself reads it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from confluent_kafka.schema_registry.confluent import meta_pb2
+from confluent_kafka.schema_registry.confluent.type import decimal_pb2
+from google.protobuf import (
+    any_pb2,
+    api_pb2,
+    descriptor_pb2,
+    descriptor_pool,
+    duration_pb2,
+    empty_pb2,
+    field_mask_pb2,
+    json_format,
+    message_factory,
+    source_context_pb2,
+    struct_pb2,
+    timestamp_pb2,
+    type_pb2,
+    wrappers_pb2,
+)
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError, Message
+
+from txstream.sources.framed_values import FramedValues, SchemaUnavailable, WriterSchema
+
+_JSON = msgspec.json.Encoder()
+# Files a schema imports without a reference, dependencies first.
+_BUILTINS = [m.DESCRIPTOR for m in (
+    any_pb2, source_context_pb2, type_pb2, api_pb2, descriptor_pb2, duration_pb2, empty_pb2,
+    field_mask_pb2, struct_pb2, timestamp_pb2, wrappers_pb2, meta_pb2, decimal_pb2)]
+_WRAPPERS = {f"google.protobuf.{kind}Value" for kind in (
+    "Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")}
+_PROTOC_TIMEOUT_S = 60
+
+
+def _builtin_set() -> descriptor_pb2.FileDescriptorSet:
+    files = descriptor_pb2.FileDescriptorSet()
+    for builtin in _BUILTINS:
+        builtin.CopyToProto(files.file.add())
+    return files
+
+
+def _serialized(text: str) -> descriptor_pb2.FileDescriptorProto | None:
+    """The schema when `text` is the base64 of a serialized FileDescriptorProto."""
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    proto = descriptor_pb2.FileDescriptorProto()
+    try:
+        proto.ParseFromString(data)
+    except DecodeError:
+        return None
+    return proto if proto.message_type else None
+
+
+def _compiled(text: str, name: str) -> list[descriptor_pb2.FileDescriptorProto]:
+    """`.proto` text compiled by protoc (grpcio-tools'), with the builtins it imports."""
+    with tempfile.TemporaryDirectory(prefix="txstream-proto-") as tmp:
+        root = Path(tmp)
+        (root / name).write_text(text)
+        (root / "builtins.pb").write_bytes(_builtin_set().SerializeToString())
+        out = root / "out.pb"
+        # protoc in a child process: its errors go to the stderr of the process, which the
+        # reason quotes.
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys; from grpc_tools import protoc; "
+             "sys.exit(protoc.main(['protoc', *sys.argv[1:]]))",
+             f"--proto_path={root}", f"--descriptor_set_in={root / 'builtins.pb'}",
+             "--include_imports", f"--descriptor_set_out={out}", name],
+            capture_output=True, text=True, timeout=_PROTOC_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            raise SchemaUnavailable(f"the .proto text does not compile: "
+                                    f"{done.stderr.strip() or done.stdout.strip()}")
+        files = descriptor_pb2.FileDescriptorSet()
+        files.ParseFromString(out.read_bytes())
+    return list(files.file)
+
+
+@dataclass
+class _Messages:
+    """The message types of one writer schema, by message indexes."""
+
+    pool: descriptor_pool.DescriptorPool
+    file: descriptor_pb2.FileDescriptorProto
+    classes: dict[tuple[int, ...], type[Message]] = field(default_factory=dict)
+
+    def of(self, indexes: tuple[int, ...], schema_id: int) -> type[Message]:
+        cls = self.classes.get(indexes)
+        if cls is not None:
+            return cls
+        names, types = [], self.file.message_type
+        for i in indexes:
+            if not 0 <= i < len(types):
+                raise ValueError(f"message indexes {list(indexes)} name no message of writer "
+                                 f"schema id {schema_id}; the record is corrupt or was written "
+                                 "with another registry's id")
+            names.append(types[i].name)
+            types = types[i].nested_type
+        full = ".".join([self.file.package, *names] if self.file.package else names)
+        cls = self.classes[indexes] = message_factory.GetMessageClass(
+            self.pool.FindMessageTypeByName(full))
+        return cls
+
+
+def _varint(body: bytes, at: int) -> tuple[int, int]:
+    """The zigzag varint at `at` of `body` and where the next one starts."""
+    value = shift = 0
+    while True:
+        if at >= len(body) or shift > 63:
+            raise ValueError("message indexes cut short or malformed")
+        byte = body[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1), at
+
+
+def message_indexes(body: bytes) -> tuple[tuple[int, ...], int]:
+    """The message indexes at the start of a framed Protobuf body, and where the message
+    starts."""
+    count, at = _varint(body, 0)
+    if count == 0:  # the first message, the common case, in one byte
+        return (0,), at
+    if not 0 < count <= 100:
+        raise ValueError(f"{count} message indexes: not Confluent's Protobuf framing")
+    indexes = []
+    for _ in range(count):
+        index, at = _varint(body, at)
+        indexes.append(index)
+    return tuple(indexes), at
+
+
+def _decimal(value: Message) -> str:
+    unscaled = int.from_bytes(value.value, "big", signed=True)  # type: ignore[attr-defined]
+    return str(Decimal(unscaled).scaleb(-value.scale))  # type: ignore[attr-defined]
+
+
+def _single(fd: FieldDescriptor, value: Any) -> Any:
+    if fd.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
+        name = fd.message_type.full_name
+        if name == "google.protobuf.Timestamp":
+            return value.ToJsonString()
+        if name in _WRAPPERS:
+            return _single(value.DESCRIPTOR.fields_by_name["value"], value.value)
+        if name == "confluent.type.Decimal":
+            return _decimal(value)
+        if name.startswith("google.protobuf."):
+            return json_format.MessageToDict(value, preserving_proto_field_name=True)
+        return as_json(value)
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        known = fd.enum_type.values_by_number.get(value)
+        return known.name if known is not None else value
+    if fd.type == FieldDescriptor.TYPE_BYTES:
+        return base64.b64encode(value).decode("ascii")
+    return value
+
+
+def as_json(message: Message) -> dict[str, Any]:
+    """`message` as the JSON object the decoder reads (see the module doc)."""
+    out: dict[str, Any] = {}
+    descriptor: Descriptor = message.DESCRIPTOR
+    for fd in descriptor.fields:
+        if fd.has_presence and not message.HasField(fd.name):
+            continue
+        value = getattr(message, fd.name)
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            item = fd.message_type.fields_by_name["value"]
+            out[fd.name] = {str(k): _single(item, v) for k, v in value.items()}
+        elif fd.is_repeated:
+            out[fd.name] = [_single(fd, v) for v in value]
+        else:
+            out[fd.name] = _single(fd, value)
+    return out
+
+
+class ProtobufValues(FramedValues):
+    """Transcodes a source's Protobuf values to JSON (see the module doc)."""
+
+    schema_type = "PROTOBUF"
+    value_format = "protobuf"
+    serializer = "Protobuf serializer"
+
+    def _parse(self, schema: WriterSchema, schema_id: int) -> Any:
+        if schema.references:
+            raise SchemaUnavailable(f"schema id {schema_id} imports other schemas "
+                                    f"({', '.join(schema.references)}), which txstream does "
+                                    "not resolve for Protobuf yet; inline them")
+        name = f"schema_{schema_id}.proto"
+        serialized = _serialized(schema.text)
+        if serialized is not None:
+            serialized.name = name
+            files = [serialized]
+        else:
+            try:
+                files = _compiled(schema.text, name)
+            except SchemaUnavailable as exc:
+                raise SchemaUnavailable(f"schema id {schema_id}: {exc}") from exc
+        pool = descriptor_pool.DescriptorPool()
+        added: set[str] = set()
+        for builtin in _BUILTINS:
+            pool.AddSerializedFile(builtin.serialized_pb)
+            added.add(builtin.name)
+        try:
+            for file in files:
+                if file.name not in added:
+                    pool.AddSerializedFile(file.SerializeToString())
+        except (TypeError, KeyError, ValueError) as exc:
+            raise SchemaUnavailable(f"schema id {schema_id} is no usable Protobuf schema: "
+                                    f"{exc}") from exc
+        return _Messages(pool, files[-1])
+
+    def _decode(self, writer: Any, body: bytes, schema_id: int) -> bytes:
+        indexes, start = message_indexes(body)
+        message = writer.of(indexes, schema_id)()
+        try:
+            message.ParseFromString(body[start:])
+        except DecodeError as exc:
+            raise ValueError(f"Protobuf message does not decode with writer schema id "
+                             f"{schema_id} ({exc}); the record is corrupt or was written "
+                             "with another registry's id") from exc
+        return _JSON.encode(as_json(message))
