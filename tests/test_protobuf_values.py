@@ -61,7 +61,7 @@ class Compiled:
 
 
 def message_class(text: str, *indexes: int) -> type[Message]:
-    return ProtobufValues(Compiled(text))._writer(1).of(indexes or (0,), 1)
+    return ProtobufValues(Compiled(text)).writer(1).of(indexes or (0,), 1)
 
 
 def proto_order(i: int, **extra: Any) -> dict[str, Any]:

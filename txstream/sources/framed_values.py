@@ -86,14 +86,18 @@ class FramedValues(ABC):
             if missing is not None and schema_id in missing:
                 raise SchemaUnavailable(missing[schema_id])
             try:
-                writer = self._writer(schema_id)
+                writer = self.writer(schema_id)
             except SchemaUnavailable as exc:
                 if missing is not None:
                     missing[schema_id] = str(exc)
                 raise
         return self._decode(writer, value[HEADER:], schema_id)
 
-    def _writer(self, schema_id: int) -> Any:
+    def writer(self, schema_id: int) -> Any:
+        """The parsed writer schema of `schema_id`, asked of the registry and parsed, then
+        kept; SchemaUnavailable says why there is none."""
+        if schema_id in self._parsed:
+            return self._parsed[schema_id]
         schema = self._schemas.schema(schema_id)
         if schema.schema_type != self.schema_type:
             raise SchemaUnavailable(

@@ -111,7 +111,7 @@ def _compiled(text: str, name: str) -> list[descriptor_pb2.FileDescriptorProto]:
 
 
 @dataclass
-class _Messages:
+class Messages:
     """The message types of one writer schema, by message indexes."""
 
     pool: descriptor_pool.DescriptorPool
@@ -241,7 +241,7 @@ class ProtobufValues(FramedValues):
         except (TypeError, KeyError, ValueError) as exc:
             raise SchemaUnavailable(f"schema id {schema_id} is no usable Protobuf schema: "
                                     f"{exc}") from exc
-        return _Messages(pool, files[-1])
+        return Messages(pool, files[-1])
 
     def _decode(self, writer: Any, body: bytes, schema_id: int) -> bytes:
         indexes, start = message_indexes(body)
