@@ -1,14 +1,27 @@
 """The checkpoint store on a Hadoop file system: checkpoints published by their manifest,
-the transaction log and its pruning, a store of another pipeline refused, damage reported."""
+the transaction log and its pruning, a store of another pipeline refused, damage reported;
+two instances on one location: writer epochs fence the older one, and what it wrote after the
+takeover is not part of the history."""
 
 from __future__ import annotations
 
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from txstream.service.checkpoint import CheckpointError, CheckpointStore, PipelineIdentity
+from txstream.service.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    HadoopStorage,
+    PipelineIdentity,
+)
+from txstream.service.checkpoint_epochs import CheckpointFencedError
+from txstream.sinks.postgres_writers import Writer
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionLogEntry
 
@@ -67,3 +80,108 @@ def test_transaction_log_damage_is_reported(spark, tmp_path: Path) -> None:  # t
     store.log([TransactionLogEntry(number=3, upstream_id="x", ranges={}), _entry(4)])
     with pytest.raises(CheckpointError, match="records #3 twice with different contents"):
         store.logged_after(2)
+
+
+IDENTITY = PipelineIdentity(pipeline="m:f", sources={"s": "t"}, outputs=["o"])
+
+
+def _instance(spark, location: Path) -> tuple[CheckpointStore, int]:  # type: ignore[no-untyped-def]
+    """A store as a starting runner sees it: what it resumes through, read before its epoch."""
+    store = CheckpointStore(str(location), spark, IDENTITY)
+    latest = store.latest()
+    checkpointed = latest.transaction if latest else 0
+    return store, checkpointed + len(store.logged_after(checkpointed))
+
+
+def _take(store: CheckpointStore, base: int, host: str) -> None:
+    store.take_epoch(Writer(host=host, pid=1, started_at=datetime(2026, 11, 26, tzinfo=UTC)),
+                     base)
+
+
+def _checkpoint(spark, store: CheckpointStore, number: int) -> None:  # type: ignore[no-untyped-def]
+    prepared = store.prepare(number, _state(number + 1))
+    spark.range(number).write.parquet(store.engine_uri(prepared))
+    store.publish(prepared)
+
+
+def test_a_takeover_fences_the_old_writer_and_its_late_writes_are_ignored(  # type: ignore[no-untyped-def]
+        spark, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    old, base = _instance(spark, ck)
+    _take(old, base, "old")
+    assert old.epoch == 1
+    old.log([_entry(1), _entry(2)])
+    _checkpoint(spark, old, 2)
+
+    new, base = _instance(spark, ck)  # reads the history through #2 ...
+    assert base == 2
+    # ... and before it takes its epoch, the old one (not fenced yet) logs #3 and checkpoints
+    # it: writes in flight at the takeover. The new one formed #3 itself, differently.
+    late = TransactionLogEntry(number=3, upstream_id="old", ranges={})
+    old.log([late])
+    _checkpoint(spark, old, 3)
+    _take(new, base, "new")
+    assert new.epoch == 2
+    assert new.latest() is not None and new.latest().transaction == 2  # type: ignore[union-attr]
+    assert new.logged_after(2) == []
+    new.log([_entry(3)])
+    assert new.logged_after(2) == [_entry(3)]  # not "recorded twice": the late one is ignored
+
+    # The old one, fenced, writes nothing more there.
+    with pytest.raises(CheckpointFencedError, match=r"checkpoint epoch 1\) was fenced by "
+                       "epoch 2, taken by host new, pid 1"):
+        old.log([_entry(4)])
+    prepared = old.prepare(3, _state(4))
+    with pytest.raises(CheckpointFencedError):
+        old.publish(prepared)
+    assert not (ck / prepared.name / "MANIFEST.json").exists()
+
+    # A third instance sees the new one's history only; the new one's checkpoint prunes
+    # what the old one wrote after the takeover.
+    _checkpoint(spark, new, 3)
+    third, base = _instance(spark, ck)
+    latest = third.latest()
+    assert latest is not None and latest.manifest.epoch == 2 and base == 3
+    assert [e.number for e in third.logged_after(2)] == [3]
+    assert third.logged_after(2) == [_entry(3)]
+    manifests = [json.loads(p.read_text()) for p in ck.glob("ckpt-*/MANIFEST.json")]
+    assert sorted((m["transaction"], m["epoch"]) for m in manifests) == [(2, 1), (3, 2)]
+    assert sorted(p.name for p in (ck / "txlog").glob("*.json")) == [
+        "000000000003-000000000003.e2.json"]
+    _take(third, base, "third")
+    with pytest.raises(CheckpointFencedError):
+        new.check_epoch()
+
+
+def test_two_instances_taking_an_epoch_at_once_get_one_each(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    stores = [_instance(spark, tmp_path)[0] for _ in range(4)]
+    with ThreadPoolExecutor(len(stores)) as pool:
+        list(pool.map(lambda s: _take(s, 0, "x"), stores))
+    assert sorted(s.epoch or 0 for s in stores) == [1, 2, 3, 4]
+    fenced = 0
+    for store in stores:
+        try:
+            store.check_epoch()
+        except CheckpointFencedError:
+            fenced += 1
+    assert fenced == 3
+
+
+def test_a_location_without_atomic_create_takes_no_epoch(  # type: ignore[no-untyped-def]
+        spark, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Only HDFS creates a file with overwrite=false atomically among Hadoop's file systems
+    (S3A, and the local one behind file://, check first, then write): such a location is not
+    fenced, and says so."""
+    store = CheckpointStore(f"file://{tmp_path}/ck", spark, IDENTITY)
+    with caplog.at_level(logging.WARNING, logger="txstream.service.checkpoint"):
+        _take(store, 0, "a")
+    assert store.epoch is None
+    assert any("not fenced through it" in r.getMessage() for r in caplog.records)
+    store.log([_entry(1)])
+    assert [p.name for p in (tmp_path / "ck" / "txlog").iterdir()] == [
+        "000000000001-000000000001.json"]
+    # The create itself, through Hadoop's FileSystem, as HDFS runs it.
+    storage = HadoopStorage(f"file://{tmp_path}/h", spark)
+    assert storage.create_new("epochs/000000000001.json", "{}")
+    assert not storage.create_new("epochs/000000000001.json", "{}")
+    assert storage.read_text("epochs/000000000001.json") == "{}"

@@ -2,13 +2,18 @@
 `standby`) while the first writes; it takes over after a kill -9 of the first, or after the
 first was paused past its lease (SIGSTOP), which, resumed, is fenced and writes nothing more.
 Either way the tables end equal to a from-scratch computation, the append table holding every
-change exactly once."""
+change exactly once. A pipeline with file sinks only has no lease: a second instance takes the
+checkpoint location's next epoch, which fences the first, and the files of the two hold every
+change once between them."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -111,3 +116,69 @@ def test_a_paused_instance_is_fenced_and_writes_nothing_after_waking(  # type: i
         active.proc.send_signal(signal.SIGCONT)
         active.kill()
         standby.kill()
+
+
+def file_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
+        else []
+
+
+def integrate(rows: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    """The paid_orders rows a change file leaves, as expected_tables has them."""
+    held: dict[tuple[Any, ...], int] = {}
+    for r in rows:
+        key = (r["order_id"], r["customer_id"], r["region"], Decimal(r["amount"]))
+        held[key] = held.get(key, 0) + r["diff"]
+    assert all(n in (0, 1) for n in held.values()), "a change twice"
+    return {key for key, n in held.items() if n}
+
+
+def test_file_sinks_are_fenced_through_the_checkpoint_location(  # type: ignore[no-untyped-def]
+        kafka, topics, topic_name, tmp_path) -> None:
+    producer = OrderProducer(kafka.bootstrap_servers, topics)
+    producer.send(1500)
+    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers}
+    ports = [free_port(), free_port()]
+    files = [tmp_path / "paid-0.jsonl", tmp_path / "paid-1.jsonl"]
+    configs = [write_config(tmp_path / f"pipeline-{i}.yaml", topics, "unused", f"g-{topic_name}",
+                            tmp_path / "ck", port, batch_transactions=2,
+                            transactions={"max_events": 100, "max_delay_ms": 200},
+                            checkpoint_every_batches=3,
+                            sinks=[{"output": "paid_orders", "kind": "file", "path": str(path)}])
+               for i, (port, path) in enumerate(zip(ports, files, strict=True))]
+    first = ServiceProcess(configs[0], env, tmp_path / "first.log")
+    second: ServiceProcess | None = None
+    try:
+        # Caught up, so that no checkpoint of the first prunes the one the second restores.
+        first.wait_for_metrics(ports[0], lambda body: committed(body) and metric(
+            body, "txstream_lag_records") == 0, timeout=600)
+        second = ServiceProcess(configs[1], env, tmp_path / "second.log")
+        second.wait_for_log("took checkpoint epoch 2", timeout=600)
+        producer.send(300)  # the first one's next batch finds the epoch moved on
+        first.wait_for_log("fenced: pipeline at", timeout=300)
+        assert scrape(ports[0], "/readyz") == (503, "not ready: fenced\n")
+        assert metric(scrape(ports[0])[1], "txstream_fenced_total") == 1
+        assert scrape(ports[0], "/healthz")[0] == 200  # waits, not restarted into a fence
+        written_by_first = file_rows(files[0])
+        producer.send(250)
+        want = expected_tables(producer.world)["paid_orders"]
+        deadline = time.monotonic() + 300
+        while True:
+            # The second resumed after the first's last checkpoint: it wrote the transactions
+            # since then again (same numbers, same changes), and every later one.
+            resumed_at = min((r["time"] for r in file_rows(files[1])), default=None)
+            rows = [r for r in written_by_first if resumed_at is None or r["time"] < resumed_at]
+            if resumed_at is not None and integrate(rows + file_rows(files[1])) == want:
+                break
+            assert time.monotonic() < deadline, second.tail()
+            time.sleep(1)
+        assert file_rows(files[0]) == written_by_first, "the fenced instance wrote on"
+        stop(first)
+        stop(second)  # with a final checkpoint, of epoch 2
+        manifests = [json.loads(m.read_text())
+                     for m in (tmp_path / "ck" / f"g-{topic_name}").glob("ckpt-*/MANIFEST.json")]
+        assert max(manifests, key=lambda m: m["transaction"])["epoch"] == 2
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()

@@ -6,8 +6,9 @@ Layout under the pipeline's location (`PipelineConfig.checkpoint_location`):
     ckpt-<transaction>-<millis>/source/     builder state: next number, offsets, upsert rows
     ckpt-<transaction>-<millis>/engine/     every operator's state (Engine.save_state)
     ckpt-<transaction>-<millis>/MANIFEST.json   written last: the checkpoint is complete
-    txlog/<first>-<last>.json               identities of the transactions of one batch,
+    txlog/<first>-<last>[.e<epoch>].json    identities of the transactions of one batch,
                                             written before any sink sees them
+    epochs/<epoch>.json                     the writer epochs (checkpoint_epochs)
 
 A checkpoint is complete exactly when its manifest exists. The manifest is written under a
 temporary name and renamed, which is atomic on a local file system and HDFS; on object stores
@@ -17,32 +18,43 @@ has to be replaced in place, which object stores cannot do atomically.
 
 The transaction log is what lets a recovered pipeline re-form the transactions after its
 checkpoint with the same numbers and boundaries that the sinks may already hold.
+
+Where the location can fence (`txstream.service.checkpoint_epochs`), the instance that resumes
+from it takes the next writer epoch; every checkpoint and log file it writes carries that
+epoch, every write checks it first, and readers ignore what a fenced instance wrote after the
+takeover.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from py4j.protocol import Py4JJavaError
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pyspark.sql import SparkSession
 
+from txstream.service.checkpoint_epochs import CheckpointEpochs
+from txstream.sinks.postgres_writers import Writer
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionLogEntry
 
 MANIFEST = "MANIFEST.json"
 TXLOG = "txlog"
 _CHECKPOINT = re.compile(r"^ckpt-(\d{12})-(\d+)$")
-_LOG_FILE = re.compile(r"^(\d{12})-(\d{12})\.json$")
+_LOG_FILE = re.compile(r"^(\d{12})-(\d{12})(?:\.e(\d+))?\.json$")
 _LOG = TypeAdapter(list[TransactionLogEntry])
+
+_logger = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -63,6 +75,7 @@ class Manifest(BaseModel):
     transaction: int  # the last transaction the checkpoint includes
     created: datetime
     identity: PipelineIdentity
+    epoch: int = 0  # the writer epoch of the instance that wrote it (0: none)
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,7 @@ class _Storage(Protocol):
     """The few file operations checkpoints need, on one root directory."""
 
     root: str
+    fences: bool  # create_new is atomic here
 
     def uri(self, rel: str) -> str: ...  # what Spark writes to
 
@@ -87,6 +101,8 @@ class _Storage(Protocol):
     def read_text(self, rel: str) -> str | None: ...
 
     def write_text(self, rel: str, text: str) -> None: ...  # atomic: whole or absent
+
+    def create_new(self, rel: str, text: str) -> bool: ...  # False: it exists already
 
     def put_dir(self, local: Path, rel: str) -> None: ...  # copy a local directory there
 
@@ -99,7 +115,9 @@ class _Storage(Protocol):
 
 
 class LocalStorage:
-    """A directory on this machine."""
+    """A directory on this machine (or a shared file system mounted here)."""
+
+    fences = True  # O_EXCL: atomic on local file systems and on NFS since v3
 
     def __init__(self, root: Path) -> None:
         self.root = str(root.resolve())
@@ -128,6 +146,21 @@ class LocalStorage:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
+
+    def create_new(self, rel: str, text: str) -> bool:
+        path = self._root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(path.parent)
+        return True
 
     def put_dir(self, local: Path, rel: str) -> None:
         shutil.copytree(local, self._root / rel)
@@ -171,6 +204,9 @@ class HadoopStorage:
 
     def __init__(self, root: str, spark: SparkSession) -> None:
         self.root = root.rstrip("/")
+        # The NameNode creates a file with overwrite=false atomically; other Hadoop file
+        # systems check for it first, then write (S3A, and the local one behind file://).
+        self.fences = root.lower().startswith("hdfs://")
         jvm = spark.sparkContext._jvm
         assert jvm is not None, "a SparkSession has a JVM gateway"
         self._path_class = jvm.org.apache.hadoop.fs.Path
@@ -204,6 +240,20 @@ class HadoopStorage:
             self._fs.copyFromLocalFile(False, True, self._path_class(str(local)), tmp)
         if not self._fs.rename(tmp, final):
             raise CheckpointError(f"could not rename {tmp} to {final}: does it exist already?")
+
+    def create_new(self, rel: str, text: str) -> bool:
+        try:
+            out = self._fs.create(self._path(rel), False)  # overwrite=false
+        except Py4JJavaError as exc:
+            if exc.java_exception.getClass().getName() == \
+                    "org.apache.hadoop.fs.FileAlreadyExistsException":
+                return False
+            raise
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+        return True
 
     def put_dir(self, local: Path, rel: str) -> None:
         self._fs.copyFromLocalFile(False, True, self._path_class(str(local)), self._path(rel))
@@ -246,11 +296,41 @@ class CheckpointStore:
         self.location = self._storage.root
         self.identity = identity
         self._keep = keep
+        self._epochs = (CheckpointEpochs(self._storage, self.location)
+                        if self._storage.fences else None)
+        self.epoch: int | None = None  # this instance's, once taken
+
+    # ---- the writer epoch ----------------------------------------------------------------
+
+    def take_epoch(self, writer: Writer, base: int) -> None:
+        """Take the location's next writer epoch for `writer`, which resumes through
+        transaction `base` (what it read of the checkpoints and the log, before this);
+        without fencing (an object store) only say so."""
+        if self._epochs is None:
+            _logger.warning("checkpoint location %s has no atomic create-if-absent (an object "
+                        "store): a second instance of this pipeline is not fenced through it "
+                        "(PostgreSQL sinks fence it through their database, Kafka sinks "
+                        "through their transactional id); use a file system path or hdfs:// "
+                        "for checkpoint_dir to fence file sinks", self.location)
+            return
+        self.epoch = self._epochs.take(writer, base)
+
+    def check_epoch(self) -> None:
+        """CheckpointFencedError if another instance took a newer epoch than this one's
+        (nothing before one is taken, or where the location cannot fence)."""
+        if self._epochs is not None and self.epoch is not None:
+            self._epochs.check(self.epoch)
+
+    def _valid(self) -> Callable[[int, int], bool]:
+        """Whether what epoch `e` wrote about transaction `t` is part of the history (see
+        `txstream.service.checkpoint_epochs`)."""
+        return self._epochs.valid() if self._epochs is not None else lambda e, t: True
 
     # ---- checkpoints ---------------------------------------------------------------------
 
     def _complete(self) -> list[Checkpoint]:
-        """Complete checkpoints, newest first."""
+        """Complete checkpoints that are part of the history, newest first."""
+        valid = self._valid()
         found = []
         for name in self._storage.list(""):
             if not _CHECKPOINT.match(name):
@@ -263,7 +343,8 @@ class CheckpointStore:
             except ValidationError as exc:
                 raise CheckpointError(f"checkpoint manifest {self.location}/{name}/{MANIFEST} "
                                       f"is unreadable ({exc}); delete that directory") from exc
-            found.append(Checkpoint(name, manifest))
+            if valid(manifest.epoch, manifest.transaction):
+                found.append(Checkpoint(name, manifest))
         return sorted(found, key=lambda c: _order(c.name), reverse=True)
 
     def latest(self) -> Checkpoint | None:
@@ -305,10 +386,13 @@ class CheckpointStore:
             state.save(Path(scratch) / "source")
             self._storage.put_dir(Path(scratch) / "source", f"{name}/source")
         return PreparedCheckpoint(name, Manifest(transaction=transaction, created=now,
-                                                 identity=self.identity))
+                                                 identity=self.identity,
+                                                 epoch=self.epoch or 0))
 
     def publish(self, prepared: PreparedCheckpoint) -> None:
-        """Make `prepared` complete (its manifest, last), then delete what it supersedes."""
+        """Make `prepared` complete (its manifest, last), then delete what it supersedes;
+        CheckpointFencedError instead if this instance was fenced."""
+        self.check_epoch()
         self._storage.make_durable(prepared.name)
         self._storage.write_text(f"{prepared.name}/{MANIFEST}",
                                  prepared.manifest.model_dump_json())
@@ -316,44 +400,62 @@ class CheckpointStore:
 
     def _prune(self, newest: str) -> None:
         """Keep the newest `keep` complete checkpoints; delete older ones, incomplete leftovers
-        below the newest, and log files no kept checkpoint needs."""
+        below the newest, what fenced instances wrote after a takeover, and log files no kept
+        checkpoint needs."""
         kept = self._complete()[: self._keep]
         kept_names = {c.name for c in kept}
+        valid = self._valid()
         for name in self._storage.list(""):
-            if _CHECKPOINT.match(name) and name not in kept_names \
-                    and _order(name) < _order(newest):
+            if _CHECKPOINT.match(name) and name not in kept_names and (
+                    _order(name) < _order(newest) or not valid(*self._written(name))):
                 self._storage.delete(name)
         oldest = min(c.transaction for c in kept)
-        for name, _, last in self._log_files():
-            if last <= oldest:
+        for name, first, last, epoch in self._log_files():
+            if last <= oldest or not valid(epoch, first):
                 self._storage.delete(f"{TXLOG}/{name}")
+
+    def _written(self, name: str) -> tuple[int, int]:
+        """The epoch and transaction of checkpoint `name` (one never completed: this
+        instance's, which is valid)."""
+        text = self._storage.read_text(f"{name}/{MANIFEST}")
+        if text is None:
+            return self.epoch or 0, _order(name)[0]
+        manifest = Manifest.model_validate_json(text)
+        return manifest.epoch, manifest.transaction
 
     # ---- transaction log -----------------------------------------------------------------
 
     def log(self, entries: Sequence[TransactionLogEntry]) -> None:
-        """Record the transactions of a batch (consecutive numbers) before the sinks see them."""
+        """Record the transactions of a batch (consecutive numbers) before the sinks see them;
+        CheckpointFencedError instead if this instance was fenced."""
         if not entries:
             return
-        name = f"{entries[0].number:012d}-{entries[-1].number:012d}.json"
+        self.check_epoch()
+        # The epoch in the name: a fenced instance's late file never replaces the new writer's.
+        epoch = f".e{self.epoch}" if self.epoch is not None else ""
+        name = f"{entries[0].number:012d}-{entries[-1].number:012d}{epoch}.json"
         self._storage.write_text(f"{TXLOG}/{name}", _LOG.dump_json(list(entries)).decode())
 
-    def _log_files(self) -> list[tuple[str, int, int]]:
+    def _log_files(self) -> list[tuple[str, int, int, int]]:
+        """Name, first and last transaction, and epoch (0: none) of each log file."""
         files = []
         for name in self._storage.list(TXLOG):
             m = _LOG_FILE.match(name)
             if m:
-                files.append((name, int(m.group(1)), int(m.group(2))))
+                files.append((name, int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)))
         return sorted(files, key=lambda f: f[1])
 
     def logged_after(self, transaction: int) -> list[TransactionLogEntry]:
-        """The logged transactions numbered after `transaction`, in order, without gaps."""
+        """The logged transactions numbered after `transaction` that are part of the
+        history, in order, without gaps."""
         entries: dict[int, TransactionLogEntry] = {}
-        for name, _, last in self._log_files():
+        valid = self._valid()
+        for name, _, last, epoch in self._log_files():
             if last <= transaction:
                 continue
             text = self._storage.read_text(f"{TXLOG}/{name}")
             for entry in _LOG.validate_json(text or "[]"):
-                if entry.number <= transaction:
+                if entry.number <= transaction or not valid(epoch, entry.number):
                     continue
                 seen = entries.setdefault(entry.number, entry)
                 if seen != entry:

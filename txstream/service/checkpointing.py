@@ -17,7 +17,7 @@ from txstream.schemas.config import PipelineConfig
 from txstream.service.metrics import CheckpointMetrics
 from txstream.service.outputs import Outputs
 from txstream.service.stages import CrashPoints, Stages
-from txstream.sinks.postgres_writers import WriterFencedError
+from txstream.sinks.sink import FencedError
 from txstream.sources.source_state import SourceState
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class Checkpointing:
                 continue
             try:
                 self.save(number, state, version)
-            except WriterFencedError:
+            except FencedError:
                 raise  # stops every stage: another instance took over
             except Exception:
                 # The storage may be back by the next one; until then a crash replays more

@@ -13,8 +13,10 @@ it into the same wait, with a cold start, and a fenced instance that waits is th
 standby.
 
 A pipeline without a PostgreSQL sink has no lease (`Leadership.of` is None): nothing makes a
-second instance wait. A fenced one reports it the same way (`report_fenced`) and waits until
-it is stopped.
+second instance wait. It is fenced through its checkpoint location instead
+(`txstream.service.checkpoint_epochs`): the instance that starts last takes the newest epoch,
+and the one it fenced reports it the same way (`report_fenced`) and waits until it is
+stopped, with no lease to wait for.
 """
 
 from __future__ import annotations

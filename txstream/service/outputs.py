@@ -81,10 +81,14 @@ class Outputs:
 
     def __init__(self, config: PipelineConfig, schemas: Mapping[str, TableSchema], *,
                  resuming: bool, live: LiveTables | None, retrying: Retrying,
-                 crash: CrashPoints, fence: WriterEpoch | None = None) -> None:
+                 crash: CrashPoints, fence: WriterEpoch | None = None,
+                 checkpoint_fence: Callable[[], None] | None = None) -> None:
         """Opens every sink (retrying while PostgreSQL is unavailable). `fence`: the writer
         epoch this instance took (`txstream.service.leadership`), checked by every PostgreSQL
-        transaction, and by a Kafka sink before it reopens a fenced producer."""
+        transaction. `checkpoint_fence`: raises a `FencedError` once the checkpoint location's
+        epoch moved on. Both make `check_writer`, which a Kafka sink asks before it reopens a
+        fenced producer."""
+        self._checkpoint_fence = checkpoint_fence
         self.postgres: PostgresOutputs | None = None
         self._retrying = retrying
         self.sinks, tables = retrying("postgresql", lambda: open_sinks(
@@ -154,8 +158,11 @@ class Outputs:
         self._crash.reached("sink_write")
 
     def check_writer(self) -> None:
-        """WriterFencedError if another instance took over the PostgreSQL outputs (from any
-        thread: the PostgreSQL outputs run one transaction at a time)."""
+        """A `FencedError` if another instance took over the pipeline: its PostgreSQL
+        outputs or its checkpoint location (from any thread: the PostgreSQL outputs run one
+        transaction at a time)."""
+        if self._checkpoint_fence is not None:
+            self._checkpoint_fence()
         if self.postgres is not None:
             self._retrying("postgresql", self.postgres.check_writer)
 

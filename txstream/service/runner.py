@@ -73,7 +73,7 @@ from txstream.service.startup import (
     stale_saved_state,
 )
 from txstream.sinks.live.serving import LiveTables
-from txstream.sinks.postgres_writers import WriterEpoch
+from txstream.sinks.postgres_writers import Writer, WriterEpoch
 from txstream.sources.kafka_input import KafkaInput
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionBatch
@@ -125,7 +125,9 @@ class PipelineRunner:
         `txstream.service.compose.open_runner`. `metrics` and `readiness`: given when an HTTP
         endpoint serves them from before the runner exists (restoring and connecting take a
         while). `live`: the tables of the outputs with a live sink. `fence`: the writer epoch
-        this instance took (`txstream.service.leadership`; None: not fenced)."""
+        this instance took (`txstream.service.leadership`; None: not fenced through
+        PostgreSQL). The runner takes the checkpoint location's epoch itself
+        (`CheckpointStore.take_epoch`)."""
         self.config = config
         self.live = live
         self.engine = engine
@@ -155,6 +157,9 @@ class PipelineRunner:
             checkpointed = 0
         replay = self.checkpoints.logged_after(checkpointed)
         self._logged_through = checkpointed + len(replay)
+        # Before the sinks open: a Kafka sink's new producer fences the previous writer's,
+        # which must find the epoch moved on already (`KafkaSink`, writer_check).
+        self.checkpoints.take_epoch(Writer.this_process(), base=self._logged_through)
         # The last transaction every sink committed, and the engine's state as of it.
         self._committed: tuple[int, EngineVersion | None] = (checkpointed, None)
         self.metrics.delivery.last_transaction = checkpointed
@@ -163,7 +168,8 @@ class PipelineRunner:
                      checkpointed, latest.name if latest else "no checkpoint", len(replay))
         self.outputs = Outputs(config, {name: out.schema for name, out in engine.outputs.items()},
                                resuming=resuming, live=live, retrying=self._retrying,
-                               crash=self._crash, fence=fence)
+                               crash=self._crash, fence=fence,
+                               checkpoint_fence=self.checkpoints.check_epoch)
         try:
             refuse(self._startup_problems(resuming, checkpointed))
         except BaseException:
