@@ -7,9 +7,9 @@ broker's and the client's share from ours.
 
     .venv/bin/python bench/ingest.py [--records 100000] [--keys 50000] [--batch 10000]
 
-`--formats-only` times only the decoding of the same records as JSON, as Avro and as JSON
-Schema-framed JSON in Confluent's wire format (`value_format` `avro`, `json_schema`), without a
-broker.
+`--formats-only` times only the decoding of the same records as JSON, and as Avro, JSON
+Schema-framed JSON and Protobuf in Confluent's wire format (`value_format` `avro`,
+`json_schema`, `protobuf`), without a broker.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 import pandas  # noqa: F401 (pyarrow's to_numpy imports it once: keep that out of the timings)
 import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from google.protobuf import json_format
 
 from txstream.changes import DIFF, TIME, consolidate
 from txstream.schemas.sources import BatchPolicy, SourceSpec
@@ -39,6 +40,7 @@ from txstream.sources.consumed import raw_records
 from txstream.sources.decoder import SourceDecoder
 from txstream.sources.framed_values import WriterSchema
 from txstream.sources.kafka_source import SIGN, RawRecords
+from txstream.sources.protobuf_values import ProtobufValues
 from txstream.sources.transactions import TransactionBuilder
 from txstream.sources.upsert import UpsertState
 
@@ -70,7 +72,14 @@ AVRO_SCHEMA: dict[str, Any] = {"type": "record", "name": "Order", "fields": [
     {"name": "item", "type": "string"}, {"name": "qty", "type": "int"},
     {"name": "price", "type": "double"}, {"name": "status", "type": "string"},
     {"name": "created", "type": {"type": "long", "logicalType": "timestamp-micros"}}]}
-AVRO_ID, JSON_SCHEMA_ID = 1, 2
+ORDER_PROTO = """syntax = "proto3";
+import "google/protobuf/timestamp.proto";
+message Order {
+  int64 id = 1; string customer = 2; string item = 3; int32 qty = 4; double price = 5;
+  string status = 6; google.protobuf.Timestamp created = 7;
+}
+"""
+AVRO_ID, JSON_SCHEMA_ID, PROTOBUF_ID = 1, 2, 3
 
 
 class KeptSchemas:
@@ -79,6 +88,8 @@ class KeptSchemas:
     def schema(self, schema_id: int) -> WriterSchema:
         if schema_id == AVRO_ID:
             return WriterSchema(json.dumps(AVRO_SCHEMA), "AVRO")
+        if schema_id == PROTOBUF_ID:
+            return WriterSchema(ORDER_PROTO, "PROTOBUF")
         return WriterSchema('{"type": "object"}', "JSON")
 
 
@@ -95,8 +106,16 @@ def avro_value(parsed: Any, value: dict[str, Any]) -> bytes:
     return framed(AVRO_ID, buf.getvalue())
 
 
+def protobuf_values(rows: list[dict[str, Any]]) -> list[bytes]:
+    """`rows` as the Schema Registry's Protobuf serializer writes them (message indexes [0])."""
+    order = ProtobufValues(KeptSchemas()).writer(PROTOBUF_ID).of((0,), PROTOBUF_ID)
+    return [framed(PROTOBUF_ID, b"\x00" + json_format.ParseDict(r, order()).SerializeToString())
+            for r in rows]
+
+
 def formats(n: int, batch: int) -> list[dict[str, Any]]:
-    """Decoding alone (append-only), the same records as JSON, Avro and framed JSON."""
+    """Decoding alone (append-only), the same records as JSON, Avro, framed JSON and
+    Protobuf."""
     rng = random.Random(7)
     rows = [row(rng, k) for k in range(n)]
     parsed = fastavro.parse_schema(AVRO_SCHEMA)
@@ -104,7 +123,8 @@ def formats(n: int, batch: int) -> list[dict[str, Any]]:
     for fmt, values in (("json", [json.dumps(r).encode() for r in rows]),
                         ("avro", [avro_value(parsed, r) for r in rows]),
                         ("json_schema", [framed(JSON_SCHEMA_ID, json.dumps(r).encode())
-                                         for r in rows])):
+                                         for r in rows]),
+                        ("protobuf", protobuf_values(rows))):
         spec = SourceSpec(name="orders", topic="orders", schema=SCHEMA, value_format=fmt,
                           schema_registry_url=None if fmt == "json"
                           else "http://registry.invalid")

@@ -13,9 +13,9 @@ other references are not resolved yet.
 
 The JSON keeps proto field names and reads as a JSON producer's would: 64-bit integers as
 numbers (not the strings of protobuf's JSON mapping), enums by name, bytes as base64,
-`google.protobuf.Timestamp` as RFC 3339 text, wrappers as their value, `confluent.type.Decimal`
-(what Confluent's ProtobufConverter writes for decimals) as an exact numeric string, maps as
-objects. A field with presence (`optional`, a message, a oneof member) that is not set is left
+`google.protobuf.Timestamp` as RFC 3339 text (to the microsecond, a timestamp column's
+precision), wrappers as their value, `confluent.type.Decimal` (what Confluent's
+ProtobufConverter writes for decimals) as an exact numeric string, maps as objects. A field with presence (`optional`, a message, a oneof member) that is not set is left
 out, so it reads as null; a proto3 field without presence reads as its default (0, "", false),
 as protobuf itself reads it.
 """
@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -164,46 +166,82 @@ def message_indexes(body: bytes) -> tuple[tuple[int, ...], int]:
     return tuple(indexes), at
 
 
-def _decimal(value: Message) -> str:
-    unscaled = int.from_bytes(value.value, "big", signed=True)  # type: ignore[attr-defined]
-    return str(Decimal(unscaled).scaleb(-value.scale))  # type: ignore[attr-defined]
+Convert = Callable[[Any], Any]
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
-def _single(fd: FieldDescriptor, value: Any) -> Any:
+def _decimal(value: Any) -> str:
+    unscaled = int.from_bytes(value.value, "big", signed=True)
+    return str(Decimal(unscaled).scaleb(-value.scale))
+
+
+def _timestamp(value: Any) -> datetime.datetime:
+    # To microseconds, a timestamp column's precision (msgspec writes it as RFC 3339 text).
+    return _EPOCH + datetime.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
+
+
+def _bytes(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _converter(fd: FieldDescriptor) -> Convert | None:
+    """How one value of `fd` becomes JSON; None: as it is (numbers, text, booleans)."""
     if fd.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
         name = fd.message_type.full_name
         if name == "google.protobuf.Timestamp":
-            return value.ToJsonString()
+            return _timestamp
         if name in _WRAPPERS:
-            return _single(value.DESCRIPTOR.fields_by_name["value"], value.value)
+            inner = _converter(fd.message_type.fields_by_name["value"])
+            return (lambda v: v.value) if inner is None else (lambda v: inner(v.value))
         if name == "confluent.type.Decimal":
-            return _decimal(value)
+            return _decimal
         if name.startswith("google.protobuf."):
-            return json_format.MessageToDict(value, preserving_proto_field_name=True)
-        return as_json(value)
+            return lambda v: json_format.MessageToDict(v, preserving_proto_field_name=True)
+        return as_json
     if fd.type == FieldDescriptor.TYPE_ENUM:
-        known = fd.enum_type.values_by_number.get(value)
-        return known.name if known is not None else value
+        names = {v.number: v.name for v in fd.enum_type.values}
+        return lambda v: names.get(v, v)
     if fd.type == FieldDescriptor.TYPE_BYTES:
-        return base64.b64encode(value).decode("ascii")
-    return value
+        return _bytes
+    return None
+
+
+def _field_converter(fd: FieldDescriptor) -> Convert | None:
+    """How the value of `fd` (a map, a repeated field or a single value) becomes JSON."""
+    if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+        item = _converter(fd.message_type.fields_by_name["value"])
+        if item is None:
+            return lambda m: {str(k): v for k, v in m.items()}
+        return lambda m: {str(k): item(v) for k, v in m.items()}
+    one = _converter(fd)
+    if fd.is_repeated:
+        return (lambda vs: list(vs)) if one is None else (lambda vs: [one(v) for v in vs])
+    return one
+
+
+# Per message type, each field's name, whether it has presence, and its converter: worked out
+# once, so that a message costs a getattr per field and a call per field that needs one.
+_Plan = list[tuple[str, bool, Convert | None]]
+_PLANS: dict[Descriptor, _Plan] = {}
+
+
+def _plan(descriptor: Descriptor) -> _Plan:
+    plan = _PLANS.get(descriptor)
+    if plan is None:
+        plan = _PLANS[descriptor] = [
+            (fd.name, fd.has_presence and not fd.is_repeated, _field_converter(fd))
+            for fd in descriptor.fields]
+    return plan
 
 
 def as_json(message: Message) -> dict[str, Any]:
     """`message` as the JSON object the decoder reads (see the module doc)."""
     out: dict[str, Any] = {}
-    descriptor: Descriptor = message.DESCRIPTOR
-    for fd in descriptor.fields:
-        if fd.has_presence and not message.HasField(fd.name):
+    for name, presence, convert in _plan(message.DESCRIPTOR):
+        if presence and not message.HasField(name):
             continue
-        value = getattr(message, fd.name)
-        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-            item = fd.message_type.fields_by_name["value"]
-            out[fd.name] = {str(k): _single(item, v) for k, v in value.items()}
-        elif fd.is_repeated:
-            out[fd.name] = [_single(fd, v) for v in value]
-        else:
-            out[fd.name] = _single(fd, value)
+        value = getattr(message, name)
+        out[name] = value if convert is None else convert(value)
     return out
 
 
@@ -252,4 +290,8 @@ class ProtobufValues(FramedValues):
             raise ValueError(f"Protobuf message does not decode with writer schema id "
                              f"{schema_id} ({exc}); the record is corrupt or was written "
                              "with another registry's id") from exc
-        return _JSON.encode(as_json(message))
+        try:
+            return _JSON.encode(as_json(message))
+        except OverflowError as exc:  # a Timestamp beyond the years 1 to 9999
+            raise ValueError(f"Protobuf message of writer schema id {schema_id} holds a "
+                             f"value out of range ({exc})") from exc
