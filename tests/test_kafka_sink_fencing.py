@@ -1,6 +1,7 @@
 """A Kafka sink that cannot recover: fenced once it reopens, fenced again it stops; fenced
 after the pipeline's writer epoch moved on it does not reopen; fatal errors on every new
-producer stop it; a second live writer with the same transactional id.
+producer stop it; a second live writer with the same transactional id; and `txstream run`
+with a fenced Kafka sink: fenced, waiting, not exiting into a restart loop.
 
 The fatal errors come from the broker process: librdkafka's mock cluster answers the next
 AddPartitionsToTxn requests with the error asked for (`MockKafkaBroker.fail_requests`). It
@@ -13,12 +14,16 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
 import uuid
 
 import pyarrow as pa
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from support.orders import write_config
+from support.runner import OrderProducer
+from support.service_process import ServiceProcess, metric, scrape
 from test_postgres_outputs import outputs
 from test_writer_fencing import lease, wait_to_take
 
@@ -26,7 +31,7 @@ from txstream.changes import DIFF, TIME, Changes
 from txstream.schemas.sinks import RetryPolicy
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
-from txstream.service.embedded.postgres import PostgresEndpoint
+from txstream.service.embedded.postgres import PostgresEndpoint, free_port
 from txstream.sinks.kafka_sink import KafkaSink, KafkaSinkFatalError, KafkaSinkFencedError
 from txstream.sinks.postgres_writers import WriterFencedError
 from txstream.sinks.sink import FencedError, SinkWriteError
@@ -170,3 +175,33 @@ def test_a_second_live_writer_with_the_same_transactional_id_stops_the_sink(
         first.write(changes(3, 3))
     second.close()
     first.close()
+
+
+def test_the_service_waits_fenced_when_its_kafka_sink_is_fenced_twice(  # type: ignore[no-untyped-def]
+        kafka, topics, topic_name, tmp_path) -> None:
+    broker = mock_broker(kafka)
+    broker.create_topic(f"{topic_name}-paid", 1)
+    producer = OrderProducer(kafka.bootstrap_servers, topics)
+    producer.send(500)
+    port = free_port()
+    config = write_config(tmp_path / "pipeline.yaml", topics, "unused", f"g-{topic_name}",
+                          tmp_path / "ck", port, sinks=[{
+                              "output": "paid_orders", "kind": "kafka",
+                              "topic": f"{topic_name}-paid",
+                              "transactional_id": f"txn-{topic_name}"}])
+    service = ServiceProcess(config, {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers},
+                             tmp_path / "service.log")
+    try:
+        service.wait_for_metrics(port, lambda body: (metric(
+            body, "txstream_transactions_committed_total") or 0) > 0, timeout=600)
+        broker.fail_requests(ADD_PARTITIONS_TO_TXN, KafkaError.PRODUCER_FENCED, 2)
+        producer.send(200)
+        service.wait_for_log("fenced: the Kafka sink of 'paid_orders'", timeout=300)
+        assert scrape(port, "/readyz") == (503, "not ready: fenced\n")
+        assert metric(scrape(port)[1], "txstream_fenced_total") == 1
+        assert scrape(port, "/healthz")[0] == 200
+        assert service.proc.poll() is None  # waiting, not exited with an error
+        service.proc.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=90) == 0, service.tail()
+    finally:
+        service.kill()
