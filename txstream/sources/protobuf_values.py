@@ -15,9 +15,10 @@ The JSON keeps proto field names and reads as a JSON producer's would: 64-bit in
 numbers (not the strings of protobuf's JSON mapping), enums by name, bytes as base64,
 `google.protobuf.Timestamp` as RFC 3339 text (to the microsecond, a timestamp column's
 precision), wrappers as their value, `confluent.type.Decimal` (what Confluent's
-ProtobufConverter writes for decimals) as an exact numeric string, maps as objects. A field with presence (`optional`, a message, a oneof member) that is not set is left
-out, so it reads as null; a proto3 field without presence reads as its default (0, "", false),
-as protobuf itself reads it.
+ProtobufConverter writes for decimals) as an exact numeric string, maps as objects. A field
+with presence (`optional`, a message, a oneof member) that is not set is left out, so it reads
+as null; a proto3 field without presence reads as its default (0, "", false), as protobuf
+itself reads it.
 """
 
 from __future__ import annotations
