@@ -354,6 +354,15 @@ def test_chart_with_a_standby_rolls_all_pods_at_once_and_never_evicts_the_active
     # writer only.
     assert container(objects)["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert kinds["Service"]["spec"]["selector"].items() <= pod_labels.items()
+    # Every pod is a Spark driver: with executor pods, each names its own.
+    def spark_conf(values: dict[str, Any]) -> dict[str, str]:
+        text = by_kind(render(values))["ConfigMap"]["data"]["spark-defaults.conf"]
+        return dict(line.split(" ", 1) for line in text.splitlines())
+
+    assert spark_conf(K8S_VALUES)["spark.kubernetes.executor.podNamePrefix"] == (
+        "orders-pipeline-exec")
+    assert "spark.kubernetes.executor.podNamePrefix" not in spark_conf(
+        {**K8S_VALUES, "replicas": 2})
     # An existing claim is taken to be ReadWriteMany (the chart cannot see its access mode).
     shared = render({"replicas": 2, "checkpoint": {"persistence": {"existingClaim": "ck"}}})
     assert "PersistentVolumeClaim" not in by_kind(shared)
