@@ -1,15 +1,17 @@
 """Writer epochs in a checkpoint location: the instance that resumes a pipeline from it takes
 the next epoch, and an instance whose epoch is no longer the newest is fenced: it writes no
-checkpoint and no transaction log entry there any more. This fences pipelines whose outputs
-cannot (files, Kafka), and guards the checkpoints of those whose PostgreSQL outputs do
+checkpoint and no transaction log entry there any more. This is what fences a pipeline with
+file or Kafka sinks only (a Kafka sink asks it before it reopens a fenced producer), and it
+guards the checkpoints of one whose PostgreSQL outputs fence it too
 (`txstream.sinks.postgres_writers`).
 
 An epoch is a marker file `epochs/<epoch>.json`, created only if absent, atomically: a
 local or shared (NFS) file system's `O_EXCL` create, HDFS's `create(overwrite=false)`. Two
 instances taking an epoch at once both try the next number, one of them gets it, the other
-tries the one after (and fences the first). Object stores (s3a://, gs://, abfs://) have no
-such create through Hadoop's FileSystem (S3A checks then writes), so a location there takes
-no epoch and is not fenced (`CheckpointStore.take_epoch` says so in the log).
+tries the one after (and fences the first). Other Hadoop file systems, object stores
+(s3a://, gs://, abfs://) and even file:// among them, check whether the file exists and then
+write it, so a location there takes no epoch and is not fenced (`CheckpointStore.take_epoch`
+says so in the log).
 
 Checking the epoch before writing is two steps, not one: an instance fenced between its check
 and its write may still land that one write. So the marker also records the taker's **base**,
