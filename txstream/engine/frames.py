@@ -18,6 +18,7 @@ from functools import cache, reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 # The parallelism of the batch being planned (see the module doc).
 _PARALLELISM: ContextVar[int] = ContextVar("txstream_parallelism", default=1)
@@ -59,6 +60,17 @@ def null_safe_on(left: DataFrame, right: DataFrame, left_cols: Sequence[str],
     conds = [left[f"`{lc}`"].eqNullSafe(right[f"`{rc}`"]) for lc, rc in
              zip(left_cols, right_cols, strict=True)]
     return reduce(lambda a, b: a & b, conds)
+
+
+def struct_key(frame: DataFrame, columns: Sequence[str], types: StructType | None = None
+               ) -> Column:
+    """`frame`'s `columns` as one struct (cast to the types of the same-placed fields of
+    `types`, if given; structs compare only when their fields' types are equal): equal to
+    another such struct when each field is, nulls equal, as group keys must match."""
+    fields = [frame[f"`{c}`"] for c in columns]
+    if types is not None:
+        fields = [f.cast(t.dataType) for f, t in zip(fields, types.fields, strict=True)]
+    return F.struct(*fields)
 
 
 def prefixed(df: DataFrame, prefix: str, columns: Sequence[str] | None = None) -> DataFrame:

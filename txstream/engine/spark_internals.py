@@ -113,6 +113,8 @@ class _Jvm:
     logical_rdd: JavaObject
     unknown: JavaObject
     hash_partitioning: JavaObject
+    partitionings: JavaObject  # PartitioningCollection
+    create_struct: JavaObject
     partition_union: JavaObject
     nil: JavaObject
     none: JavaObject
@@ -139,6 +141,8 @@ def _jvm(spark: SparkSession) -> _Jvm:
         logical_rdd=jvm.org.apache.spark.sql.execution.LogicalRDD,
         unknown=jvm.org.apache.spark.sql.catalyst.plans.physical.UnknownPartitioning,
         hash_partitioning=jvm.org.apache.spark.sql.catalyst.plans.physical.HashPartitioning,
+        partitionings=jvm.org.apache.spark.sql.catalyst.plans.physical.PartitioningCollection,
+        create_struct=_module(spark, "org.apache.spark.sql.catalyst.expressions.CreateStruct"),
         partition_union=jvm.org.apache.spark.rdd.SQLPartitioningAwareUnionRDD,
         nil=_module(spark, "scala.collection.immutable.Nil"),
         none=jvm.scala.Option.empty(),
@@ -230,13 +234,20 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
     (readers that need one partition coalesce) unless `clustering` declares it: hashed by the
     columns at those positions into that many partitions, as `repartition(n, *columns)`
     places rows, which the planner then trusts (a join or aggregate by those columns adds no
-    exchange on this side). The declaration must be true of `rdd`."""
+    exchange on this side). The declaration must be true of `rdd`.
+
+    Declared twice: by the columns, and by one struct of them (`struct_key`). Spark's hash of
+    a struct is the hash of its fields in order, so both place every row alike; the second
+    serves joins on the struct, which match nulls to nulls where a join by the columns would
+    need `<=>`, which Spark plans on other expressions and so exchanges this side."""
     j = _jvm(spark)
     partitioning = j.unknown(0)
     if clustering is not None:
         positions, partitions = clustering
-        partitioning = j.hash_partitioning(
-            _seq(spark, [output.apply(i) for i in positions]), partitions)
+        columns = _seq(spark, [output.apply(i) for i in positions])
+        partitioning = j.partitionings(_seq(spark, [
+            j.hash_partitioning(columns, partitions),
+            j.hash_partitioning(_seq(spark, [j.create_struct.apply(columns)]), partitions)]))
     return j.logical_rdd(output, rdd, partitioning, j.nil, False, j.none, j.session, j.none,
                          j.none, False)
 
