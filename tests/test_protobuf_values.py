@@ -25,7 +25,7 @@ from test_json_schema_values import json_order
 from txstream.schemas.sources import SourceSpec
 from txstream.schemas.tables import TableSchema
 from txstream.sources.decoder import SourceDecoder
-from txstream.sources.framed_values import WriterSchema
+from txstream.sources.framed_values import SchemaUnusable, WriterSchema
 from txstream.sources.kafka_source import RawRecords
 from txstream.sources.protobuf_values import ProtobufValues
 from txstream.sources.schema_registry import RegistrySchemas
@@ -183,3 +183,20 @@ def test_unset_optional_fields_are_left_out() -> None:
     assert values.json_of(b"\x00\x00\x00\x00\x01\x00" + cls().SerializeToString()) == b"{}"
     with pytest.raises(ValueError, match="message indexes cut short"):
         values.json_of(b"\x00\x00\x00\x00\x01")
+
+
+def test_an_unusable_schema_is_not_asked_again() -> None:
+    """A registered schema never changes: one that does not compile is compiled once, and
+    every later record naming it is refused for the same reason."""
+    asked: list[int] = []
+
+    class Counting(Compiled):
+        def schema(self, schema_id: int) -> WriterSchema:
+            asked.append(schema_id)
+            return super().schema(schema_id)
+
+    values = ProtobufValues(Counting("message Order { int64 id = ; }"))
+    for _ in range(2):
+        with pytest.raises(SchemaUnusable, match=r"schema id 1: the \.proto text does not compile"):
+            values.json_of(b"\x00\x00\x00\x00\x01\x00")
+    assert asked == [1]

@@ -30,7 +30,7 @@ import fastavro
 import msgspec
 from fastavro import schemaless_reader
 
-from txstream.sources.framed_values import FramedValues, SchemaUnavailable, WriterSchema
+from txstream.sources.framed_values import FramedValues, SchemaUnusable, WriterSchema
 
 # What fastavro raises on a body that does not match its schema (truncated, an out-of-range
 # union branch, bad UTF-8, a negative length...).
@@ -48,13 +48,13 @@ class AvroValues(FramedValues):
 
     def _parse(self, schema: WriterSchema, schema_id: int) -> Any:
         if schema.references:
-            raise SchemaUnavailable(f"schema id {schema_id} references other schemas "
+            raise SchemaUnusable(f"schema id {schema_id} references other schemas "
                                     f"({', '.join(schema.references)}), which txstream does "
                                     "not resolve for Avro yet; inline them")
         try:
             return fastavro.parse_schema(json.loads(schema.text))
         except (ValueError, fastavro.schema.SchemaParseException) as exc:
-            raise SchemaUnavailable(f"schema id {schema_id} is no valid Avro schema: {exc}"
+            raise SchemaUnusable(f"schema id {schema_id} is no valid Avro schema: {exc}"
                                     ) from exc
 
     def _decode(self, writer: Any, body: bytes, schema_id: int) -> bytes:

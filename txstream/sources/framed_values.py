@@ -27,6 +27,11 @@ class SchemaUnavailable(ValueError):
     ValueError: the value cannot be read, as a malformed one cannot)."""
 
 
+class SchemaUnusable(SchemaUnavailable):
+    """The registry's schema of an id cannot be read with (another kind, invalid, not
+    compiling): a registered schema never changes, so this is kept rather than asked again."""
+
+
 @dataclass(frozen=True)
 class WriterSchema:
     """A schema as the registry holds it."""
@@ -53,6 +58,7 @@ class FramedValues(ABC):
     def __init__(self, schemas: WriterSchemas) -> None:
         self._schemas = schemas
         self._parsed: dict[int, Any] = {}
+        self._unusable: dict[int, str] = {}  # schema id -> why (SchemaUnusable)
 
     def transcode(self, records: RawRecords) -> tuple[RawRecords, dict[int, str]]:
         """`records` with each value as JSON (tombstones stay None) and the reasons of the
@@ -98,17 +104,24 @@ class FramedValues(ABC):
         kept; SchemaUnavailable says why there is none."""
         if schema_id in self._parsed:
             return self._parsed[schema_id]
+        if schema_id in self._unusable:
+            raise SchemaUnusable(self._unusable[schema_id])
         schema = self._schemas.schema(schema_id)
-        if schema.schema_type != self.schema_type:
-            raise SchemaUnavailable(
-                f"schema id {schema_id} is a {schema.schema_type} schema; this source reads "
-                f"{self.schema_type} (value_format {self.value_format!r})")
-        parsed = self._parsed[schema_id] = self._parse(schema, schema_id)
+        try:
+            if schema.schema_type != self.schema_type:
+                raise SchemaUnusable(
+                    f"schema id {schema_id} is a {schema.schema_type} schema; this source "
+                    f"reads {self.schema_type} (value_format {self.value_format!r})")
+            parsed = self._parsed[schema_id] = self._parse(schema, schema_id)
+        except SchemaUnusable as exc:
+            self._unusable[schema_id] = str(exc)
+            raise
         return parsed
 
     @abstractmethod
     def _parse(self, schema: WriterSchema, schema_id: int) -> Any:
-        """The form of `schema` that `_decode` reads with; SchemaUnavailable if unusable."""
+        """The form of `schema` that `_decode` reads with; SchemaUnusable if it cannot be one,
+        SchemaUnavailable if it cannot be now."""
 
     @abstractmethod
     def _decode(self, writer: Any, body: bytes, schema_id: int) -> bytes:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from txstream.sources.framed_values import FramedValues, SchemaUnavailable, WriterSchema
+from txstream.sources.framed_values import FramedValues, SchemaUnusable, WriterSchema
 
 
 class JsonSchemaValues(FramedValues):
@@ -27,7 +27,7 @@ class JsonSchemaValues(FramedValues):
         try:
             return json.loads(schema.text)
         except ValueError as exc:
-            raise SchemaUnavailable(f"schema id {schema_id} is no valid JSON Schema: {exc}"
+            raise SchemaUnusable(f"schema id {schema_id} is no valid JSON Schema: {exc}"
                                     ) from exc
 
     def _decode(self, writer: Any, body: bytes, schema_id: int) -> bytes:

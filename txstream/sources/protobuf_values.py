@@ -57,7 +57,12 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from txstream.sources.framed_values import FramedValues, SchemaUnavailable, WriterSchema
+from txstream.sources.framed_values import (
+    FramedValues,
+    SchemaUnavailable,
+    SchemaUnusable,
+    WriterSchema,
+)
 
 _JSON = msgspec.json.Encoder()
 # Files a schema imports without a reference, dependencies first.
@@ -99,14 +104,18 @@ def _compiled(text: str, name: str) -> list[descriptor_pb2.FileDescriptorProto]:
         out = root / "out.pb"
         # protoc in a child process: its errors go to the stderr of the process, which the
         # reason quotes.
-        done = subprocess.run(
-            [sys.executable, "-c", "import sys; from grpc_tools import protoc; "
-             "sys.exit(protoc.main(['protoc', *sys.argv[1:]]))",
-             f"--proto_path={root}", f"--descriptor_set_in={root / 'builtins.pb'}",
-             "--include_imports", f"--descriptor_set_out={out}", name],
-            capture_output=True, text=True, timeout=_PROTOC_TIMEOUT_S, check=False)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", "import sys; from grpc_tools import protoc; "
+                 "sys.exit(protoc.main(['protoc', *sys.argv[1:]]))",
+                 f"--proto_path={root}", f"--descriptor_set_in={root / 'builtins.pb'}",
+                 "--include_imports", f"--descriptor_set_out={out}", name],
+                capture_output=True, text=True, timeout=_PROTOC_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SchemaUnavailable(f"protoc could not compile the .proto text ({exc}); "
+                                    "replay this dead letter once it can") from exc
         if done.returncode != 0:
-            raise SchemaUnavailable(f"the .proto text does not compile: "
+            raise SchemaUnusable(f"the .proto text does not compile: "
                                     f"{done.stderr.strip() or done.stdout.strip()}")
         files = descriptor_pb2.FileDescriptorSet()
         files.ParseFromString(out.read_bytes())
@@ -255,7 +264,7 @@ class ProtobufValues(FramedValues):
 
     def _parse(self, schema: WriterSchema, schema_id: int) -> Any:
         if schema.references:
-            raise SchemaUnavailable(f"schema id {schema_id} imports other schemas "
+            raise SchemaUnusable(f"schema id {schema_id} imports other schemas "
                                     f"({', '.join(schema.references)}), which txstream does "
                                     "not resolve for Protobuf yet; inline them")
         name = f"schema_{schema_id}.proto"
@@ -266,8 +275,8 @@ class ProtobufValues(FramedValues):
         else:
             try:
                 files = _compiled(schema.text, name)
-            except SchemaUnavailable as exc:
-                raise SchemaUnavailable(f"schema id {schema_id}: {exc}") from exc
+            except SchemaUnavailable as exc:  # of its kind: unusable for good, or for now
+                raise type(exc)(f"schema id {schema_id}: {exc}") from exc
         pool = descriptor_pool.DescriptorPool()
         added: set[str] = set()
         for builtin in _BUILTINS:
@@ -278,7 +287,7 @@ class ProtobufValues(FramedValues):
                 if file.name not in added:
                     pool.AddSerializedFile(file.SerializeToString())
         except (TypeError, KeyError, ValueError) as exc:
-            raise SchemaUnavailable(f"schema id {schema_id} is no usable Protobuf schema: "
+            raise SchemaUnusable(f"schema id {schema_id} is no usable Protobuf schema: "
                                     f"{exc}") from exc
         return Messages(pool, files[-1])
 
