@@ -7,6 +7,7 @@ dead-lettered with its original bytes and the reason."""
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import os
 import uuid
@@ -14,8 +15,9 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
+import fastavro
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from support.schema_registry_double import running_double
@@ -266,3 +268,32 @@ def test_settings_go_together() -> None:
         SourceSpec(name="o", topic="o", schema=ORDERS, value_format="json_schema")
     with pytest.raises(ValueError, match="schema_registry_url go together"):
         SourceSpec(name="o", topic="o", schema=ORDERS, schema_registry_url="http://r:8081")
+
+
+def test_a_schema_importing_another_subject(registry_url: str) -> None:
+    """A named type that the writer schema takes from another subject (a reference), as
+    Confluent's serializers register shared types: resolved before the schema itself."""
+    client = SchemaRegistryClient({"url": registry_url})
+    money = {"type": "record", "name": "Money", "namespace": "shop", "fields": [
+        {"name": "currency", "type": "string"}, {"name": "cents", "type": "long"}]}
+    subject = f"shop.Money-{uuid.uuid4().hex[:8]}"
+    client.register_schema(subject, Schema(json.dumps(money), "AVRO"))
+    priced = {"type": "record", "name": "Priced", "namespace": "shop", "fields": [
+        {"name": "id", "type": "long"}, {"name": "price", "type": "shop.Money"}]}
+    schema_id = client.register_schema(f"{subject}-priced", Schema(
+        json.dumps(priced), "AVRO", [SchemaReference("shop.Money", subject, 1)]))
+    named: dict[str, Any] = {}
+    fastavro.parse_schema(money, named_schemas=named)
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(priced, named_schemas=named),
+                               {"id": 7, "price": {"currency": "EUR", "cents": 1250}})
+    spec = SourceSpec(name="priced", topic="priced", value_format="avro",
+                      schema_registry_url=registry_url,
+                      fields={"currency": "price.currency", "cents": "price.cents"},
+                      schema=TableSchema.of({"id": "bigint", "currency": "text",
+                                             "cents": "bigint"}))
+    batch = SourceDecoder(spec, RegistrySchemas(registry_url)).decode(RawRecords.of(
+        "priced", [b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()]), [0])
+    assert batch.bad == []
+    assert batch.rows.select(["id", "currency", "cents"]).to_pylist() == [
+        {"id": 7, "currency": "EUR", "cents": 1250}]

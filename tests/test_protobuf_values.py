@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import json_format
@@ -200,3 +200,42 @@ def test_an_unusable_schema_is_not_asked_again() -> None:
         with pytest.raises(SchemaUnusable, match=r"schema id 1: the \.proto text does not compile"):
             values.json_of(b"\x00\x00\x00\x00\x01\x00")
     assert asked == [1]
+
+
+COMMON_PROTO = """syntax = "proto3";
+package shop.common;
+message Money { string currency = 1; int64 cents = 2; }
+"""
+PRICED_PROTO = """syntax = "proto3";
+package shop;
+import "shop/common.proto";
+message Priced { int64 id = 1; shop.common.Money price = 2; }
+"""
+
+
+def test_imports_of_other_subjects(registry_url: str) -> None:  # noqa: F811
+    """A schema importing a file that the registry holds as another subject (a reference):
+    resolved as `.proto` text, and as Confluent's serializer registers both, serialized."""
+    producer = ProtobufProducer(registry_url)
+    client = producer.client
+    subject = f"{producer.topic}/shop/common.proto"
+    client.register_schema(subject, Schema(COMMON_PROTO, "PROTOBUF"))
+    priced_id = client.register_schema(f"{producer.topic}-value", Schema(
+        PRICED_PROTO, "PROTOBUF", [SchemaReference("shop/common.proto", subject, 1)]))
+    priced = ProtobufValues(RegistrySchemas(registry_url)).writer(priced_id).of((0,), priced_id)
+    message = json_format.ParseDict({"id": 7, "price": {"currency": "EUR", "cents": 1250}},
+                                    priced())
+    as_text = b"\x00" + priced_id.to_bytes(4, "big") + b"\x00" + message.SerializeToString()
+    serialize = ProtobufSerializer(priced, client, {"auto.register.schemas": True})
+    serialized = serialize(message, SerializationContext(producer.topic, MessageField.VALUE))
+    assert serialized[1:5] != as_text[1:5]  # registered again, with its import, serialized
+    spec = SourceSpec(name="priced", topic=producer.topic, value_format="protobuf",
+                      schema_registry_url=registry_url, fields={"currency": "price.currency",
+                                                                "cents": "price.cents"},
+                      schema=TableSchema.of({"id": "bigint", "currency": "text",
+                                             "cents": "bigint"}))
+    decoder = SourceDecoder(spec, RegistrySchemas(registry_url))
+    batch = decoder.decode(RawRecords.of(producer.topic, [as_text, serialized]), [0, 1])
+    assert batch.bad == []
+    assert batch.rows.select(["id", "currency", "cents"]).to_pylist() == [
+        {"id": 7, "currency": "EUR", "cents": 1250}] * 2

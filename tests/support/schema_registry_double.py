@@ -1,14 +1,18 @@
 """A TEST DOUBLE of Confluent's Schema Registry, not a registry: the subset of its REST API that
-confluent-kafka's `SchemaRegistryClient` and `AvroSerializer` call for txstream's tests, in
+confluent-kafka's `SchemaRegistryClient` and its serializers call for txstream's tests, in
 memory, run as its own process (like the embedded broker) so that the service under test talks
 HTTP to it exactly as to a real one.
 
-    POST /subjects/{subject}/versions     register {"schema", "schemaType"?} -> {"id"}; the
-                                          same schema gets the same id in every subject
-    GET  /schemas/ids/{id}                {"schema", "schemaType"?} or 404, error code 40403
+    POST /subjects/{subject}/versions     register {"schema", "schemaType"?, "references"?}
+                                          -> {"id"}; the same schema (and references) gets
+                                          the same id in every subject
+    POST /subjects/{subject}              look a schema up: its version there, or 404 40403
+    GET  /schemas/ids/{id}                {"schema", "schemaType"?, "references"?} or 404,
+                                          error code 40403
     GET  /subjects                        the subjects
     GET  /subjects/{subject}/versions     their versions
-    GET  /subjects/{subject}/versions/{n|latest}   {"subject", "version", "id", "schema"}
+    GET  /subjects/{subject}/versions/{n|latest}   {"subject", "version", "id", "schema",
+                                                    "schemaType"?, "references"?}
 
 It checks no compatibility and keeps nothing across restarts. With
 SCHEMA_REGISTRY_DOUBLE_USER_INFO=`user:password` in its environment it requires that basic auth
@@ -33,17 +37,30 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 _ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Registry:
     def __init__(self) -> None:
-        self.schemas: list[tuple[str, str]] = []  # (schema, schemaType); id = index + 1
+        # (schema, schemaType, references as JSON); id = index + 1
+        self.schemas: list[tuple[str, str, str]] = []
         self.subjects: dict[str, list[int]] = {}  # subject -> schema id of each version
 
-    def register(self, subject: str, schema: str, schema_type: str) -> int:
-        key = (schema, schema_type)
+    @staticmethod
+    def _key(schema: str, schema_type: str, references: list[dict[str, Any]]
+             ) -> tuple[str, str, str]:
+        return schema, schema_type, json.dumps(references, sort_keys=True)
+
+    def find(self, schema: str, schema_type: str, references: list[dict[str, Any]]
+             ) -> int | None:
+        key = self._key(schema, schema_type, references)
+        return self.schemas.index(key) + 1 if key in self.schemas else None
+
+    def register(self, subject: str, schema: str, schema_type: str,
+                 references: list[dict[str, Any]]) -> int:
+        key = self._key(schema, schema_type, references)
         if key not in self.schemas:
             self.schemas.append(key)
         schema_id = self.schemas.index(key) + 1
@@ -53,9 +70,15 @@ class _Registry:
         return schema_id
 
     def by_id(self, schema_id: int) -> dict[str, Any]:
-        schema, schema_type = self.schemas[schema_id - 1]
-        return {"schema": schema, **({"schemaType": schema_type}
-                                     if schema_type != "AVRO" else {})}
+        schema, schema_type, references = self.schemas[schema_id - 1]
+        return {"schema": schema,
+                **({"schemaType": schema_type} if schema_type != "AVRO" else {}),
+                **({"references": json.loads(references)} if references != "[]" else {})}
+
+    def version(self, subject: str, version: int) -> dict[str, Any]:
+        schema_id = self.subjects[subject][version - 1]
+        return {"subject": subject, "version": version, "id": schema_id,
+                **self.by_id(schema_id)}
 
 
 _REGISTRY = _Registry()
@@ -100,9 +123,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, method: str, path: str) -> Any:
         reg = _REGISTRY
+        body = (json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if method == "POST" else {})
+        key = (body.get("schema", ""), body.get("schemaType", "AVRO"),
+               body.get("references") or [])
         if method == "POST" and (m := re.fullmatch(r"/subjects/([^/]+)/versions", path)):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            return {"id": reg.register(m[1], body["schema"], body.get("schemaType", "AVRO"))}
+            return {"id": reg.register(unquote(m[1]), *key)}
+        if method == "POST" and (m := re.fullmatch(r"/subjects/([^/]+)", path)):
+            subject = unquote(m[1])
+            schema_id = reg.find(*key)
+            versions = reg.subjects.get(subject, [])
+            if schema_id not in versions:
+                raise _NotFound(40403, "Schema not found")
+            return reg.version(subject, versions.index(schema_id) + 1)
         if m := re.fullmatch(r"/schemas/ids/(\d+)", path):
             if not 0 < int(m[1]) <= len(reg.schemas):
                 raise _NotFound(40403, "Schema not found")
@@ -110,17 +143,16 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/subjects":
             return sorted(reg.subjects)
         if m := re.fullmatch(r"/subjects/([^/]+)/versions(?:/(\w+))?", path):
-            if m[1] not in reg.subjects:
-                raise _NotFound(40401, f"Subject '{m[1]}' not found.")
-            versions = reg.subjects[m[1]]
+            subject = unquote(m[1])
+            if subject not in reg.subjects:
+                raise _NotFound(40401, f"Subject '{subject}' not found.")
+            versions = reg.subjects[subject]
             if m[2] is None:
                 return list(range(1, len(versions) + 1))
             version = len(versions) if m[2] == "latest" else int(m[2])
             if not 0 < version <= len(versions):
                 raise _NotFound(40402, "Version not found.")
-            schema_id = versions[version - 1]
-            return {"subject": m[1], "version": version, "id": schema_id,
-                    **reg.by_id(schema_id)}
+            return reg.version(subject, version)
         raise _NotFound(404, f"{method} {path} is not part of this test double")
 
     def do_GET(self) -> None:

@@ -46,16 +46,18 @@ class AvroValues(FramedValues):
     value_format = "avro"
     serializer = "Avro serializer"
 
-    def _parse(self, schema: WriterSchema, schema_id: int) -> Any:
-        if schema.references:
-            raise SchemaUnusable(f"schema id {schema_id} references other schemas "
-                                    f"({', '.join(schema.references)}), which txstream does "
-                                    "not resolve for Avro yet; inline them")
+    def _parse(self, schema: WriterSchema, imports: list[tuple[str, WriterSchema]],
+               schema_id: int) -> Any:
+        # The named types of the imported schemas, parsed first, are what the schema's own
+        # names resolve to.
+        named: dict[str, Any] = {}
         try:
-            return fastavro.parse_schema(json.loads(schema.text))
-        except (ValueError, fastavro.schema.SchemaParseException) as exc:
+            for _, imported in imports:
+                fastavro.parse_schema(json.loads(imported.text), named_schemas=named)
+            return fastavro.parse_schema(json.loads(schema.text), named_schemas=named)
+        except (ValueError, fastavro.schema.SchemaParseException) as exc:  # UnknownType too
             raise SchemaUnusable(f"schema id {schema_id} is no valid Avro schema: {exc}"
-                                    ) from exc
+                                 ) from exc
 
     def _decode(self, writer: Any, body: bytes, schema_id: int) -> bytes:
         buf = io.BytesIO(body)

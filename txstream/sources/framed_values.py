@@ -33,18 +33,50 @@ class SchemaUnusable(SchemaUnavailable):
 
 
 @dataclass(frozen=True)
+class Reference:
+    """A schema that another one imports, as the registry names it."""
+
+    name: str  # how the importing schema names it (Avro: a type's full name; Protobuf: a file)
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True)
 class WriterSchema:
     """A schema as the registry holds it."""
 
     text: str
     schema_type: str  # AVRO, JSON or PROTOBUF, as the registry names them
-    references: tuple[str, ...] = ()  # the subjects it imports
+    references: tuple[Reference, ...] = ()
 
 
 class WriterSchemas(Protocol):
     def schema(self, schema_id: int) -> WriterSchema:
         """The schema registered as `schema_id`; raise SchemaUnavailable when there is none."""
         ...
+
+    def version(self, subject: str, version: int) -> WriterSchema:
+        """Version `version` of `subject` (a reference); SchemaUnavailable when there is none."""
+        ...
+
+
+def resolved(schemas: WriterSchemas, schema: WriterSchema) -> list[tuple[str, WriterSchema]]:
+    """The schemas `schema` imports, transitively, each before those importing it, by the name
+    it is imported as (each once)."""
+    out: dict[str, WriterSchema] = {}
+
+    def visit(of: WriterSchema, path: tuple[str, ...]) -> None:
+        for ref in of.references:
+            if ref.name in path:
+                raise SchemaUnusable(f"schema references form a cycle: {' -> '.join(path)} -> "
+                                     f"{ref.name}")
+            if ref.name not in out:
+                imported = schemas.version(ref.subject, ref.version)
+                visit(imported, (*path, ref.name))
+                out[ref.name] = imported
+
+    visit(schema, ())
+    return list(out.items())
 
 
 class FramedValues(ABC):
@@ -112,16 +144,23 @@ class FramedValues(ABC):
                 raise SchemaUnusable(
                     f"schema id {schema_id} is a {schema.schema_type} schema; this source "
                     f"reads {self.schema_type} (value_format {self.value_format!r})")
-            parsed = self._parsed[schema_id] = self._parse(schema, schema_id)
+            imports = resolved(self._schemas, schema)
+            for name, imported in imports:
+                if imported.schema_type != self.schema_type:
+                    raise SchemaUnusable(f"schema id {schema_id} imports {name!r}, a "
+                                         f"{imported.schema_type} schema")
+            parsed = self._parsed[schema_id] = self._parse(schema, imports, schema_id)
         except SchemaUnusable as exc:
             self._unusable[schema_id] = str(exc)
             raise
         return parsed
 
     @abstractmethod
-    def _parse(self, schema: WriterSchema, schema_id: int) -> Any:
-        """The form of `schema` that `_decode` reads with; SchemaUnusable if it cannot be one,
-        SchemaUnavailable if it cannot be now."""
+    def _parse(self, schema: WriterSchema, imports: list[tuple[str, WriterSchema]],
+               schema_id: int) -> Any:
+        """The form of `schema` that `_decode` reads with, given the schemas it imports
+        (`resolved`); SchemaUnusable if it cannot be one, SchemaUnavailable if it cannot be
+        now."""
 
     @abstractmethod
     def _decode(self, writer: Any, body: bytes, schema_id: int) -> bytes:

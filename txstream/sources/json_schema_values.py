@@ -23,7 +23,9 @@ class JsonSchemaValues(FramedValues):
     value_format = "json_schema"
     serializer = "JSON Schema serializer"
 
-    def _parse(self, schema: WriterSchema, schema_id: int) -> Any:
+    def _parse(self, schema: WriterSchema, imports: list[tuple[str, WriterSchema]],
+               schema_id: int) -> Any:
+        # The schemas it imports ($ref to other subjects) would matter only to a validator.
         try:
             return json.loads(schema.text)
         except ValueError as exc:

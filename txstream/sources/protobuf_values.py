@@ -8,8 +8,8 @@ default), compiled by the protoc that `grpcio-tools` ships into descriptors, or 
 of a serialized FileDescriptorProto (what confluent-kafka's Python serializer registers); both
 are loaded into a descriptor pool of their own, and protobuf's runtime parses the messages. A
 schema may import protobuf's well-known types and Confluent's own files (`confluent/meta.proto`,
-`confluent/type/decimal.proto`), which Confluent's serializers never register as references;
-other references are not resolved yet.
+`confluent/type/decimal.proto`), which Confluent's serializers never register as references,
+and the files its registry references name (each a subject's version, text or serialized).
 
 The JSON keeps proto field names and reads as a JSON producer's would: 64-bit integers as
 numbers (not the strings of protobuf's JSON mapping), enums by name, bytes as base64,
@@ -95,12 +95,20 @@ def _serialized(text: str) -> descriptor_pb2.FileDescriptorProto | None:
     return proto if proto.message_type else None
 
 
-def _compiled(text: str, name: str) -> list[descriptor_pb2.FileDescriptorProto]:
-    """`.proto` text compiled by protoc (grpcio-tools'), with the builtins it imports."""
+def _compiled(texts: dict[str, str], given: list[descriptor_pb2.FileDescriptorProto]
+              ) -> list[descriptor_pb2.FileDescriptorProto]:
+    """`.proto` texts (by the file name they are imported as) compiled by protoc
+    (grpcio-tools'), with what they import, dependencies first: the builtins and the `given`
+    descriptors (schemas the registry holds serialized) are its descriptor sets."""
     with tempfile.TemporaryDirectory(prefix="txstream-proto-") as tmp:
         root = Path(tmp)
-        (root / name).write_text(text)
-        (root / "builtins.pb").write_bytes(_builtin_set().SerializeToString())
+        sources = root / "src"
+        for name, text in texts.items():
+            (sources / name).parent.mkdir(parents=True, exist_ok=True)
+            (sources / name).write_text(text)
+        known = _builtin_set()
+        known.file.extend(given)
+        (root / "known.pb").write_bytes(known.SerializeToString())
         out = root / "out.pb"
         # protoc in a child process: its errors go to the stderr of the process, which the
         # reason quotes.
@@ -108,15 +116,15 @@ def _compiled(text: str, name: str) -> list[descriptor_pb2.FileDescriptorProto]:
             done = subprocess.run(
                 [sys.executable, "-c", "import sys; from grpc_tools import protoc; "
                  "sys.exit(protoc.main(['protoc', *sys.argv[1:]]))",
-                 f"--proto_path={root}", f"--descriptor_set_in={root / 'builtins.pb'}",
-                 "--include_imports", f"--descriptor_set_out={out}", name],
+                 f"--proto_path={sources}", f"--descriptor_set_in={root / 'known.pb'}",
+                 "--include_imports", f"--descriptor_set_out={out}", *texts],
                 capture_output=True, text=True, timeout=_PROTOC_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SchemaUnavailable(f"protoc could not compile the .proto text ({exc}); "
                                     "replay this dead letter once it can") from exc
         if done.returncode != 0:
-            raise SchemaUnusable(f"the .proto text does not compile: "
-                                    f"{done.stderr.strip() or done.stdout.strip()}")
+            raise SchemaUnusable("the .proto text does not compile: "
+                                 f"{done.stderr.strip() or done.stdout.strip()}")
         files = descriptor_pb2.FileDescriptorSet()
         files.ParseFromString(out.read_bytes())
     return list(files.file)
@@ -262,34 +270,40 @@ class ProtobufValues(FramedValues):
     value_format = "protobuf"
     serializer = "Protobuf serializer"
 
-    def _parse(self, schema: WriterSchema, schema_id: int) -> Any:
-        if schema.references:
-            raise SchemaUnusable(f"schema id {schema_id} imports other schemas "
-                                    f"({', '.join(schema.references)}), which txstream does "
-                                    "not resolve for Protobuf yet; inline them")
+    def _parse(self, schema: WriterSchema, imports: list[tuple[str, WriterSchema]],
+               schema_id: int) -> Any:
         name = f"schema_{schema_id}.proto"
-        serialized = _serialized(schema.text)
-        if serialized is not None:
-            serialized.name = name
-            files = [serialized]
-        else:
+        texts: dict[str, str] = {}
+        given: list[descriptor_pb2.FileDescriptorProto] = []
+        for file_name, file in [*imports, (name, schema)]:
+            serialized = _serialized(file.text)
+            if serialized is None:
+                texts[file_name] = file.text
+            else:
+                serialized.name = file_name
+                given.append(serialized)
+        files = []
+        if texts:
             try:
-                files = _compiled(schema.text, name)
+                files = _compiled(texts, given)
             except SchemaUnavailable as exc:  # of its kind: unusable for good, or for now
                 raise type(exc)(f"schema id {schema_id}: {exc}") from exc
         pool = descriptor_pool.DescriptorPool()
-        added: set[str] = set()
         for builtin in _BUILTINS:
             pool.AddSerializedFile(builtin.serialized_pb)
-            added.add(builtin.name)
+        added = {builtin.name for builtin in _BUILTINS}
         try:
-            for file in files:
-                if file.name not in added:
-                    pool.AddSerializedFile(file.SerializeToString())
+            # Dependencies first: protoc's output (imports first), then the serialized files
+            # in the order they import each other (`resolved`), the schema's own last.
+            for proto in [*files, *given]:
+                if proto.name not in added:
+                    pool.AddSerializedFile(proto.SerializeToString())
+                    added.add(proto.name)
         except (TypeError, KeyError, ValueError) as exc:
             raise SchemaUnusable(f"schema id {schema_id} is no usable Protobuf schema: "
-                                    f"{exc}") from exc
-        return Messages(pool, files[-1])
+                                 f"{exc}") from exc
+        own = next(f for f in [*files, *given] if f.name == name)
+        return Messages(pool, own)
 
     def _decode(self, writer: Any, body: bytes, schema_id: int) -> bytes:
         indexes, start = message_indexes(body)

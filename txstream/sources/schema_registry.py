@@ -20,13 +20,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
 
 # The transport errors of the client's HTTP library (httpx or its successor httpx2: whichever
 # the client chose), raised once its retries are spent.
 from confluent_kafka.schema_registry.common._httpx_compat import httpx
 
-from txstream.sources.framed_values import SchemaUnavailable, WriterSchema
+from txstream.sources.framed_values import Reference, SchemaUnavailable, WriterSchema
 from txstream.sources.kafka_source import KafkaSourceError
 
 # Environment variable -> the client's setting.
@@ -86,5 +86,25 @@ class RegistrySchemas:
             raise SchemaUnavailable(
                 f"Schema Registry at {self.url} unreachable for schema id {schema_id} after "
                 f"retries ({exc}); replay this dead letter once it answers") from exc
-        return WriterSchema(schema.schema_str or "", schema.schema_type or "AVRO",
-                            tuple(r.subject for r in schema.references or ()))
+        return _writer_schema(schema)
+
+    def version(self, subject: str, version: int) -> WriterSchema:
+        """Version `version` of `subject`, a schema another one imports; SchemaUnavailable
+        says why there is none."""
+        try:
+            return _writer_schema(self._client.get_version(subject, version).schema)
+        except SchemaRegistryError as exc:
+            raise SchemaUnavailable(
+                f"Schema Registry at {self.url} has no version {version} of subject "
+                f"{subject!r}, which a schema imports ({exc})") from exc
+        except httpx.TransportError as exc:
+            raise SchemaUnavailable(
+                f"Schema Registry at {self.url} unreachable for version {version} of subject "
+                f"{subject!r} after retries ({exc}); replay this dead letter once it "
+                "answers") from exc
+
+
+def _writer_schema(schema: Schema) -> WriterSchema:
+    return WriterSchema(schema.schema_str or "", schema.schema_type or "AVRO", tuple(
+        Reference(r.name or "", r.subject or "", r.version or 0)
+        for r in schema.references or ()))
