@@ -27,6 +27,7 @@ from txstream.schemas.tables import TableSchema
 from txstream.sources.avro_values import AvroValues
 from txstream.sources.debezium_metadata import end_event
 from txstream.sources.decoder import SourceDecoder
+from txstream.sources.framed_values import Reference, SchemaUnusable, WriterSchema, resolved
 from txstream.sources.kafka_source import RawRecords
 from txstream.sources.schema_registry import (
     RegistrySchemas,
@@ -297,3 +298,13 @@ def test_a_schema_importing_another_subject(registry_url: str) -> None:
     assert batch.bad == []
     assert batch.rows.select(["id", "currency", "cents"]).to_pylist() == [
         {"id": 7, "currency": "EUR", "cents": 1250}]
+
+
+def test_references_in_a_cycle_are_refused() -> None:
+    class Cyclic:
+        def version(self, subject: str, version: int) -> WriterSchema:
+            return WriterSchema("{}", "AVRO", (Reference("b" if subject == "a" else "a",
+                                                         "b" if subject == "a" else "a", 1),))
+
+    with pytest.raises(SchemaUnusable, match="schema id 9 form a cycle: a -> b -> a"):
+        resolved(Cyclic(), WriterSchema("{}", "AVRO", (Reference("a", "a", 1),)), 9)

@@ -60,16 +60,17 @@ class WriterSchemas(Protocol):
         ...
 
 
-def resolved(schemas: WriterSchemas, schema: WriterSchema) -> list[tuple[str, WriterSchema]]:
-    """The schemas `schema` imports, transitively, each before those importing it, by the name
-    it is imported as (each once)."""
+def resolved(schemas: WriterSchemas, schema: WriterSchema, schema_id: int
+             ) -> list[tuple[str, WriterSchema]]:
+    """The schemas `schema` (registered as `schema_id`) imports, transitively, each before
+    those importing it, by the name it is imported as (each once)."""
     out: dict[str, WriterSchema] = {}
 
     def visit(of: WriterSchema, path: tuple[str, ...]) -> None:
         for ref in of.references:
             if ref.name in path:
-                raise SchemaUnusable(f"schema references form a cycle: {' -> '.join(path)} -> "
-                                     f"{ref.name}")
+                raise SchemaUnusable(f"the references of schema id {schema_id} form a cycle: "
+                                     f"{' -> '.join((*path, ref.name))}")
             if ref.name not in out:
                 imported = schemas.version(ref.subject, ref.version)
                 visit(imported, (*path, ref.name))
@@ -144,7 +145,7 @@ class FramedValues(ABC):
                 raise SchemaUnusable(
                     f"schema id {schema_id} is a {schema.schema_type} schema; this source "
                     f"reads {self.schema_type} (value_format {self.value_format!r})")
-            imports = resolved(self._schemas, schema)
+            imports = resolved(self._schemas, schema, schema_id)
             for name, imported in imports:
                 if imported.schema_type != self.schema_type:
                     raise SchemaUnusable(f"schema id {schema_id} imports {name!r}, a "
