@@ -2,13 +2,15 @@
 live snapshots, against the real broker, PostgreSQL and Spark fixtures. Expected tables are
 computed independently, in plain Python, from the events.
 
-The same events go through as JSON and as Avro from a Schema Registry (the test double, or
-SCHEMA_REGISTRY_URL), so both give the same snapshot; the Avro orders' writer schema evolves
-twice mid-stream (a field added with a default, then one removed)."""
+The same events go through as JSON, and as Avro, JSON Schema-framed JSON and Protobuf from a
+Schema Registry (the test double, or SCHEMA_REGISTRY_URL), so all give the same snapshot; the
+Avro orders' writer schema evolves twice mid-stream (a field added with a default, then one
+removed)."""
 
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from decimal import Decimal
 from typing import Any
 
@@ -17,8 +19,13 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import json_format
+from test_avro_stream import any_object
 from test_avro_values import record_schema, registry_url  # noqa: F401 (a fixture by name)
+from test_protobuf_values import message_class
 
 from txstream.examples.orders import kafka_sources
 from txstream.schemas.config import PipelineConfig, SinkConfig
@@ -72,40 +79,91 @@ _AVRO_SCHEMAS = {
 }
 
 
-class AvroEvents:
-    """The values as the Schema Registry's Avro serializer writes them, each schema registered
-    under `<topic>-value`."""
+class FramedEvents(ABC):
+    """The values as a Schema Registry serializer writes them, each schema registered under
+    `<topic>-value`."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.client = SchemaRegistryClient({"url": url})
 
+    @staticmethod
+    def context(topic: str) -> SerializationContext:
+        return SerializationContext(topic, MessageField.VALUE)
+
+    @abstractmethod
     def value(self, topic: str, row: Row, version: int = 1) -> bytes:
-        schema = _AVRO_SCHEMAS[(topic.rsplit("-", 1)[1], version)]
-        serialize = AvroSerializer(self.client, schema, conf={"auto.register.schemas": True})
-        return serialize(row, SerializationContext(topic, MessageField.VALUE))
+        """`row` of the source `topic` feeds, with writer schema `version` where it has
+        several."""
+
+    @abstractmethod
+    def keyless(self, topic: str) -> bytes:
+        """An order without its primary key."""
 
     def malformed(self, topic: str) -> list[bytes]:
         """Not the wire format, an unknown schema id, no primary key."""
         good = self.value(topic, {"order_id": 101, "customer_id": 1,
                                   "amount": Decimal("1.00"), "status": "paid"})
-        keyless = AvroSerializer(self.client, record_schema("Order", _ORDER[1:]),
-                                 conf={"auto.register.schemas": True})
-        return [b"{not json", b"\x00\x7f\xff\xff\xf0" + good[5:],
-                keyless({"customer_id": 1, "amount": Decimal("1.00"), "status": "paid"},
-                        SerializationContext(topic, MessageField.VALUE))]
+        return [b"{not json", b"\x00\x7f\xff\xff\xf0" + good[5:], self.keyless(topic)]
 
 
-@pytest.fixture(params=["json", "avro"])
+class AvroEvents(FramedEvents):
+    def value(self, topic: str, row: Row, version: int = 1) -> bytes:
+        schema = _AVRO_SCHEMAS[(topic.rsplit("-", 1)[1], version)]
+        serialize = AvroSerializer(self.client, schema, conf={"auto.register.schemas": True})
+        return serialize(row, self.context(topic))
+
+    def keyless(self, topic: str) -> bytes:
+        serialize = AvroSerializer(self.client, record_schema("Order", _ORDER[1:]),
+                                   conf={"auto.register.schemas": True})
+        return serialize({"customer_id": 1, "amount": Decimal("1.00"), "status": "paid"},
+                         self.context(topic))
+
+
+class JsonSchemaEvents(FramedEvents):
+    def value(self, topic: str, row: Row, version: int = 1) -> bytes:
+        serialize = JSONSerializer(any_object(topic.rsplit("-", 1)[1]), self.client,
+                                   conf={"auto.register.schemas": True})
+        return serialize(json.loads(_value(row)), self.context(topic))
+
+    def keyless(self, topic: str) -> bytes:
+        return self.value(topic, {"customer_id": 1, "amount": Decimal("1.00"), "status": "paid"})
+
+
+# `optional`: an order without its id has none (proto3 would read 0), and is dead-lettered.
+_PROTOS = {
+    "customers": 'syntax = "proto3"; message Customer { int64 customer_id = 1; '
+                 "string name = 2; string region = 3; }",
+    "orders": 'syntax = "proto3"; message Order { optional int64 order_id = 1; '
+              "int64 customer_id = 2; string amount = 3; string status = 4; }",
+}
+
+
+class ProtobufEvents(FramedEvents):
+    def value(self, topic: str, row: Row, version: int = 1) -> bytes:
+        cls = message_class(_PROTOS[topic.rsplit("-", 1)[1]])
+        serialize = ProtobufSerializer(cls, self.client, {"auto.register.schemas": True})
+        text = {k: str(v) if isinstance(v, Decimal) else v for k, v in row.items()}
+        return serialize(json_format.ParseDict(text, cls()), self.context(topic))
+
+    def keyless(self, topic: str) -> bytes:
+        return self.value(topic, {"customer_id": 1, "amount": Decimal("1.00"), "status": "paid"})
+
+
+_FRAMED: dict[str, type[FramedEvents]] = {
+    "avro": AvroEvents, "json_schema": JsonSchemaEvents, "protobuf": ProtobufEvents}
+
+
+@pytest.fixture(params=["json", "avro", "json_schema", "protobuf"])
 def value_format(request) -> str:  # type: ignore[no-untyped-def]
     return request.param
 
 
 @pytest.fixture
-def values(value_format: str, request) -> JsonEvents | AvroEvents:  # type: ignore[no-untyped-def]
+def values(value_format: str, request) -> JsonEvents | FramedEvents:  # type: ignore[no-untyped-def]
     if value_format == "json":
         return JsonEvents()
-    return AvroEvents(request.getfixturevalue("registry_url"))
+    return _FRAMED[value_format](request.getfixturevalue("registry_url"))
 
 
 @pytest.fixture
