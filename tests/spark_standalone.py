@@ -133,11 +133,13 @@ def _daemon(args: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
 
 @contextmanager
 def standalone_cluster(
-    workdir: Path, workers: int = 1, cores: int = 1, memory: str = "1g", timeout: float = 120.0
+    workdir: Path, workers: int = 1, cores: int = 1, memory: str = "1g", timeout: float = 120.0,
+    executor_memory: str = EXECUTOR_MEMORY,
 ) -> Iterator[StandaloneCluster]:
     """Start a master and `workers` workers of `cores` cores and `memory` each, wait until every
     worker registered, stop them all on exit. Each worker runs one executor per application
-    (it takes all the worker's cores), so N workers are N executors."""
+    (it takes all the worker's cores), so N workers are N executors, of `executor_memory`
+    each (within `memory`)."""
     spark_home = _find_spark_home()
     spark_class = os.path.join(spark_home, "bin", "spark-class")
     log_dir = workdir / "logs"
@@ -146,7 +148,7 @@ def standalone_cluster(
     work_dir = workdir / "work"
     for directory in (log_dir, conf_dir, daemon_conf_dir, work_dir):
         directory.mkdir(parents=True, exist_ok=True)
-    (conf_dir / "spark-defaults.conf").write_text(f"spark.executor.memory {EXECUTOR_MEMORY}\n")
+    (conf_dir / "spark-defaults.conf").write_text(f"spark.executor.memory {executor_memory}\n")
 
     master_port, ui_port = _free_port(), _free_port()
     cluster = StandaloneCluster(
