@@ -214,11 +214,10 @@ def main() -> None:
     workloads = args.workloads.split(",")
     local_env = {**os.environ, "SPARK_MASTER": "local[2]"}
     for workload in workloads:
-        report[workload] = {"runs": {}}
-        if not args.no_local:
-            runs = {f"local2_P{p}": _driver(workload, p, args.events, local_env) for p in (1, 2)}
-            report[workload] = {"runs": runs, "local2_P2_over_P1": _ratio(runs["local2_P2"],
-                                                                          runs["local2_P1"])}
+        runs = {} if args.no_local else {
+            f"local2_P{p}": _driver(workload, p, args.events, local_env) for p in (1, 2)}
+        report[workload] = {"runs": runs, "local2_P2_over_P1": _ratio(
+            runs.get("local2_P2", {}), runs.get("local2_P1", {}))}
     if not args.no_local:
         report["lone_transaction"] = {f"local2_P{p}": _driver("latency", p, 0, local_env)
                                       for p in (1, 2)}

@@ -236,8 +236,8 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
     places rows, which the planner then trusts (a join or aggregate by those columns adds no
     exchange on this side). The declaration must be true of `rdd`.
 
-    Declared twice: by the columns, and by one struct of them (`struct_key`). Spark's hash of
-    a struct is the hash of its fields in order, so both place every row alike; the second
+    Declared twice: by the columns, and by one struct of them (`frames.struct_key`). Spark's
+    hash of a struct is the hash of its fields in order, so both place every row alike; the second
     serves joins on the struct, which match nulls to nulls where a join by the columns would
     need `<=>`, which Spark plans on other expressions and so exchanges this side."""
     j = _jvm(spark)

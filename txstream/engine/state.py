@@ -58,17 +58,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructField, StructType
 
 from txstream.engine.errors import EngineStateError
-from txstream.engine.frames import (
-    build_side,
-    col,
-    join,
-    null_safe_on,
-    parallelism,
-    prefixed,
-    semi_join,
-    struct_key,
-    union_all,
-)
+from txstream.engine.frames import col, null_safe_on, parallelism, prefixed, semi_join, union_all
 from txstream.engine.spark_internals import (
     Clustering,
     attributes,
@@ -377,28 +367,17 @@ class ZSetState:
         equal) a row of `probe`."""
         assert list(on) == self.lookup_on, f"looked up by {on}, declared {self.lookup_on}"
         whole = self.frame()
-        parts = [self._semi_join(whole, probe)] if whole is not None else []
+        parts = []
+        if whole is not None:
+            assert self.row_type is not None  # fixed by the rows the runs hold
+            # At P > 1 joined on the struct of the lookup columns, by which the leaf declares
+            # its partitioning too: state is read in place, only the probe's keys move.
+            key_types = StructType([self.row_type[c] for c in on])
+            parts.append(semi_join(whole, probe, on, struct_types=key_types))
         parts += self.matches(probe)
         if not parts:
             return None
         return self._consolidate(union_all(parts), whole=True)
-
-    def _semi_join(self, leaf: DataFrame, probe: DataFrame) -> DataFrame:
-        """The rows of `leaf` (the streamed runs) whose lookup columns equal (nulls equal) a
-        row of `probe`. At P > 1 joined on the struct of the lookup columns, by which the leaf
-        declares its partitioning too (`spark_internals.rdd_node`): state is read in place and
-        only the probe's distinct keys are exchanged, where `<=>` would exchange the state."""
-        assert self.lookup_on is not None and self.row_type is not None
-        if parallelism() == 1:
-            return semi_join(leaf, probe, self.lookup_on)
-        # Distinct before the cast to the state's types, which would lose the probe's
-        # partitioning: the key struct casts instead.
-        keys = build_side(prefixed(probe.select(*[col(c) for c in self.lookup_on]).distinct(),
-                                   "__p_"))
-        key_type = StructType([self.row_type[c] for c in self.lookup_on])
-        equal = struct_key(leaf, self.lookup_on) == struct_key(
-            keys, [f"__p_{c}" for c in self.lookup_on], key_type)
-        return join(leaf, keys, equal, "inner").select(*[leaf[f"`{c}`"] for c in leaf.columns])
 
     def refresh_indexes(self, index_rows: int) -> None:
         """Index the current version's runs of at least `index_rows` rows (a Spark job each),
