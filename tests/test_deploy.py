@@ -165,6 +165,14 @@ def test_chart_passes_helm_lint_strict(case: str) -> None:
     assert not problems and not report["errors"], report
 
 
+def _assert_schema_rejects(values: dict[str, Any], complaint: str) -> None:
+    """values.schema.json, applied by Helm itself, refuses `values` naming `complaint`."""
+    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
+    with pytest.raises(helm.HelmValuesError, match="schema") as failure:
+        render(values)
+    assert complaint in str(failure.value)
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
@@ -180,10 +188,7 @@ def test_chart_passes_helm_lint_strict(case: str) -> None:
 )
 def test_chart_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
     """values.schema.json, applied by Helm itself: a typo fails the render, not the pod."""
-    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
-    with pytest.raises(helm.HelmValuesError, match="schema") as failure:
-        render(values)
-    assert complaint in str(failure.value)
+    _assert_schema_rejects(values, complaint)
 
 
 def test_chart_defaults_run_one_hardened_replica_with_probes() -> None:
@@ -393,10 +398,7 @@ FILE_SINKS_ONLY = {**yaml.safe_load((CHART / "values.yaml").read_text())["pipeli
 ])
 def test_chart_rejects_a_standby_that_could_not_take_over(values: dict[str, Any],
                                                           complaint: str) -> None:
-    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
-    with pytest.raises(helm.HelmValuesError, match="schema") as failure:
-        render(values)
-    assert complaint in str(failure.value)
+    _assert_schema_rejects(values, complaint)
 
 
 def test_pipeline_config_is_a_pipeline_config() -> None:
@@ -492,10 +494,7 @@ def test_chart_release_runs_with_its_kafka_secrets() -> None:
 ])
 def test_chart_rejects_incomplete_or_inline_kafka_security(values: dict[str, Any],
                                                            complaint: str) -> None:
-    helm = _require("helm_python", "helm-python-sdk (Helm's Go library)")
-    with pytest.raises(helm.HelmValuesError, match="schema") as failure:
-        render(values)
-    assert complaint in str(failure.value)
+    _assert_schema_rejects(values, complaint)
 
 
 # ---------------------------------------------------------------------------- Dockerfile

@@ -78,11 +78,12 @@ def run_checks(config: PipelineConfig) -> list[Check]:
                               f"{config.kafka_bootstrap_servers}; create them")
         return ", ".join(f"{t} ({len(topics[t].partitions)} partitions)" for t in wanted)
 
+    registries = sorted({s.schema_registry_url for s in config.sources if s.schema_registry_url})
+
     def registries_answer() -> str:
-        urls = sorted({s.schema_registry_url for s in config.sources if s.schema_registry_url})
-        for url in urls:
+        for url in registries:
             RegistrySchemas(url).check()
-        return f"Schema Registry at {', '.join(urls)} answers"
+        return f"Schema Registry at {', '.join(registries)} answers"
 
     def postgres_answers() -> str:
         assert config.database_dsn is not None
@@ -119,7 +120,7 @@ def run_checks(config: PipelineConfig) -> list[Check]:
     checks.append(_attempt("pipeline", pipeline_fits))
     checks.append(_attempt("spark", spark_compiles))
     checks.append(_attempt("kafka", kafka_topics))
-    if any(s.schema_registry_url for s in config.sources):
+    if registries:
         checks.append(_attempt("schema_registry", registries_answer))
     if config.database_dsn is not None:
         checks.append(_attempt("postgresql", postgres_answers))

@@ -202,8 +202,7 @@ class Lease:
                 return True
             except psycopg.Error as exc:
                 log.warning("writer lease of pipeline %r lost: %s", self.table.pipeline, exc)
-                if self._conn is not None:
-                    self._conn.close()
+                self._conn.close()
                 return False
 
     def close(self) -> None:

@@ -198,10 +198,6 @@ def _timestamp(value: Any) -> datetime.datetime:
     return _EPOCH + datetime.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
 
 
-def _bytes(value: bytes) -> str:
-    return base64.b64encode(value).decode("ascii")
-
-
 def _converter(fd: FieldDescriptor) -> Convert | None:
     """How one value of `fd` becomes JSON; None: as it is (numbers, text, booleans)."""
     if fd.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
@@ -219,8 +215,7 @@ def _converter(fd: FieldDescriptor) -> Convert | None:
     if fd.type == FieldDescriptor.TYPE_ENUM:
         names = {v.number: v.name for v in fd.enum_type.values}
         return lambda v: names.get(v, v)
-    if fd.type == FieldDescriptor.TYPE_BYTES:
-        return _bytes
+    # Bytes stay bytes: the JSON encoder writes them as base64, as the JSON converter would.
     return None
 
 
