@@ -328,9 +328,10 @@ class CheckpointStore:
 
     # ---- checkpoints ---------------------------------------------------------------------
 
-    def _complete(self) -> list[Checkpoint]:
-        """Complete checkpoints that are part of the history, newest first."""
-        valid = self._valid()
+    def _complete(self, valid: Callable[[int, int], bool] | None = None) -> list[Checkpoint]:
+        """Complete checkpoints that are part of the history (`valid`, if the caller has it
+        already), newest first."""
+        valid = valid or self._valid()
         found = []
         for name in self._storage.list(""):
             if not _CHECKPOINT.match(name):
@@ -402,9 +403,9 @@ class CheckpointStore:
         """Keep the newest `keep` complete checkpoints; delete older ones, incomplete leftovers
         below the newest, what fenced instances wrote after a takeover, and log files no kept
         checkpoint needs."""
-        kept = self._complete()[: self._keep]
-        kept_names = {c.name for c in kept}
         valid = self._valid()
+        kept = self._complete(valid)[: self._keep]
+        kept_names = {c.name for c in kept}
         for name in self._storage.list(""):
             if _CHECKPOINT.match(name) and name not in kept_names and (
                     _order(name) < _order(newest) or not valid(*self._written(name))):
