@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml
 	  || { echo "Chromium missing (the live table page is tested in it): installing Debian's"; \
 	       (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 	       || { echo "could not install chromium"; exit 1; }; }
+	$(BIN)/txstream prepare \
+	  || echo "no class archive: every Spark start loads its classes from jars (slower, works)"
 	touch $(STAMP)
 
 install: $(STAMP)

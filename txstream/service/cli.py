@@ -1,4 +1,4 @@
-"""The `txstream` command: run, check, demo, replay."""
+"""The `txstream` command: run, check, demo, replay, prepare."""
 
 from __future__ import annotations
 
@@ -252,6 +252,19 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    from txstream.service.class_archive import ClassArchiveError, prepare
+
+    try:
+        path = prepare()
+    except ClassArchiveError as exc:
+        print(f"txstream prepare: {exc} (the service works without it, only starts slower)",
+              file=sys.stderr)
+        return 1
+    print(f"class archive written: {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="txstream", description=__doc__)
     parser.add_argument("--log-level", default="INFO",
@@ -281,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--batch-transactions", type=int, default=100,
                      help="transactions per Spark job (the result does not depend on it)")
     rep.set_defaults(func=_replay)
+
+    prep = sub.add_parser("prepare", help="write the driver JVM's class archive, which makes "
+                          "every later start of Spark faster (once per installation)")
+    prep.set_defaults(func=_prepare)
 
     args = parser.parse_args(argv)
     _set_up_logging(args.log_level, json_format=os.environ.get("TXSTREAM_LOG_FORMAT") == "json")

@@ -7,11 +7,14 @@ import os
 import re
 import subprocess
 import threading
+import time
 from typing import IO
 
 from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
+
+from txstream.service import class_archive
 
 DEFAULT_MASTER = "local[2]"
 
@@ -68,31 +71,41 @@ _START_UP_NOISE = re.compile(
 # log4j's console layout: `yy/MM/dd HH:mm:ss LEVEL logger: message`.
 _LOG4J_RECORD = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (ERROR|WARN|INFO|DEBUG|TRACE) ")
 
-log = logging.getLogger("spark")
+jvm_log = logging.getLogger("spark")
+log = logging.getLogger(__name__)
 # PySpark also logs every error that carries a SQL context, as a JSON record with the whole
 # Java stack trace, before raising it: the raised exception says the same.
 logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
 
 
-def get_spark(master: str | None = None, app_name: str = "txstream") -> SparkSession:
+def get_spark(master: str | None = None, app_name: str = "txstream", *,
+              java_options: str | None = None) -> SparkSession:
     """Return the process's SparkSession, creating it on first use.
 
     Few shuffle partitions, no adaptive execution and no broadcasts: the engine's batches are
     small jobs whose fixed cost, not parallelism, dominates (see DESIGN.md section 8). What the
     JVM prints goes through Python logging (logger `spark`), its start-up chatter dropped.
+    A new driver JVM gets `java_options`, by default those that map the class archive
+    (`txstream.service.class_archive`) when there is one.
     """
     if SparkContext._active_spark_context is None:
+        started = time.monotonic()
         conf = SparkConf().setMaster(master or os.environ.get("SPARK_MASTER", DEFAULT_MASTER))
         conf.setAppName(app_name).setAll([
             *_SETTINGS.items(),
             ("spark.sql.shuffle.partitions", os.environ.get("SPARK_SHUFFLE_PARTITIONS", "2")),
             ("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "4g")),
         ])
+        options = class_archive.java_options() if java_options is None else java_options
+        if options:
+            conf.set("spark.driver.defaultJavaOptions", options)
         gateway = launch_gateway(conf, popen_kwargs={"stdout": subprocess.PIPE,
                                                      "stderr": subprocess.STDOUT})
         threading.Thread(target=_forward, args=(gateway.proc.stdout,), daemon=True,
                          name="spark-output").start()
         SparkContext(conf=conf, gateway=gateway)
+        log.info("Spark session started in %.1f s (%s)", time.monotonic() - started,
+                 f"driver JVM options {options}" if options else "no class archive")
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -108,6 +121,7 @@ def _forward(output: IO[bytes]) -> None:
             continue
         record = _LOG4J_RECORD.match(line)
         if record is None:
-            log.debug("%s", line)
+            jvm_log.debug("%s", line)
         else:
-            log.log(logging.ERROR if record.group(1) == "ERROR" else logging.WARNING, "%s", line)
+            level = logging.ERROR if record.group(1) == "ERROR" else logging.WARNING
+            jvm_log.log(level, "%s", line)

@@ -1,0 +1,60 @@
+"""The driver JVM's class archive (`txstream.service.class_archive`): keyed by Spark's version
+and the `java` binary, used by a new session when it exists, written only by a JVM of its own."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyspark
+import pytest
+from pyspark.sql import SparkSession
+
+from txstream.service import class_archive
+from txstream.service.class_archive import ClassArchiveError
+
+
+@pytest.fixture
+def fake_java(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(class_archive.ENV, raising=False)
+    return java
+
+
+def test_the_archive_is_keyed_by_spark_and_the_java_binary(fake_java: Path) -> None:
+    path = class_archive.archive_path()
+    assert path is not None
+    assert path.parent == fake_java.parents[2] / "cache" / "txstream"
+    assert path.name.startswith(f"spark-{pyspark.__version__}-") and path.suffix == ".jsa"
+    assert class_archive.java_options() == "", "no archive written yet: no option"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"archive")
+    assert class_archive.java_options() == f"-XX:SharedArchiveFile={path}"
+    # Another JVM in the same place (an upgrade): another archive, not the stale one.
+    os.utime(fake_java, ns=(0, 0))
+    assert class_archive.archive_path() != path
+    assert class_archive.java_options() == ""
+
+
+def test_the_environment_names_another_archive_or_none(
+        fake_java: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(class_archive.ENV, str(tmp_path / "mine.jsa"))
+    assert class_archive.archive_path() == tmp_path / "mine.jsa"
+    monkeypatch.setenv(class_archive.ENV, "off")
+    assert class_archive.archive_path() is None and class_archive.java_options() == ""
+    with pytest.raises(ClassArchiveError, match="=off"):
+        class_archive.prepare()
+
+
+def test_the_session_maps_the_archive_and_prepare_needs_a_jvm_of_its_own(
+        spark: SparkSession) -> None:
+    # `make install` writes the archive (`txstream prepare`); the tests' session, started by
+    # get_spark, uses it exactly when this installation has one.
+    used = spark.sparkContext.getConf().get("spark.driver.defaultJavaOptions", "")
+    assert used == class_archive.java_options()
+    with pytest.raises(ClassArchiveError, match="has a Spark session already"):
+        class_archive.prepare()
