@@ -91,3 +91,22 @@ def test_a_failed_warm_up_is_logged_and_leaves_the_engine_fresh(
                                                "diff": [1] * 3})})["out"]
     assert sorted(out.select(["k", "n", "diff"]).to_pylist(), key=lambda row: row["k"]) == [
         {"k": 1, "n": 2, "diff": 1}, {"k": 2, "n": 1, "diff": 1}]
+
+
+def test_a_warm_up_closed_after_its_first_batch_leaves_the_engine_fresh(
+        spark: SparkSession) -> None:
+    """The service ends a warm-up of its own engine when a real batch arrives
+    (`PipelineRunner`): closed between batches, the made-up state is gone and the engine
+    computes what a fresh one does."""
+    warmed = Engine(orders_pipeline(), spark)
+    steps = warmed.warming_up(600)
+    assert next(steps) == 1
+    assert not warmed.fresh, "the made-up batch left state, as a real one would"
+    steps.close()
+    assert warmed.fresh and warmed.totals.jobs == 0
+    fresh = Engine(orders_pipeline(), spark)
+    for i, batch in enumerate(_stream(4)):
+        ours, theirs = process(warmed, batch), process(fresh, batch)
+        assert all(ours[name].equals(theirs[name]) for name in ours), f"batch {i}"
+    with pytest.raises(EngineStateError, match="fresh engine"):
+        warmed.warming_up(600)  # refused at once, not at the first step

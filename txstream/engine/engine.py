@@ -29,7 +29,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -294,20 +294,35 @@ class Engine:
             log.warning("an executor was lost: state copied again to %d executors in %.1f s",
                         self.state_replicas, time.perf_counter() - started)
 
+    @property
+    def fresh(self) -> bool:
+        """Whether the engine has neither loaded state nor processed a batch."""
+        return self.last_batch is None and not any(s.runs for s in self._states().values())
+
     def warm_up(self, rows: int) -> float:
-        """Run made-up changes through the pipeline, then forget them: Spark plans, compiles
-        and JIT-compiles the pipeline's plans now, not on the first real batches (see
-        `txstream.engine.warmup`). Three batches of every source: `rows` insertions into empty
-        state; half of them deleted and as many inserted; then ten insertions (a lone
-        transaction's path). Only for a fresh engine, before it loads state or runs a batch:
-        its state is emptied afterwards. The plans it recorded (for batches with changes of
+        """Warm the engine up at once (`warming_up` run through); the seconds it took."""
+        started = time.perf_counter()
+        for _ in self.warming_up(rows):
+            pass
+        return time.perf_counter() - started
+
+    def warming_up(self, rows: int) -> Iterator[int]:
+        """Run made-up changes through the pipeline, one batch per step, then forget them:
+        Spark plans, compiles and JIT-compiles the pipeline's plans now, not on the first real
+        batches (see `txstream.engine.warmup`). Three batches of every source: `rows`
+        insertions into empty state; half of them deleted and as many inserted; then ten
+        insertions (a lone transaction's path). Yields the number of batches done after each.
+        Only for a fresh engine, which nothing else may use until the warm-up is run through or
+        closed: both empty its state again. The plans it recorded (for batches with changes of
         every source, into empty and non-empty state) stay until `load_state` replaces the
-        state; the compiled code stays in any case. It never fails: it is only an
-        optimization, and what went wrong is logged. The seconds it took."""
-        if any(s.runs for s in self._states().values()) or self.last_batch is not None:
+        state; the compiled code stays in any case, for every engine of the JVM. It never
+        fails: it is only an optimization, and what went wrong is logged."""
+        if not self.fresh:
             raise EngineStateError("warm_up: only a fresh engine warms up, before it loads "
                                    "state or processes a batch")
-        started = time.perf_counter()
+        return self._warming_up(rows)
+
+    def _warming_up(self, rows: int) -> Iterator[int]:
         half = rows // 2
         batches = [(np.arange(rows), (1, 5), 1),
                    (np.arange(half), (6, 10), -1), (np.arange(rows, rows + half), (6, 10), 1),
@@ -320,8 +335,9 @@ class Engine:
                 for name, schema in schemas.items()}
 
         try:
-            for parts in (batches[:1], batches[1:3], batches[3:]):
+            for done, parts in enumerate((batches[:1], batches[1:3], batches[3:]), start=1):
                 self.process(changes(parts))
+                yield done
         except ExpressionError as exc:
             # Made-up values may fail an expression real data never fails (a cast of text):
             # what ran so far is warm, and the real batches plan the rest.
@@ -335,7 +351,6 @@ class Engine:
             self._index(list(self._states().values()))
             self.last_batch = None
             self.totals = JobCount(0, 0)
-        return time.perf_counter() - started
 
     def _index(self, states: list[ZSetState]) -> None:
         """Index the states' large runs, and drop the indexes of runs merged away."""

@@ -133,10 +133,12 @@ class PipelineConfig(BaseModel):
     # low load (latency), more under a backlog (Spark's fixed cost per job shared). It also
     # bounds memory: a stage holds at most one batch. Results do not depend on it.
     batch_transactions: int = Field(default=100, ge=1)
-    # At start, before it consumes, the engine runs this many made-up rows per source through
-    # the pipeline and forgets them, so the first real batches do not pay Spark's planning and
-    # code compilation on a cold JVM (seconds). Above 500 rows a batch runs generated code, so
-    # that is compiled too; more rows hardly change the warm-up's effect. 0: no warm-up.
+    # While the service has nothing to do (no batch ready, the input caught up), the engine
+    # runs this many made-up rows per source through the pipeline, one batch at a time, and
+    # forgets them, so that batches after an idle start do not pay Spark's planning and code
+    # compilation on a cold JVM (seconds). A batch to compute ends the warm-up: a backlog at
+    # start warms the JVM itself. Above 500 rows a batch runs generated code, so that is
+    # compiled too; more rows hardly change the warm-up's effect. 0: no warm-up.
     warm_up_rows: int = Field(default=5_000, ge=0)
     # Partitions of the engine's state and of a batch's exchanged deltas: the cores a large
     # batch spreads over (txstream.engine.engine). "auto": the Spark session's default

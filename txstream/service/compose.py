@@ -6,6 +6,7 @@ Spark nor Kafka."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
@@ -41,17 +42,22 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
                     state_replicas=config.state_replicas)
     log.info("engine parallelism %d", parallelism)
     refuse(sinks_fit(config, engine.outputs))
-    if config.warm_up_rows:
-        seconds = engine.warm_up(config.warm_up_rows)
-        log.info("engine warmed up in %.1f s (%d made-up rows per source)", seconds,
-                 config.warm_up_rows)
+
+    def warming_up() -> Iterator[int]:
+        # Of the engine itself while it is fresh: the plans it records then serve the first
+        # real batches. After a restore, of a scratch engine of the pipeline: the code Spark
+        # compiled and the JIT's work are the JVM's, whichever engine caused them.
+        target = engine if engine.fresh else Engine(pipeline, spark, parallelism=parallelism)
+        return target.warming_up(config.warm_up_rows)
+
     checkpoints = CheckpointStore(
         config.checkpoint_location, spark, keep=config.checkpoints_kept,
         identity=PipelineIdentity(pipeline=config.pipeline,
                                   sources={s.name: s.topic for s in config.sources},
                                   outputs=sorted(engine.outputs)))
     return PipelineRunner(config, engine=engine, checkpoints=checkpoints, metrics=metrics,
-                          readiness=readiness, live=live_tables(config, engine), fence=fence)
+                          readiness=readiness, live=live_tables(config, engine), fence=fence,
+                          warm_up=warming_up if config.warm_up_rows else None)
 
 
 def live_tables(config: PipelineConfig, engine: Engine) -> LiveTables | None:

@@ -47,7 +47,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -75,6 +75,7 @@ from txstream.service.startup import (
 from txstream.sinks.live.serving import LiveTables
 from txstream.sinks.postgres_writers import Writer, WriterEpoch
 from txstream.sources.kafka_input import KafkaInput
+from txstream.sources.kafka_source import KafkaSourceError
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionBatch
 
@@ -120,14 +121,17 @@ class PipelineRunner:
 
     def __init__(self, config: PipelineConfig, *, engine: Engine, checkpoints: CheckpointStore,
                  metrics: Metrics | None = None, readiness: Readiness | None = None,
-                 live: LiveTables | None = None, fence: WriterEpoch | None = None) -> None:
+                 live: LiveTables | None = None, fence: WriterEpoch | None = None,
+                 warm_up: Callable[[], Iterator[int]] | None = None) -> None:
         """`engine` and `checkpoints`: the pipeline's compute and state storage, composed by
         `txstream.service.compose.open_runner`. `metrics` and `readiness`: given when an HTTP
         endpoint serves them from before the runner exists (restoring and connecting take a
         while). `live`: the tables of the outputs with a live sink. `fence`: the writer epoch
         this instance took (`txstream.service.leadership`; None: not fenced through
         PostgreSQL). The runner takes the checkpoint location's epoch itself
-        (`CheckpointStore.take_epoch`)."""
+        (`CheckpointStore.take_epoch`). `warm_up`: the steps of the engine's warm-up
+        (`Engine.warming_up`), begun by the first `run` and taken while there is nothing else
+        to do (no batch ready, the input caught up); a batch to compute ends the warm-up."""
         self.config = config
         self.live = live
         self.engine = engine
@@ -181,6 +185,9 @@ class PipelineRunner:
             config, state, replay,
             InputReports(self.metrics.source, self.readiness, KafkaInput.name)))
         self._stages = Stages(config.batch_transactions, serving=False)
+        self._warm_up = warm_up
+        self._warming: Iterator[int] | None = None
+        self._lag_checked = 0.0
 
     def _startup_problems(self, resuming: bool, checkpointed: int) -> list[Problem]:
         """What the sinks hold against where the checkpoint location resumes (after
@@ -207,14 +214,19 @@ class PipelineRunner:
                        ("checkpoint", partial(self._checkpointing.run, stages)))]
         for thread in threads:
             thread.start()
+        if self._warm_up is not None:  # begun at the first run, not when constructed
+            self._warming, self._warm_up = self._warm_up(), None
         last_report = time.monotonic()
         try:
             while not self._stop.is_set() and stages.failure is None:
                 batch = stages.take_batch(timeout=0.1)
                 if batch is not None:
+                    self._end_warm_up()
                     self._compute(batch)
                 elif until is not None and stages.idle() and until(self):
                     break
+                elif self._warming is not None and self._nothing_to_do(stages):
+                    self._warm_up_step()
                 now = time.monotonic()
                 if on_progress is not None and now - last_report >= progress_interval:
                     on_progress(self.metrics)
@@ -235,6 +247,38 @@ class PipelineRunner:
         elif stages.failure is not None:
             raise stages.failure
         return self.metrics
+
+    # ---- warming up while idle ----------------------------------------------------------
+
+    def _nothing_to_do(self, stages: Stages) -> bool:
+        """No batch in flight and the input caught up (the lag measured at most once a second:
+        each measure asks the brokers)."""
+        now = time.monotonic()
+        if not stages.idle() or now - self._lag_checked < 1.0:
+            return False
+        self._lag_checked = now
+        try:
+            return self.input.lag() == 0
+        except KafkaSourceError:
+            return False  # the input stage reports it
+
+    def _warm_up_step(self) -> None:
+        assert self._warming is not None
+        started = time.monotonic()
+        done = next(self._warming, None)
+        if done is None:
+            self._warming = None
+        else:
+            log.info("warm-up: made-up batch %d of 3 in %.1f s, while idle", done,
+                     time.monotonic() - started)
+
+    def _end_warm_up(self) -> None:
+        """Before a batch: the warm-up ends (a warm-up of this engine must give its state
+        back before the engine takes a real batch; the JVM keeps what it compiled)."""
+        if self._warming is not None:
+            self._warming.close()
+            self._warming = None
+            log.info("warm-up ended by a batch to compute")
 
     def _ingest(self) -> None:
         """Poll, decode and form transactions into the ready queue; between polls, run the

@@ -1,0 +1,64 @@
+"""The service's warm-up runs while it has nothing to do, never before a batch: a backlog at
+start is computed at once (its first batches warm the JVM), an idle start warms the engine up
+with made-up batches, and a restored engine is warmed through a scratch engine of the same
+pipeline, leaving the restored state alone (`PipelineRunner`, `compose.open_runner`)."""
+
+from __future__ import annotations
+
+import pytest
+from support.runner import Background, OrderProducer, assert_snapshots, example_config
+
+from txstream.service.compose import open_runner
+
+MADE_UP = "warm-up: made-up batch"
+ENDED = "warm-up ended by a batch to compute"
+
+
+def test_an_idle_start_warms_up_then_computes(  # type: ignore[no-untyped-def]
+        kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    config = example_config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
+                            f"g-{topic_name}", tmp_path / "ck", warm_up_rows=600)
+    producer = OrderProducer(kafka.bootstrap_servers, topics)
+    runner = open_runner(config, spark=spark)
+    try:
+        with caplog.at_level("INFO", logger="txstream.service.runner"), \
+                Background(runner) as loop:
+            loop.wait("a made-up batch while idle", lambda: MADE_UP in caplog.text)
+            producer.send(300)
+            loop.wait("all events committed", loop.drained(300))
+        assert_snapshots(postgres.url, pg_schema, producer.world)
+        assert f"{MADE_UP} 3 of 3" in caplog.text or ENDED in caplog.text, caplog.text
+    finally:
+        runner.close()
+
+
+def test_a_backlog_goes_first_and_a_restored_engine_warms_up_beside_its_state(  # type: ignore[no-untyped-def]
+        kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    config = example_config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
+                            f"g-{topic_name}", tmp_path / "ck", warm_up_rows=600)
+    producer = OrderProducer(kafka.bootstrap_servers, topics)
+    producer.send(300)
+    runner = open_runner(config, spark=spark)
+    try:
+        with caplog.at_level("INFO", logger="txstream.service.runner"), \
+                Background(runner) as loop:
+            loop.wait("all events committed", loop.drained(300))
+        assert ENDED in caplog.text and MADE_UP not in caplog.text, caplog.text
+        assert runner.checkpoint()
+    finally:
+        runner.close()
+    caplog.clear()
+
+    runner = open_runner(config, spark=spark)  # restores the checkpoint: not a fresh engine
+    try:
+        with caplog.at_level("INFO", logger="txstream.service.runner"), \
+                Background(runner) as loop:
+            loop.wait("the warm-up, while idle, through",
+                      lambda: f"{MADE_UP} 3 of 3" in caplog.text, timeout=300)
+            producer.send(200)
+            loop.wait("all events committed", loop.drained(200))
+        assert_snapshots(postgres.url, pg_schema, producer.world)
+    finally:
+        runner.close()
