@@ -16,8 +16,10 @@ spawned:
 * `first_commit_s`: the progress row (`txstream_progress`, committed with the output tables in
   one PostgreSQL transaction) first names a transaction after the one it named at the spawn:
   the first change of this life a reader of PostgreSQL can see. Polled every 50 ms.
-  `first_commit_after_spark_s` is the part after the Spark session: connecting, the warm-up
-  (`warm_up_s`, as the service logs it), restoring the checkpoint, the first batch.
+  `first_commit_after_spark_s` is the part after the Spark session: building the engine,
+  connecting, restoring the checkpoint, the first batch. `warm_up_s`: the warm-up that ran
+  before the first batch, as revisions before 70e4e9d log it; null since, when it runs only
+  while the service is idle (a backlog at start ends it).
 * `caught_up_s`: the progress row's offsets (where the sources resume) reach the end of every
   partition of both topics: every event produced so far is in the tables.
 
@@ -50,6 +52,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -372,13 +375,18 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=20_000, help="events per backlog")
     parser.add_argument("--timeout", type=float, default=900,
                         help="seconds a life may take to catch up")
+    parser.add_argument("--log", type=Path, help="keep the service's log (every life) here")
     args = parser.parse_args()
     load_start = os.getloadavg()
     kafka = kafka_from_env()
     postgres = postgres_from_env(Path(tempfile.mkdtemp(prefix="txstream-bench-pg-")))
     try:
         with tempfile.TemporaryDirectory(prefix="txstream-bench-startup-") as work:
-            lives = run(kafka, postgres.url, args.events, args.timeout, Path(work))
+            try:
+                lives = run(kafka, postgres.url, args.events, args.timeout, Path(work))
+            finally:
+                if args.log is not None and (Path(work) / "txstream.log").exists():
+                    shutil.copyfile(Path(work) / "txstream.log", args.log)
         print(json.dumps({
             "events_per_life": args.events,
             "seconds_from": "the spawn of txstream run",
