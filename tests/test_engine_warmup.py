@@ -82,7 +82,7 @@ def test_a_failed_warm_up_is_logged_and_leaves_the_engine_fresh(
     p.output("out", p.source("events", schema).filter(predicate)
              .groupby("k").reduce(n=r.count()), primary_key=["k"])
     engine = Engine(p, spark)
-    with caplog.at_level("INFO", logger="txstream.engine.engine"):
+    with caplog.at_level("INFO", logger="txstream.engine.warmup"):
         engine.warm_up(600)
     assert logged in caplog.text, caplog.text
     assert engine.last_batch is None

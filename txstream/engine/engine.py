@@ -32,7 +32,6 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import AnalysisException, PySparkException
@@ -41,7 +40,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from txstream.changes import Changes, consolidate, order
+from txstream.changes import Changes, order
+from txstream.engine import warmup
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import DIFF, PART, TIME
 from txstream.engine.errors import (
@@ -58,7 +58,6 @@ from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import Runs, StagedRuns, ZSetState
 from txstream.engine.table import Node, Pipeline
 from txstream.engine.templates import Template, instantiate, record
-from txstream.engine.warmup import synthetic_changes
 from txstream.schemas.tables import Column, ColumnType, TableSchema
 
 log = logging.getLogger(__name__)
@@ -320,37 +319,16 @@ class Engine:
         if not self.fresh:
             raise EngineStateError("warm_up: only a fresh engine warms up, before it loads "
                                    "state or processes a batch")
-        return self._warming_up(rows)
+        return warmup.steps(self, rows)
 
-    def _warming_up(self, rows: int) -> Iterator[int]:
-        half = rows // 2
-        batches = [(np.arange(rows), (1, 5), 1),
-                   (np.arange(half), (6, 10), -1), (np.arange(rows, rows + half), (6, 10), 1),
-                   (np.arange(rows + half, rows + half + 10), (11, 11), 1)]
-        schemas = {name: op.table_schema for name, op in self.sources.items()}
-
-        def changes(parts: list[tuple[np.ndarray, tuple[int, int], int]]) -> dict[str, Changes]:
-            return {name: consolidate(pa.concat_tables(
-                [synthetic_changes(schema, *part).table for part in parts]), schema.names)
-                for name, schema in schemas.items()}
-
-        try:
-            for done, parts in enumerate((batches[:1], batches[1:3], batches[3:]), start=1):
-                self.process(changes(parts))
-                yield done
-        except ExpressionError as exc:
-            # Made-up values may fail an expression real data never fails (a cast of text):
-            # what ran so far is warm, and the real batches plan the rest.
-            log.info("warm-up stopped early: %s", first_line(exc))
-        except Exception as exc:  # an optimization must not stop the start
-            log.warning("warm-up failed, the service starts without it (the first batches plan "
-                        "and compile their code): %s", first_line(exc))
-        finally:
-            for state in self._states().values():
-                state.install(())
-            self._index(list(self._states().values()))
-            self.last_batch = None
-            self.totals = JobCount(0, 0)
+    def forget(self) -> None:
+        """Back to fresh: empty state, no batch run (for the warm-up: the plans it recorded
+        stay; see `warming_up`)."""
+        for state in self._states().values():
+            state.install(())
+        self._index(list(self._states().values()))
+        self.last_batch = None
+        self.totals = JobCount(0, 0)
 
     def _index(self, states: list[ZSetState]) -> None:
         """Index the states' large runs, and drop the indexes of runs merged away."""

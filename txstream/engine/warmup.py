@@ -1,4 +1,4 @@
-"""Synthetic changes for warming an engine up (`Engine.warm_up`).
+"""Warming an engine up with synthetic changes (`Engine.warming_up`, `Engine.warm_up`).
 
 A fresh JVM plans, compiles and JIT-compiles a pipeline's Spark plans on its first batches: the
 first 50k-event batch of the group-by example took 6.2 s cold and 0.8 s warm. Warming up runs
@@ -11,13 +11,22 @@ one. Booleans alternate: a join on a boolean column matches half the rows with h
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from txstream.changes import Changes
+from txstream.changes import Changes, consolidate
+from txstream.engine.errors import ExpressionError
+from txstream.engine.operators.base import first_line
 from txstream.schemas.tables import ColumnType, TableSchema
+
+if TYPE_CHECKING:  # the engine imports this module
+    from txstream.engine.engine import Engine
+
+log = logging.getLogger(__name__)
 
 _MAKERS: dict[str, Callable[[np.ndarray], pa.Array]] = {
     "bigint": lambda ids: pa.array(ids, pa.int64()),
@@ -56,3 +65,32 @@ def synthetic_changes(schema: TableSchema, ids: np.ndarray, times: tuple[int, in
     columns = [_column(c.type, ids) for c in schema.columns]
     columns += [pa.array(spread, pa.int64()), pa.array(np.full(len(ids), diff), pa.int64())]
     return Changes(pa.Table.from_arrays(columns, schema=schema.arrow_schema(with_changes=True)))
+
+
+def steps(engine: Engine, rows: int) -> Iterator[int]:
+    """The batches of `Engine.warming_up` (see there), one per step, then `engine.forget()`,
+    also when the steps are closed early or a batch fails."""
+    half = rows // 2
+    batches = [(np.arange(rows), (1, 5), 1),
+               (np.arange(half), (6, 10), -1), (np.arange(rows, rows + half), (6, 10), 1),
+               (np.arange(rows + half, rows + half + 10), (11, 11), 1)]
+    schemas = {name: op.table_schema for name, op in engine.sources.items()}
+
+    def changes(parts: list[tuple[np.ndarray, tuple[int, int], int]]) -> dict[str, Changes]:
+        return {name: consolidate(pa.concat_tables(
+            [synthetic_changes(schema, *part).table for part in parts]), schema.names)
+            for name, schema in schemas.items()}
+
+    try:
+        for done, parts in enumerate((batches[:1], batches[1:3], batches[3:]), start=1):
+            engine.process(changes(parts))
+            yield done
+    except ExpressionError as exc:
+        # Made-up values may fail an expression real data never fails (a cast of text): what
+        # ran so far is warm, and the real batches plan the rest.
+        log.info("warm-up stopped early: %s", first_line(exc))
+    except Exception as exc:  # an optimization must not stop the start
+        log.warning("warm-up failed, the service starts without it (the first batches plan "
+                    "and compile their code): %s", first_line(exc))
+    finally:
+        engine.forget()
