@@ -8,18 +8,25 @@ from __future__ import annotations
 import pytest
 from support.runner import Background, OrderProducer, assert_snapshots, example_config
 
+from txstream.schemas.config import PipelineConfig
 from txstream.service.compose import open_runner
 
 MADE_UP = "warm-up: made-up batch"
 ENDED = "warm-up ended by a batch to compute"
 
 
+@pytest.fixture
+def warming(kafka, postgres, pg_schema, topics, topic_name, tmp_path  # type: ignore[no-untyped-def]
+            ) -> tuple[PipelineConfig, OrderProducer]:
+    """The example pipeline with a (small) warm-up, and a producer of its events."""
+    return (example_config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
+                           f"g-{topic_name}", tmp_path / "ck", warm_up_rows=600),
+            OrderProducer(kafka.bootstrap_servers, topics))
+
+
 def test_an_idle_start_warms_up_then_computes(  # type: ignore[no-untyped-def]
-        kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path,
-        caplog: pytest.LogCaptureFixture) -> None:
-    config = example_config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
-                            f"g-{topic_name}", tmp_path / "ck", warm_up_rows=600)
-    producer = OrderProducer(kafka.bootstrap_servers, topics)
+        warming, postgres, spark, pg_schema, caplog: pytest.LogCaptureFixture) -> None:
+    config, producer = warming
     runner = open_runner(config, spark=spark)
     try:
         with caplog.at_level("INFO", logger="txstream.service.runner"), \
@@ -34,11 +41,8 @@ def test_an_idle_start_warms_up_then_computes(  # type: ignore[no-untyped-def]
 
 
 def test_a_backlog_goes_first_and_a_restored_engine_warms_up_beside_its_state(  # type: ignore[no-untyped-def]
-        kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path,
-        caplog: pytest.LogCaptureFixture) -> None:
-    config = example_config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
-                            f"g-{topic_name}", tmp_path / "ck", warm_up_rows=600)
-    producer = OrderProducer(kafka.bootstrap_servers, topics)
+        warming, postgres, spark, pg_schema, caplog: pytest.LogCaptureFixture) -> None:
+    config, producer = warming
     producer.send(300)
     runner = open_runner(config, spark=spark)
     try:
