@@ -31,8 +31,9 @@ at 10,000 events or 1 s), and so does the number of transactions per Spark job.
   inside its own: `with_txstream_start` counts it too. `bare_consumer_events_per_s`: a consumer
   reading the same backlog and doing nothing with it, the ceiling of the service's ingest.
   `start_seconds` is the service's start before it consumes (the Spark session is already up):
-  connecting, and the engine's warm-up (`warm_up_rows`), which plans and compiles the pipeline on
-  made-up rows so that its first batches do not do it on a cold JVM.
+  building the engine and connecting. The engine's warm-up (`warm_up_rows`) runs only while the
+  service is idle, and the backlog waiting here ends it before it begins, so the first batches
+  plan and compile on the JVM as it is (before 70e4e9d the warm-up was part of the start).
 
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
