@@ -43,6 +43,12 @@ def test_saved_state_continues_the_stream(spark, tmp_path: Path) -> None:  # typ
     first.save_state(str(tmp_path / "state"))
     resumed = Engine(pipeline(), spark)
     resumed.load_state(str(tmp_path / "state"))
+    # Each state comes back as one run weighed as saved, not counted (a job per state).
+    saved = {name: sum(run.weight for run in runs)
+             for name, (_, runs) in first.version().states.items() if runs}
+    restored = resumed.version().states
+    assert saved and {name: [run.weight for run in restored[name][1]] for name in saved} == {
+        name: [weight] for name, weight in saved.items()}
     assert _sorted(process(resumed, {"orders": SECOND})) == expected
     assert any(expected.values())
 

@@ -453,11 +453,14 @@ class Engine:
         without it is incomplete."""
         version = version or self.version()
         saved = []
+        weights = {}
         for name, (state, runs) in version.states.items():
             if runs:
                 state.save(f"{path}/{name}", runs)
                 saved.append(name)
-        manifest = json.dumps({"format": 1, "operators": self._fingerprint(), "states": saved})
+                weights[name] = sum(run.weight for run in runs)
+        manifest = json.dumps({"format": 1, "operators": self._fingerprint(), "states": saved,
+                               "weights": weights})
         self.spark.createDataFrame([(manifest,)], "manifest STRING").coalesce(1) \
             .write.text(f"{path}/_manifest")
 
@@ -480,7 +483,10 @@ class Engine:
                 f"(first difference: {diff}); start from empty state instead"
             )
         saved = set(manifest.get("states", []))
+        # The runs' weights as saved: a state written before they were is counted (a job).
+        weights = manifest.get("weights", {})
         self._templates.clear()
         for name, state in self._states().items():
-            state.load(self.spark, f"{path}/{name}" if name in saved else None)
+            state.load(self.spark, f"{path}/{name}" if name in saved else None,
+                       weights.get(name))
         self._index(list(self._states().values()))

@@ -434,9 +434,10 @@ class ZSetState:
         if whole is not None:
             whole.write.parquet(path)
 
-    def load(self, spark: SparkSession, path: str | None) -> None:
-        """Replace the collection with the one saved at `path` (None: empty). The data is
-        copied into Spark's memory, so the files may be deleted afterwards."""
+    def load(self, spark: SparkSession, path: str | None, weight: int | None = None) -> None:
+        """Replace the collection with the one saved at `path` (None: empty), as one run of
+        `weight` (the saved runs' weights; None: its rows, counted). The data is copied into
+        Spark's memory, so the files may be deleted afterwards."""
         self.install(())
         if path is not None:
             frame = self.typed(spark.read.parquet(path))
@@ -444,5 +445,5 @@ class ZSetState:
             spread = frame.coalesce(1) if self.partitions == 1 else self._hashed(frame)
             loaded = self._local_checkpoint(spread, eager=True)
             # Weighed by its size, so small batches after a restore do not rewrite it.
-            self.install((Run(loaded, loaded.count()),))
+            self.install((Run(loaded, loaded.count() if weight is None else weight),))
 
