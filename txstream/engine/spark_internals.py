@@ -227,6 +227,13 @@ def union_rdd(spark: SparkSession, rdds: Sequence[JavaObject], partitions: int =
 
 Clustering = tuple[tuple[int, ...], int]  # positions of the hashed columns, partition count
 
+# The partitionings `rdd_node` declared, by (the JVM object of its attributes, clustering): a
+# template rebinds the same leaves every batch, and each declaration is about twenty calls into
+# the JVM. Attribute objects are never reused under another id; the cache is emptied whole
+# when full, which only costs building them again.
+_declared: dict[tuple[str, Clustering], JavaObject] = {}
+_DECLARED = 4096
+
 
 def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
              clustering: Clustering | None = None) -> JavaObject:
@@ -243,11 +250,16 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
     j = _jvm(spark)
     partitioning = j.unknown(0)
     if clustering is not None:
-        positions, partitions = clustering
-        columns = _seq(spark, [output.apply(i) for i in positions])
-        partitioning = j.partitionings(_seq(spark, [
-            j.hash_partitioning(columns, partitions),
-            j.hash_partitioning(_seq(spark, [j.create_struct.apply(columns)]), partitions)]))
+        partitioning = _declared.get((output._target_id, clustering))
+        if partitioning is None:
+            positions, partitions = clustering
+            columns = _seq(spark, [output.apply(i) for i in positions])
+            partitioning = j.partitionings(_seq(spark, [
+                j.hash_partitioning(columns, partitions),
+                j.hash_partitioning(_seq(spark, [j.create_struct.apply(columns)]), partitions)]))
+            if len(_declared) >= _DECLARED:
+                _declared.clear()
+            _declared[(output._target_id, clustering)] = partitioning
     return j.logical_rdd(output, rdd, partitioning, j.nil, False, j.none, j.session, j.none,
                          j.none, False)
 

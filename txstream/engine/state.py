@@ -53,7 +53,7 @@ from functools import cached_property
 from py4j.java_gateway import JavaObject
 from py4j.protocol import Py4JJavaError
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructField, StructType
 
@@ -164,6 +164,7 @@ class ZSetState:
         self._indexes: dict[int, JavaObject] = {}  # run's RDD id -> its broadcast exchange
         self._unindexed: set[int] = set()  # runs whose build found fewer than index_rows rows
         self.index_bytes = 0  # what the indexes hold (Spark's estimate of its hash tables)
+        self._splitting: tuple[DataFrame, Column] | None = None  # see _split
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
         summed = frame.groupBy(*[col(k) for k in self.keys]).agg(
@@ -247,13 +248,15 @@ class ZSetState:
         key hashes to j. Each of the P tasks reads the one partition (a small batch's new run:
         its delta and the small runs it merges), so the batch stays one stage where an
         exchange per staged run would add as many."""
-        spark = frame.sparkSession
-        numbers = spark.range(0, self.partitions, 1, self.partitions).select(
-            F.col("id").alias(_PARTITION))
-        target = F.pmod(F.hash(*[col(c) for c in self.partition_on]), F.lit(self.partitions))
-        # Not `target == number`: Spark would plan that equality as an equi-join, which
-        # exchanges both sides by the hash of the partition number.
-        keep = (target - F.col(_PARTITION)) == 0
+        if self._splitting is None:  # built once: a lone transaction splits every run anew
+            numbers = frame.sparkSession.range(0, self.partitions, 1, self.partitions).select(
+                F.col("id").alias(_PARTITION))
+            target = F.pmod(F.hash(*[col(c) for c in self.partition_on]),
+                            F.lit(self.partitions))
+            # Not `target == number`: Spark would plan that equality as an equi-join, which
+            # exchanges both sides by the hash of the partition number.
+            self._splitting = numbers, (target - F.col(_PARTITION)) == 0
+        numbers, keep = self._splitting
         return frame.crossJoin(numbers).where(keep).drop(_PARTITION)
 
     def _local_checkpoint(self, frame: DataFrame, eager: bool) -> DataFrame:
