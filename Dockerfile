@@ -46,10 +46,6 @@ RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/txs
     && chown -R txstream:txstream /var/lib/txstream
 USER 10001:10001
 
-# The driver JVM's class archive (txstream.service.class_archive), in the user's cache: every
-# Spark start in this image maps Spark's classes instead of loading them from jars.
-RUN txstream prepare
-
 # Port of /healthz, /readyz and /metrics: keep equal to `http_port` of the pipeline config.
 ENV TXSTREAM_HEALTHCHECK_PORT=8080
 EXPOSE 8080

@@ -11,7 +11,7 @@ spawned:
 
 * `spark_start_s`: the service's log says the Spark session is up (the first line containing
   `spark_start_marker`: `Spark session started in`, else `engine parallelism`, logged once
-  the engine is built on the session, before the warm-up). The log is read through a pipe and
+  the engine is built on the session). The log is read through a pipe and
   each line stamped when it arrives.
 * `first_commit_s`: the progress row (`txstream_progress`, committed with the output tables in
   one PostgreSQL transaction) first names a transaction after the one it named at the spawn:
@@ -76,8 +76,8 @@ from txstream.service.embedded.postgres import free_port, postgres_from_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SPARK_MARKER = "Spark session started in"
-# Logged by txstream.service.compose once the engine is built on the session: a few
-# milliseconds after the session is up, before the warm-up.
+# Logged by txstream.service.compose once the engine is built on the session (2-3 s after
+# the session is up): older revisions log no session line.
 FALLBACK_MARKER = "engine parallelism"
 # The service's own measure of its warm-up, part of `first_commit_after_spark_s`.
 WARM_UP_LINE = re.compile(r"engine warmed up in ([0-9.]+) s")

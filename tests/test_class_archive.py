@@ -33,7 +33,7 @@ def test_the_archive_is_keyed_by_spark_and_the_java_binary(fake_java: Path) -> N
     assert class_archive.java_options() == "", "no archive written yet: no option"
     path.parent.mkdir(parents=True)
     path.write_bytes(b"archive")
-    assert class_archive.java_options() == f"-XX:SharedArchiveFile={path}"
+    assert class_archive.java_options() == f'"-XX:SharedArchiveFile={path}"'
     # Another JVM in the same place (an upgrade): another archive, not the stale one.
     os.utime(fake_java, ns=(0, 0))
     assert class_archive.archive_path() != path
@@ -56,5 +56,5 @@ def test_the_session_maps_the_archive_and_prepare_needs_a_jvm_of_its_own(
     # get_spark, uses it exactly when this installation has one.
     used = spark.sparkContext.getConf().get("spark.driver.defaultJavaOptions", "")
     assert used == class_archive.java_options()
-    with pytest.raises(ClassArchiveError, match="has a Spark session already"):
+    with pytest.raises(ClassArchiveError, match="has started a Spark JVM already"):
         class_archive.prepare()

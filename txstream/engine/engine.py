@@ -483,8 +483,11 @@ class Engine:
                 f"(first difference: {diff}); start from empty state instead"
             )
         saved = set(manifest.get("states", []))
-        # The runs' weights as saved: a state written before they were is counted (a job).
-        weights = manifest.get("weights", {})
+        # The runs' weights as saved, where they cannot make the run look large enough for an
+        # index (a weight counts input rows, not the rows left): a state written before they
+        # were, or one that may be large, is counted (a job).
+        weights = {name: weight for name, weight in manifest.get("weights", {}).items()
+                   if weight < self.index_rows}
         self._templates.clear()
         for name, state in self._states().items():
             state.load(self.spark, f"{path}/{name}" if name in saved else None,

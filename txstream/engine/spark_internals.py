@@ -227,11 +227,11 @@ def union_rdd(spark: SparkSession, rdds: Sequence[JavaObject], partitions: int =
 
 Clustering = tuple[tuple[int, ...], int]  # positions of the hashed columns, partition count
 
-# The partitionings `rdd_node` declared, by (the JVM object of its attributes, clustering): a
-# template rebinds the same leaves every batch, and each declaration is about twenty calls into
-# the JVM. Attribute objects are never reused under another id; the cache is emptied whole
-# when full, which only costs building them again.
-_declared: dict[tuple[str, Clustering], JavaObject] = {}
+# The partitionings `rdd_node` declared, by (the gateway, the JVM object of its attributes,
+# clustering): a template rebinds the same leaves every batch, and each declaration is about
+# twenty calls into the JVM. py4j never reuses an object id within one gateway; the cache is
+# emptied whole when full, which only costs building them again.
+_declared: dict[tuple[int, str, Clustering], JavaObject] = {}
 _DECLARED = 4096
 
 
@@ -250,7 +250,8 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
     j = _jvm(spark)
     partitioning = j.unknown(0)
     if clustering is not None:
-        partitioning = _declared.get((output._target_id, clustering))
+        key = (id(spark._jvm), output._target_id, clustering)
+        partitioning = _declared.get(key)
         if partitioning is None:
             positions, partitions = clustering
             columns = _seq(spark, [output.apply(i) for i in positions])
@@ -259,7 +260,7 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
                 j.hash_partitioning(_seq(spark, [j.create_struct.apply(columns)]), partitions)]))
             if len(_declared) >= _DECLARED:
                 _declared.clear()
-            _declared[(output._target_id, clustering)] = partitioning
+            _declared[key] = partitioning
     return j.logical_rdd(output, rdd, partitioning, j.nil, False, j.none, j.session, j.none,
                          j.none, False)
 

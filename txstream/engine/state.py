@@ -447,6 +447,7 @@ class ZSetState:
             # Whatever parallelism saved it: a restart with another one repartitions here.
             spread = frame.coalesce(1) if self.partitions == 1 else self._hashed(frame)
             loaded = self._local_checkpoint(spread, eager=True)
-            # Weighed by its size, so small batches after a restore do not rewrite it.
+            # Weighed (by its rows, or the input rows it summarizes), so that small batches
+            # after a restore do not rewrite it.
             self.install((Run(loaded, loaded.count() if weight is None else weight),))
 

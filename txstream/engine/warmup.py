@@ -28,6 +28,8 @@ if TYPE_CHECKING:  # the engine imports this module
 
 log = logging.getLogger(__name__)
 
+WARM_UP_BATCHES = 3  # the steps of `steps`
+
 _MAKERS: dict[str, Callable[[np.ndarray], pa.Array]] = {
     "bigint": lambda ids: pa.array(ids, pa.int64()),
     "int": lambda ids: pa.array(ids % 2**31, pa.int64()).cast(pa.int32()),
@@ -68,8 +70,12 @@ def synthetic_changes(schema: TableSchema, ids: np.ndarray, times: tuple[int, in
 
 
 def steps(engine: Engine, rows: int) -> Iterator[int]:
-    """The batches of `Engine.warming_up` (see there), one per step, then `engine.forget()`,
-    also when the steps are closed early or a batch fails."""
+    """The `WARM_UP_BATCHES` batches of `Engine.warming_up` (see there), one per step, then
+    `engine.forget()`, also when the steps are closed early or a batch fails. Nothing at all
+    for an engine no longer fresh when the first step is taken (its state is real)."""
+    if not engine.fresh:
+        log.warning("warm-up skipped: the engine took real state before its first step")
+        return
     half = rows // 2
     batches = [(np.arange(rows), (1, 5), 1),
                (np.arange(half), (6, 10), -1), (np.arange(rows, rows + half), (6, 10), 1),

@@ -133,7 +133,7 @@ class PipelineConfig(BaseModel):
     # low load (latency), more under a backlog (Spark's fixed cost per job shared). It also
     # bounds memory: a stage holds at most one batch. Results do not depend on it.
     batch_transactions: int = Field(default=100, ge=1)
-    # While the service has nothing to do (no batch ready, the input caught up), the engine
+    # While the service has nothing to do (no batch ready, the input read to its end), the engine
     # runs this many made-up rows per source through the pipeline, one batch at a time, and
     # forgets them, so that batches after an idle start do not pay Spark's planning and code
     # compilation on a cold JVM (seconds). A batch to compute ends the warm-up: a backlog at

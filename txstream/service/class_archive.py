@@ -17,10 +17,13 @@ restart, a takeover and every test that starts the service pay that less.
 The archive is only valid for the JVM and the jars that wrote it: its name holds Spark's
 version and a digest of the `java` binary and SPARK_HOME, and the JVM itself checks it and
 ignores one that does not match (`-Xshare:auto`, the default), so a stale archive costs only
-its benefit. The archive is written once per installation (`make install`, the image's build);
-`TXSTREAM_CLASS_ARCHIVE` names another file, or `off` for none. It is passed as
-`spark.driver.defaultJavaOptions`, which Spark puts before `spark.driver.extraJavaOptions`:
-JVM options of a user's own belong in the latter.
+its benefit. The image carries none: whether the Helm chart's driver could map one is not
+verified (its `SPARK_CONF_DIR`, a directory holding `spark-defaults.conf`, is on the class
+path, which class-data sharing checks), and an archive is ~160 MiB. The archive is written once
+per installation (`make install`); `TXSTREAM_CLASS_ARCHIVE` names another file, or `off`. It
+is passed as `spark.driver.defaultJavaOptions`, which Spark puts before
+`spark.driver.extraJavaOptions`: JVM options of a user's own belong in the latter (a
+`defaultJavaOptions` of theirs in spark-defaults.conf is overridden while an archive exists).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 
 import pyspark
 from pyspark import SparkContext
+from pyspark.errors import PySparkException
 
 from txstream.engine import Engine
 from txstream.examples.orders import pipeline
@@ -80,42 +84,54 @@ def java_options() -> str:
     path = archive_path()
     if path is None or not path.is_file():
         return ""
-    return f"-XX:SharedArchiveFile={path}"
+    # Quoted: Spark's launcher splits JVM options at blanks outside quotes.
+    return f'"-XX:SharedArchiveFile={path}"'
 
 
 def prepare(timeout_s: float = 300.0) -> Path:
-    """Write this installation's archive (replacing an older one); its path. Starts, uses and
-    ends a Spark session of its own, so call it in a process that has none."""
+    """Write this installation's archive, and delete the archives of other Spark versions
+    beside it; its path. Starts, uses and ends a Spark JVM of its own, so call it in
+    a process that has started none."""
     from txstream.service.spark import get_spark  # which imports this module
 
     path = archive_path()
     if path is None:
         raise ClassArchiveError(f"no archive to write: {ENV}=off, or no `java` found "
                                 "(JAVA_HOME or PATH)")
-    if SparkContext._active_spark_context is not None:
-        raise ClassArchiveError("prepare: this process has a Spark session already; the "
+    if SparkContext._gateway is not None:
+        raise ClassArchiveError("prepare: this process has started a Spark JVM already; the "
                                 "archive is written by a JVM of its own as it exits")
-    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.unlink(missing_ok=True)
     started = time.monotonic()
-    spark = get_spark(java_options=f"-XX:ArchiveClassesAtExit={partial}")
-    # The classes a batch loads: plans of every operator kind, compiled and run.
-    Engine(pipeline(), spark).warm_up(1_000)
-    gateway = SparkContext._gateway
-    spark.stop()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.unlink(missing_ok=True)
+        spark = get_spark(java_options=f'"-XX:ArchiveClassesAtExit={partial}"')
+        # The classes a batch loads: plans of every operator kind, compiled and run.
+        Engine(pipeline(), spark).warm_up(1_000)
+        gateway = SparkContext._gateway
+        spark.stop()
+    except (OSError, PySparkException) as exc:
+        raise ClassArchiveError(f"could not run the JVM that writes the archive: {exc}") from exc
     assert gateway is not None
+    SparkContext._gateway = SparkContext._jvm = None  # this JVM is about to exit
     gateway.proc.stdin.close()  # the gateway's cue to exit (System.exit), writing the archive
     try:
         code = gateway.proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         gateway.proc.kill()
+        gateway.proc.wait()
         raise ClassArchiveError(f"the JVM did not exit within {timeout_s:.0f} s of being "
                                 "told to; no archive written") from exc
     if code != 0 or not partial.is_file():
         raise ClassArchiveError(f"the JVM exited with {code} and wrote no archive to "
                                 f"{partial}; see its output above (logger `spark`)")
     partial.replace(path)
+    # Archives of other Spark versions in the same place: ~160 MiB each, never used again
+    # (those of this version may be another installation's, with its own SPARK_HOME).
+    for old in path.parent.glob("spark-*.jsa"):
+        if not old.name.startswith(f"spark-{pyspark.__version__}-"):
+            old.unlink(missing_ok=True)
     log.info("class archive written to %s (%.0f MiB) in %.0f s", path,
              path.stat().st_size / 2**20, time.monotonic() - started)
     return path

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from functools import partial
 
 from pyspark.sql import SparkSession
 
@@ -38,8 +39,9 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
     spark = spark or get_spark(config.spark_master)
     parallelism = (spark.sparkContext.defaultParallelism if config.parallelism == "auto"
                    else config.parallelism)
-    engine = Engine(pipeline, spark, parallelism=parallelism,
-                    state_replicas=config.state_replicas)
+    new_engine = partial(Engine, pipeline, spark, parallelism=parallelism,
+                         state_replicas=config.state_replicas)
+    engine = new_engine()
     log.info("engine parallelism %d", parallelism)
     refuse(sinks_fit(config, engine.outputs))
 
@@ -47,7 +49,7 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
         # Of the engine itself while it is fresh: the plans it records then serve the first
         # real batches. After a restore, of a scratch engine of the pipeline: the code Spark
         # compiled and the JIT's work are the JVM's, whichever engine caused them.
-        target = engine if engine.fresh else Engine(pipeline, spark, parallelism=parallelism)
+        target = engine if engine.fresh else new_engine()
         return target.warming_up(config.warm_up_rows)
 
     checkpoints = CheckpointStore(

@@ -52,6 +52,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from txstream.engine.errors import ExpressionError
+from txstream.engine.warmup import WARM_UP_BATCHES
 from txstream.schemas.config import PipelineConfig
 from txstream.service.checkpointing import Checkpointing
 from txstream.service.health import Readiness
@@ -75,7 +76,6 @@ from txstream.service.startup import (
 from txstream.sinks.live.serving import LiveTables
 from txstream.sinks.postgres_writers import Writer, WriterEpoch
 from txstream.sources.kafka_input import KafkaInput
-from txstream.sources.kafka_source import KafkaSourceError
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionBatch
 
@@ -185,9 +185,9 @@ class PipelineRunner:
             config, state, replay,
             InputReports(self.metrics.source, self.readiness, KafkaInput.name)))
         self._stages = Stages(config.batch_transactions, serving=False)
-        self._warm_up = warm_up
+        self._warm_up = warm_up  # begun (called) at the first idle moment of a run
         self._warming: Iterator[int] | None = None
-        self._lag_checked = 0.0
+        self._idle_checked = 0.0
 
     def _startup_problems(self, resuming: bool, checkpointed: int) -> list[Problem]:
         """What the sinks hold against where the checkpoint location resumes (after
@@ -214,8 +214,6 @@ class PipelineRunner:
                        ("checkpoint", partial(self._checkpointing.run, stages)))]
         for thread in threads:
             thread.start()
-        if self._warm_up is not None:  # begun at the first run, not when constructed
-            self._warming, self._warm_up = self._warm_up(), None
         last_report = time.monotonic()
         try:
             while not self._stop.is_set() and stages.failure is None:
@@ -225,7 +223,8 @@ class PipelineRunner:
                     self._compute(batch)
                 elif until is not None and stages.idle() and until(self):
                     break
-                elif self._warming is not None and self._nothing_to_do(stages):
+                elif (self._warming is not None or self._warm_up is not None) \
+                        and self._nothing_to_do(stages):
                     self._warm_up_step()
                 now = time.monotonic()
                 if on_progress is not None and now - last_report >= progress_interval:
@@ -234,6 +233,7 @@ class PipelineRunner:
         except BaseException as exc:
             stages.fail(exc)
         finally:
+            self._end_warm_up()
             stages.computing_done.set()
             if stages.failure is not None:
                 self._stop.set()  # no stage waits on a dependency for a run that is over
@@ -251,34 +251,46 @@ class PipelineRunner:
     # ---- warming up while idle ----------------------------------------------------------
 
     def _nothing_to_do(self, stages: Stages) -> bool:
-        """No batch in flight and the input caught up (the lag measured at most once a second:
-        each measure asks the brokers)."""
+        """No batch in flight and the input read to its end (asked at most once a second: the
+        ingest thread answers between two polls). Not the lag: a transactional producer's
+        commit markers keep an idle partition's lag at 1 or more."""
         now = time.monotonic()
-        if not stages.idle() or now - self._lag_checked < 1.0:
+        if not stages.idle() or now - self._idle_checked < 1.0:
             return False
-        self._lag_checked = now
-        try:
-            return self.input.lag() == 0
-        except KafkaSourceError:
-            return False  # the input stage reports it
+        self._idle_checked = now
+        # Idle again after the answer: ingest offers what it polled before it serves the call.
+        return stages.call_input(self.input, lambda source: source.read_to_end()) \
+            and stages.idle()
 
     def _warm_up_step(self) -> None:
-        assert self._warming is not None
+        if self._warming is None:
+            assert self._warm_up is not None
+            try:
+                self._warming, self._warm_up = self._warm_up(), None
+            except Exception as exc:  # an optimization must not stop the service
+                self._warm_up = None
+                log.warning("no warm-up: %s", exc)
+                return
         started = time.monotonic()
         done = next(self._warming, None)
         if done is None:
             self._warming = None
+            log.info("warm-up done")
         else:
-            log.info("warm-up: made-up batch %d of 3 in %.1f s, while idle", done,
-                     time.monotonic() - started)
+            log.info("warm-up: made-up batch %d of %d in %.1f s, while idle", done,
+                     WARM_UP_BATCHES, time.monotonic() - started)
 
     def _end_warm_up(self) -> None:
-        """Before a batch: the warm-up ends (a warm-up of this engine must give its state
-        back before the engine takes a real batch; the JVM keeps what it compiled)."""
+        """Before a batch, and when `run` returns: the warm-up ends (a warm-up of this engine
+        must give its state back before the engine takes a real batch; the JVM keeps what it
+        compiled)."""
+        if self._warm_up is not None:
+            self._warm_up = None
+            log.info("no warm-up: a batch came first, and the first batches warm the JVM up")
         if self._warming is not None:
             self._warming.close()
             self._warming = None
-            log.info("warm-up ended by a batch to compute")
+            log.info("warm-up ended by a batch to compute, or a stop")
 
     def _ingest(self) -> None:
         """Poll, decode and form transactions into the ready queue; between polls, run the

@@ -134,6 +134,11 @@ class TransactionBoundaries:
             self._batch.seal()
 
     @property
+    def holding(self) -> bool:
+        """Whether records read wait in a transaction not closed yet."""
+        return bool(self._batch.fill or self._open)
+
+    @property
     def started(self) -> bool:
         """Whether any record was read."""
         return self._seq > 0

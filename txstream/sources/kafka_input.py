@@ -74,6 +74,12 @@ class KafkaInput:
         `TransactionBuilder.state`)."""
         return self._builder.state()
 
+    def read_to_end(self) -> bool:
+        """Whether every assigned partition is read to its end and every record read is in a
+        closed transaction (see `TransactionBuilder.read_to_end`); False before any partition
+        is assigned."""
+        return self._builder.read_to_end()
+
     def lag(self) -> int:
         """Records in the source topics not yet in a committed transaction (measured now)."""
         try:

@@ -205,6 +205,13 @@ class TransactionBuilder:
         core.seal_if_caught_up(self._caught_up)
         return self._close_ready(now)
 
+    def read_to_end(self) -> bool:
+        """Whether partitions are assigned, every one is read to its end (as of the client's
+        latest fetch: no call to the broker) and every record read is in a closed
+        transaction."""
+        core = self._core
+        return bool(core.assigned) and not core.holding and self._caught_up()
+
     def _caught_up(self) -> bool:
         def high_watermark(tp: Partition) -> int:
             return self._consumer.get_watermark_offsets(KafkaPartition(*tp), cached=True)[1]
