@@ -40,9 +40,6 @@ import pyspark
 from pyspark import SparkContext
 from pyspark.errors import PySparkException
 
-from txstream.engine import Engine
-from txstream.examples.orders import pipeline
-
 ENV = "TXSTREAM_CLASS_ARCHIVE"
 
 log = logging.getLogger(__name__)
@@ -92,7 +89,12 @@ def prepare(timeout_s: float = 300.0) -> Path:
     """Write this installation's archive, and delete the archives of other Spark versions
     beside it; its path. Starts, uses and ends a Spark JVM of its own, so call it in
     a process that has started none."""
-    from txstream.service.spark import get_spark  # which imports this module
+    # Here, not at the top: every Spark session's start imports this module for its options,
+    # and needs neither the engine nor the example pipeline (nor can import `get_spark`'s
+    # module, which imports this one).
+    from txstream.engine import Engine
+    from txstream.examples.orders import pipeline
+    from txstream.service.spark import get_spark
 
     path = archive_path()
     if path is None:
