@@ -219,7 +219,8 @@ class PipelineRunner:
             while not self._stop.is_set() and stages.failure is None:
                 batch = stages.take_batch(timeout=0.1)
                 if batch is not None:
-                    self._end_warm_up()
+                    self._end_warm_up("a batch came first, and the first batches warm the "
+                                      "JVM up")
                     self._compute(batch)
                 elif until is not None and stages.idle() and until(self):
                     break
@@ -233,7 +234,7 @@ class PipelineRunner:
         except BaseException as exc:
             stages.fail(exc)
         finally:
-            self._end_warm_up()
+            self._end_warm_up("the run stopped first")
             stages.computing_done.set()
             if stages.failure is not None:
                 self._stop.set()  # no stage waits on a dependency for a run that is over
@@ -280,13 +281,13 @@ class PipelineRunner:
             log.info("warm-up: made-up batch %d of %d in %.1f s, while idle", done,
                      WARM_UP_BATCHES, time.monotonic() - started)
 
-    def _end_warm_up(self) -> None:
+    def _end_warm_up(self, why_none: str) -> None:
         """Before a batch, and when `run` returns: the warm-up ends (a warm-up of this engine
         must give its state back before the engine takes a real batch; the JVM keeps what it
-        compiled)."""
+        compiled). `why_none`: what is logged when it had not begun."""
         if self._warm_up is not None:
             self._warm_up = None
-            log.info("no warm-up: a batch came first, and the first batches warm the JVM up")
+            log.info("no warm-up: %s", why_none)
         if self._warming is not None:
             self._warming.close()
             self._warming = None
