@@ -29,7 +29,6 @@ from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 
 from txstream.engine.batch import BatchPlan
-from txstream.engine.operators.rowwise import SourceRows
 from txstream.engine.spark_internals import (
     LeafKey,
     Occurrence,
@@ -119,10 +118,10 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
                     final_found, tuple(outputs))
 
 
-def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, SourceRows],
+def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, JavaObject],
                 weight: int) -> tuple[DataFrame, list[StagedRuns]]:
-    """The batch's final frame and staged runs, for `sources` (name -> its changes) and a
-    batch of `weight` input rows, from the template of its shape."""
+    """The batch's final frame and staged runs, for `sources` (name -> RDD of its changes) and
+    a batch of `weight` input rows, from the template of its shape."""
     merges: dict[int, Merge] = {}
 
     def merge_of(state: ZSetState) -> Merge:
@@ -138,9 +137,7 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
         if role[0] == "index":
             bindings[key] = lambda out, state=role[1], i=role[2]: state.index_node(i, out)
         elif role[0] == "source":
-            rows = sources[role[1]]
-            bindings[key] = lambda out, rows=rows: rdd_node(spark, out, rows.rdd,
-                                                            rows.clustering)
+            bindings[key] = reading(sources[role[1]])
         else:
             state = role[1]
             runs = state.streamed() if role[0] == "state" else merge_of(state).merged
