@@ -1,6 +1,7 @@
 """The engine at parallelism above 1: every state run is hash-partitioned as its leaf declares,
-batches small and large give the stream of parallelism 1, and a saved state resumes at another
-parallelism (rescaling). The DuckDB suite (tests/test_engine_correctness.py) runs at P = 2 too.
+batches small and large give the stream of parallelism 1, a saved state resumes at another
+parallelism (rescaling), and a source's changes enter split as their reader clusters them. The
+DuckDB suite (tests/test_engine_correctness.py) runs at P = 2 too.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 from functools import reduce
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from engine_oracle import process
 from pyspark.sql import DataFrame, SparkSession
@@ -15,6 +18,8 @@ from pyspark.sql import functions as F
 from test_engine_state import CUSTOMERS, FIRST, SECOND, _sorted
 
 from txstream.engine import Engine
+from txstream.engine.operators import rowwise
+from txstream.examples.groupby import pipeline as groupby_pipeline
 from txstream.examples.orders import pipeline
 
 
@@ -79,3 +84,30 @@ def test_state_resumes_at_another_parallelism(spark: SparkSession, tmp_path: Pat
         assert set(_misplaced(again).values()) == {0}
     assert _sorted(process(again, {"orders": SECOND})) == expected
     assert any(expected.values())
+
+
+@pytest.mark.parametrize("columnar", [False, True], ids=["rows", "arrow"])
+def test_input_enters_split_as_its_readers_cluster_it(
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch, columnar: bool) -> None:
+    """At P = 2 a source's changes are split on the driver by the group-by's key, so the batch's
+    job does not exchange them: a stage fewer than when Spark must, and the same changes as at
+    P = 1, as rows converted on the driver and as Arrow batches."""
+    n = 3_000
+    i = pa.array(range(3 * n), pa.int64())
+    inserts = pa.table({"k": pc.subtract(pc.divide(i, 7), 100), "v": i,
+                        "time": pc.add(pc.divide(i, 1_000), 1),
+                        "diff": pa.array([1] * (3 * n), pa.int64())})
+    batches = [{"events": inserts.slice(lo, n)} for lo in range(0, 3 * n, n)]
+    monkeypatch.setattr(rowwise, "ARROW_INPUT_ROWS", 0 if columnar else 10 * n)
+    one = Engine(groupby_pipeline(), spark)
+    want = [_sorted(process(one, batch)) for batch in batches]
+    stages = {}
+    for split in (True, False):
+        if not split:
+            monkeypatch.setattr(rowwise, "partition_ids", lambda *_: None)
+        two = Engine(groupby_pipeline(), spark, parallelism=2, spread_rows=0)
+        assert [_sorted(process(two, batch)) for batch in batches] == want
+        assert two.last_batch is not None and two.last_batch.rebound
+        stages[split] = two.last_batch.stages
+        assert set(_misplaced(two).values()) == {0}
+    assert stages[True] == stages[False] - 1, stages

@@ -9,11 +9,13 @@ records each frame it materializes with the plan it comes from, in order, which 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pyspark.sql import DataFrame, SparkSession
 
+from txstream.engine.consolidation import consolidate
 from txstream.engine.frames import col
 from txstream.engine.spark_internals import cached_relation, frame_of
 from txstream.engine.state import Run, StagedRuns, ZSetState
@@ -69,8 +71,7 @@ class BatchPlan:
         Spark keeps a union's partitioning only when each input has it before the planner
         adds exchanges: a delta that meets state in a union is clustered here, explicitly."""
         key = tuple(columns)
-        known = self._clustered.get(id(frame))
-        if self.parallelism == 1 or (known is not None and known[1] == key):
+        if self.parallelism == 1 or self.clustering_of(frame) == key:
             return frame
         if (id(frame), key) not in self._exchanged:
             leaf = self.shared(frame.repartition(self.parallelism, *[col(c) for c in columns]),
@@ -78,7 +79,43 @@ class BatchPlan:
             self._exchanged[id(frame), key] = (frame, leaf)
         return self._exchanged[id(frame), key][1]
 
-    def shared(self, frame: DataFrame, clustered_by: list[str] | None = None) -> DataFrame:
+    def clustering_of(self, frame: DataFrame) -> tuple[str, ...] | None:
+        """The columns `frame` is known to be clustered by (see `clustered`), if any."""
+        known = self._clustered.get(id(frame))
+        return known[1] if known is not None else None
+
+    def declared(self, leaf: DataFrame, columns: Sequence[str]) -> DataFrame:
+        """`leaf`, which declares itself hash-partitioned by `columns` into the batch's
+        partitions (a source's changes split on the driver), known to be clustered so."""
+        self._clustered[id(leaf)] = (leaf, tuple(columns))
+        return leaf
+
+    def keeps(self, frame: DataFrame, *inputs: DataFrame) -> DataFrame:
+        """`frame`, known from now on to be clustered as its `inputs` are, when they all are
+        by the same columns and `frame` has those columns unchanged: a filter, a projection
+        keeping them, a union (Spark keeps a union's partitioning when its inputs report the
+        same). A reader clustering it then adds no exchange of its own; should Spark not see
+        the partitioning, its planner exchanges as a join or aggregate needs, so the word
+        given here can cost a shuffle but never a wrong result."""
+        found = {self.clustering_of(f) for f in inputs}
+        key = found.pop() if len(found) == 1 else None
+        if self.parallelism > 1 and key is not None and set(key) <= set(frame.columns):
+            self._clustered[id(frame)] = (frame, key)
+        return frame
+
+    def consolidated(self, frame: DataFrame, columns: list[str],
+                     readers_cluster_by: Sequence[tuple[str, ...]]) -> DataFrame:
+        """`consolidate(frame, columns)`, at parallelism above 1 exchanged by the columns a
+        reader of the result clusters it by (the first of `readers_cluster_by` among
+        `columns`) rather than by every column: a partitioning by some of the grouped columns
+        serves the consolidation, so the one exchange serves both it and the reader."""
+        by = next((b for b in readers_cluster_by if set(b) <= set(columns)), None)
+        if self.parallelism == 1 or by is None:
+            return consolidate(frame, columns)
+        clustered = self.clustered(frame, list(by))
+        return self.keeps(consolidate(clustered, columns), clustered)
+
+    def shared(self, frame: DataFrame, clustered_by: Sequence[str] | None = None) -> DataFrame:
         """A frame several plans read: computed once, by the batch's job, and seen by those
         plans as a leaf, kept in memory (columnar, as `DataFrame.cache` keeps it) and read from
         there by every consumer, which neither re-analyzes nor recomputes its lineage.

@@ -52,7 +52,7 @@ from txstream.engine.errors import (
 )
 from txstream.engine.frames import col, spread, union_all
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
-from txstream.engine.operators.base import Key, first_line
+from txstream.engine.operators.base import Key, first_line, tell_readers_clustering
 from txstream.engine.spark_internals import block_managers, plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import Runs, StagedRuns, ZSetState
@@ -169,6 +169,7 @@ class Engine:
             by_id[node.id] = op
             keys[node.id] = op.key([keys[i.id] for i in node.inputs])
             self._ops.append(op)
+        tell_readers_clustering(self._ops)
         # A delta read by several operators or outputs is computed once (BatchPlan.shared).
         self._consumers = Counter(i.id for op in self._ops for i in op.node.inputs)
         self._consumers.update(out.node.id for out in pipeline.outputs.values())
@@ -248,7 +249,7 @@ class Engine:
             self.spark.conf.set("spark.sql.shuffle.partitions", str(self.parallelism))
         with call_site(self.spark.sparkContext, "txstream engine batch"), spread(planned):
             if template is not None:
-                rows = {name: self.sources[name].rows(t)[1] for name, t in present.items()}
+                rows = {name: self.sources[name].rows(t, planned) for name, t in present.items()}
                 final, staged = instantiate(self.spark, template, rows, weight)
                 outputs: tuple[str, ...] = template.outputs
             else:
@@ -348,15 +349,17 @@ class Engine:
             if isinstance(op, SourceOp):
                 delta = None
                 if op.name in changes:
-                    output, rows = op.rows(changes[op.name])
-                    delta = rdd_leaf(self.spark, output, rows)
+                    rows = op.rows(changes[op.name], planned)
+                    delta = rdd_leaf(self.spark, rows.output, rows.rdd, rows.clustering)
+                    sources[op.name] = delta
                     if planned == 1:
                         delta = delta.coalesce(1)
-                    sources[op.name] = delta
+                    elif rows.clustered_by is not None:
+                        batch.declared(delta, rows.clustered_by)
             else:
                 delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
             if delta is not None and self._consumers[op.node.id] > 1:
-                delta = batch.shared(delta)
+                delta = batch.shared(delta, clustered_by=batch.clustering_of(delta))
             deltas[op.node.id] = delta
         outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
         final, present = self._final_frame(outputs, batch)

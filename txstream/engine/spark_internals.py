@@ -194,6 +194,19 @@ def input_rows(spark: SparkSession, table: pa.Table, schema: StructType, columna
     return batches.output(), batches.rdd()
 
 
+def partitioned_rows(spark: SparkSession, tables: Sequence[pa.Table], schema: StructType,
+                     columnar: bool) -> tuple[JavaObject, JavaObject]:
+    """As `input_rows`, an RDD whose partition i holds the rows of `tables[i]` (narrowly
+    coalesced: no shuffle)."""
+    j = _jvm(spark)
+    output, rdds = None, []
+    for table in tables:
+        output, rdd = input_rows(spark, table, schema, columnar)
+        rdds.append(rdd if rdd.getNumPartitions() == 1 else rdd.coalesce(1, False, j.none, None))
+    assert output is not None, "at least one partition"
+    return output, union_rdd(spark, rdds)
+
+
 # --- leaves ----------------------------------------------------------------------------------
 
 def id_of(rdd: JavaObject) -> int:
@@ -266,10 +279,20 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
 
 
 def hash_clustering(frame: DataFrame) -> tuple[list[str], int] | None:
-    """The columns and partition count of the hash partitioning a frame's `LogicalRDD` (a
-    local checkpoint) reports, None when it reports another."""
-    partitioning = analyzed(frame).outputPartitioning()
-    if partitioning.getClass().getSimpleName() != "HashPartitioning":
+    """The columns and partition count of the hash partitioning by columns a frame's
+    `LogicalRDD` (a local checkpoint) reports, alone or among others (a collection, as a join
+    reports the partitioning of each side, or a leaf of `rdd_node` its two), None when it
+    reports none."""
+    return _by_columns(analyzed(frame).outputPartitioning())
+
+
+def _by_columns(partitioning: JavaObject) -> tuple[list[str], int] | None:
+    kind = partitioning.getClass().getSimpleName()
+    if kind == "PartitioningCollection":
+        members = partitioning.partitionings()
+        found = (_by_columns(members.apply(i)) for i in range(members.size()))
+        return next((f for f in found if f is not None), None)
+    if kind != "HashPartitioning":
         return None
     expressions = partitioning.expressions()
     names = []
@@ -287,9 +310,11 @@ def fresh_attributes(spark: SparkSession, output: JavaObject, rdd: JavaObject) -
     return rdd_node(spark, output, rdd).newInstance().output()
 
 
-def rdd_leaf(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> DataFrame:
-    """`rdd` as a frame with fresh attributes of the same names and types as `output`."""
-    return frame_of(spark, rdd_node(spark, output, rdd).newInstance())
+def rdd_leaf(spark: SparkSession, output: JavaObject, rdd: JavaObject,
+             clustering: Clustering | None = None) -> DataFrame:
+    """`rdd` as a frame with fresh attributes of the same names and types as `output` (its
+    partitioning declared as `rdd_node` does)."""
+    return frame_of(spark, rdd_node(spark, output, rdd, clustering).newInstance())
 
 
 def rdd_of(frame: DataFrame) -> JavaObject:

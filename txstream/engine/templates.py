@@ -29,6 +29,7 @@ from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 
 from txstream.engine.batch import BatchPlan
+from txstream.engine.operators.rowwise import SourceRows
 from txstream.engine.spark_internals import (
     LeafKey,
     Occurrence,
@@ -118,10 +119,10 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
                     final_found, tuple(outputs))
 
 
-def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, JavaObject],
+def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, SourceRows],
                 weight: int) -> tuple[DataFrame, list[StagedRuns]]:
-    """The batch's final frame and staged runs, for `sources` (name -> RDD of its changes) and
-    a batch of `weight` input rows, from the template of its shape."""
+    """The batch's final frame and staged runs, for `sources` (name -> its changes) and a
+    batch of `weight` input rows, from the template of its shape."""
     merges: dict[int, Merge] = {}
 
     def merge_of(state: ZSetState) -> Merge:
@@ -137,7 +138,9 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, J
         if role[0] == "index":
             bindings[key] = lambda out, state=role[1], i=role[2]: state.index_node(i, out)
         elif role[0] == "source":
-            bindings[key] = reading(sources[role[1]])
+            rows = sources[role[1]]
+            bindings[key] = lambda out, rows=rows: rdd_node(spark, out, rows.rdd,
+                                                            rows.clustering)
         else:
             state = role[1]
             runs = state.streamed() if role[0] == "state" else merge_of(state).merged

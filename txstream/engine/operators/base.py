@@ -14,6 +14,7 @@ operators order by `time` wherever the result depends on history.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -30,6 +31,8 @@ from txstream.schemas.tables import RESERVED_COLUMNS, ColumnType, TableSchemaErr
 Delta = DataFrame | None
 # A set of columns that is unique in a table (see `Operator.key`), None when none is known.
 Key = tuple[str, ...] | None
+# Columns a delta is hash-partitioned by at parallelism above 1, None for none in particular.
+Clustered = tuple[str, ...] | None
 
 # Functions whose value depends on when a batch runs: a retraction would not match its insertion.
 _TIME_DEPENDENT = ("current_timestamp", "current_date", "now(", "localtimestamp",
@@ -94,6 +97,11 @@ class Operator(ABC):
         self.node = node
         self.input_schemas = list(inputs)
         self.schema = _check_columns(node, self._resolve())
+        # The columns readers of this operator's output cluster it by at parallelism above 1
+        # (see `input_clustering`), those most readers want first; set by the engine once the
+        # DAG is known. An operator that must exchange its output anyway (a consolidation)
+        # exchanges it by those, so a reader needs no second exchange.
+        self.readers_cluster_by: tuple[tuple[str, ...], ...] = ()
 
     @property
     def columns(self) -> list[str]:
@@ -127,6 +135,12 @@ class Operator(ABC):
         """The user's SQL text in the node (to find the one a failing batch points at)."""
         return []
 
+    def input_clustering(self, wanted: Clustered) -> list[Clustered]:
+        """Per input, the columns this operator clusters it by at parallelism above 1 (a join's
+        key, a group-by's keys), given those its readers cluster its output by (`wanted`); None
+        where it needs no clustering (as the base class)."""
+        return [None] * len(self.input_schemas)
+
     @abstractmethod
     def _resolve(self) -> StructType:
         """The output schema, checked against the inputs' schemas (raises on a bad definition)."""
@@ -135,3 +149,17 @@ class Operator(ABC):
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         """The output delta of one batch, given the inputs' deltas; stages state changes into
         `batch`."""
+
+
+def tell_readers_clustering(ops: Sequence[Operator]) -> None:
+    """Set every operator's `readers_cluster_by`, given the DAG's operators in order (each
+    after its inputs): what its readers' `input_clustering` asks of it, the columns most
+    readers want first."""
+    wanted: dict[int, Counter[tuple[str, ...]]] = {}
+    for op in reversed(ops):
+        op.readers_cluster_by = tuple(
+            c for c, _ in wanted.get(op.node.id, Counter()).most_common())
+        best = op.readers_cluster_by[0] if op.readers_cluster_by else None
+        for node, columns in zip(op.node.inputs, op.input_clustering(best), strict=True):
+            if columns is not None:
+                wanted.setdefault(node.id, Counter())[columns] += 1

@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
 from txstream.engine.frames import col
-from txstream.engine.operators.base import Delta, Key, Operator
+from txstream.engine.operators.base import Clustered, Delta, Key, Operator
 from txstream.engine.state import ZSetState
 
 # A row's multiplicity after each of its changes (a running sum over its timeline).
@@ -35,6 +35,9 @@ class DistinctOp(Operator):
     def key(self, inputs: Sequence[Key]) -> Key:
         """Every column: the output holds each row once."""
         return tuple(self.columns)
+
+    def input_clustering(self, wanted: Clustered) -> list[Clustered]:
+        return [tuple(self.columns)]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]

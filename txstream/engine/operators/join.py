@@ -18,10 +18,9 @@ from pyspark.sql.types import StructType
 
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
-from txstream.engine.consolidation import consolidate
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.frames import build_side, col, join, prefixed, union_all
-from txstream.engine.operators.base import Delta, Key, Operator
+from txstream.engine.operators.base import Clustered, Delta, Key, Operator
 from txstream.engine.state import ZSetState
 from txstream.engine.table import JoinNode, PadNode
 
@@ -126,7 +125,10 @@ class JoinOp(Operator):
             batch.append(self.right_state, d_right)
         if not terms:
             return None
-        return consolidate(union_all(terms), self.columns)
+        return batch.consolidated(union_all(terms), self.columns, self.readers_cluster_by)
+
+    def input_clustering(self, wanted: Clustered) -> list[Clustered]:
+        return [tuple(self.node.on)] * 2
 
 
 class PadOp(Operator):
@@ -140,13 +142,18 @@ class PadOp(Operator):
         self.layout = JoinLayout(self, left, right, self.node.on)
         return self.layout.schema
 
+    def input_clustering(self, wanted: Clustered) -> list[Clustered]:
+        own = wanted is not None and set(wanted) <= set(self.input_schemas[0].names)
+        return [wanted if own else None, None]
+
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
         if d is None:
             return None
         own = set(self.input_schemas[0].names)
-        return d.select(
+        # The side's own columns pass as they are, so its clustering stays true.
+        return batch.keeps(d.select(
             *[col(f.name) if f.name in own else F.lit(None).cast(f.dataType).alias(f.name)
               for f in self.schema.fields],
             col(TIME), col(DIFF),
-        )
+        ), d)

@@ -34,7 +34,7 @@ from txstream.engine.frames import (
     prefixed,
     semi_join,
 )
-from txstream.engine.operators.base import Delta, Key, Operator
+from txstream.engine.operators.base import Clustered, Delta, Key, Operator
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
 from txstream.engine.state import ZSetState
 from txstream.engine.table import ReduceNode
@@ -201,6 +201,9 @@ class ReduceOp(Operator):
     def _new_row(self) -> list[Column]:
         new = [*[col(k) for k in self.keys], col(TIME), col(ROW_COUNT), *self._output_columns()]
         return [*new, self._previous] if self._linear else new
+
+    def input_clustering(self, wanted: Clustered) -> list[Clustered]:
+        return [tuple(self.keys)]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]

@@ -4,6 +4,7 @@ rule is the operator itself: d(f(A)) = f(dA), each row keeping its time and diff
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cached_property
 
 import pyarrow as pa
@@ -14,11 +15,18 @@ from txstream.changes import Changes
 from txstream.changes import consolidate as consolidate_changes
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import DIFF, TIME
-from txstream.engine.consolidation import consolidate
 from txstream.engine.errors import EngineInputError, PipelineDefinitionError
 from txstream.engine.frames import col, union_all
-from txstream.engine.operators.base import Delta, Key, Operator, check_row_wise, first_line
-from txstream.engine.spark_internals import input_rows
+from txstream.engine.hash_partitions import partition_ids, split
+from txstream.engine.operators.base import (
+    Clustered,
+    Delta,
+    Key,
+    Operator,
+    check_row_wise,
+    first_line,
+)
+from txstream.engine.spark_internals import Clustering, input_rows, partitioned_rows
 from txstream.engine.table import FilterNode, SelectNode, SourceNode
 from txstream.schemas.tables import TableSchema
 
@@ -26,6 +34,17 @@ from txstream.schemas.tables import TableSchema
 # task converts, columnar until then; below it, as rows converted on the driver (see
 # `SourceOp.rows`): driver rows of a 500k-row batch made it a quarter slower.
 ARROW_INPUT_ROWS = 50_000
+
+
+@dataclass(frozen=True)
+class SourceRows:
+    """A source's changes of a batch as Spark rows (see `SourceOp.rows`): the attributes of a
+    leaf over `rdd`, the partitioning that leaf declares, and the columns it is clustered by."""
+
+    output: JavaObject
+    rdd: JavaObject
+    clustering: Clustering | None = None
+    clustered_by: Clustered = None
 
 
 class SourceOp(Operator):
@@ -73,12 +92,24 @@ class SourceOp(Operator):
                                    ) from exc
         return consolidate_changes(typed, self.columns).table
 
-    def rows(self, changes: Changes) -> tuple[JavaObject, JavaObject]:
+    def rows(self, changes: Changes, partitions: int = 1) -> SourceRows:
         """The source's changes of a batch as an RDD of rows, with no Spark job, and the
         attributes of a leaf over it (a leaf a template can rebind); from ARROW_INPUT_ROWS rows
-        on, as Arrow record batches."""
-        return input_rows(self.spark, self.prepared(changes), self._change_types[1],
-                          columnar=changes.num_rows >= ARROW_INPUT_ROWS)
+        on, as Arrow record batches. For a batch planned in `partitions` > 1, split on the
+        driver as the operators reading them cluster them (the first of `readers_cluster_by`
+        whose hash is computed here, see `txstream.engine.hash_partitions`): the batch's job
+        then does not exchange them for those readers."""
+        table = self.prepared(changes)
+        columnar = changes.num_rows >= ARROW_INPUT_ROWS
+        for by in self.readers_cluster_by if partitions > 1 else ():
+            ids = partition_ids(table, list(by), partitions)
+            if ids is not None:
+                output, rdd = partitioned_rows(self.spark, split(table, ids, partitions),
+                                               self._change_types[1], columnar)
+                positions = tuple(self.columns.index(c) for c in by)
+                return SourceRows(output, rdd, (positions, partitions), by)
+        output, rdd = input_rows(self.spark, table, self._change_types[1], columnar)
+        return SourceRows(output, rdd)
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         return deltas[0]
@@ -96,11 +127,18 @@ class SelectOp(Operator):
     def expressions(self) -> list[str]:
         return [expr for _, expr in self.node.exprs]
 
+    @cached_property
+    def _plain(self) -> frozenset[str]:
+        """The input's columns selected as they are."""
+        return frozenset(name for name, expr in self.node.exprs if expr == f"`{name}`")
+
     def key(self, inputs: Sequence[Key]) -> Key:
         """The input's key, when every column of it is selected as it is."""
         key = inputs[0]
-        plain = {name for name, expr in self.node.exprs if expr == f"`{name}`"}
-        return key if key is not None and set(key) <= plain else None
+        return key if key is not None and set(key) <= self._plain else None
+
+    def input_clustering(self, wanted: Clustered) -> list[Clustered]:
+        return [wanted if wanted is not None and set(wanted) <= self._plain else None]
 
     def _resolve(self) -> StructType:
         try:
@@ -114,7 +152,10 @@ class SelectOp(Operator):
         d = deltas[0]
         if d is None:
             return None
-        return consolidate(d.selectExpr(*self._exprs(), TIME, DIFF), self.columns)
+        projected = d.selectExpr(*self._exprs(), TIME, DIFF)
+        if set(batch.clustering_of(d) or ()) <= self._plain:
+            batch.keeps(projected, d)
+        return batch.consolidated(projected, self.columns, self.readers_cluster_by)
 
 
 class FilterOp(Operator):
@@ -140,9 +181,12 @@ class FilterOp(Operator):
             )
         return self.input_schemas[0]
 
+    def input_clustering(self, wanted: Clustered) -> list[Clustered]:
+        return [wanted]
+
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
-        return None if d is None else d.where(self.node.predicate)
+        return None if d is None else batch.keeps(d.where(self.node.predicate), d)
 
 
 class NegateOp(Operator):
@@ -152,9 +196,12 @@ class NegateOp(Operator):
     def key(self, inputs: Sequence[Key]) -> Key:
         return inputs[0]
 
+    def input_clustering(self, wanted: Clustered) -> list[Clustered]:
+        return [wanted]
+
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
-        return None if d is None else d.withColumn(DIFF, -col(DIFF))
+        return None if d is None else batch.keeps(d.withColumn(DIFF, -col(DIFF)), d)
 
 
 class ConcatOp(Operator):
@@ -179,4 +226,8 @@ class ConcatOp(Operator):
             return None
         if len(present) == 1:
             return present[0]
-        return consolidate(union_all(present), self.columns)
+        return batch.consolidated(batch.keeps(union_all(present), *present), self.columns,
+                                  self.readers_cluster_by)
+
+    def input_clustering(self, wanted: Clustered) -> list[Clustered]:
+        return [wanted] * len(self.input_schemas)
