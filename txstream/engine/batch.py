@@ -17,7 +17,14 @@ from pyspark.sql import DataFrame, SparkSession
 
 from txstream.engine.consolidation import consolidate
 from txstream.engine.frames import col
-from txstream.engine.spark_internals import cached_relation, frame_of
+from txstream.engine.spark_internals import (
+    Clustering,
+    cached_relation,
+    cached_rows,
+    frame_of,
+    planned_clustering,
+    rdd_leaf,
+)
 from txstream.engine.state import Run, StagedRuns, ZSetState
 
 
@@ -30,6 +37,7 @@ class Materialization:
     source: DataFrame
     leaf: DataFrame
     state: ZSetState | None = None
+    clustering: Clustering | None = None  # a shared frame's, declared by its leaf
 
 
 @dataclass
@@ -105,10 +113,15 @@ class BatchPlan:
 
     def consolidated(self, frame: DataFrame, columns: list[str],
                      readers_cluster_by: Sequence[tuple[str, ...]]) -> DataFrame:
-        """`consolidate(frame, columns)`, at parallelism above 1 exchanged by the columns a
-        reader of the result clusters it by (the first of `readers_cluster_by` among
-        `columns`) rather than by every column: a partitioning by some of the grouped columns
-        serves the consolidation, so the one exchange serves both it and the reader."""
+        """`consolidate(frame, columns)`. A partitioning by some of the grouped columns serves
+        a consolidation: at parallelism above 1 a frame known to be clustered so is
+        consolidated where it is; another is exchanged by the columns a reader of the result
+        clusters it by (the first of `readers_cluster_by` among `columns`) rather than by
+        every column, so the one exchange serves both the consolidation and the reader."""
+        known = self.clustering_of(frame)
+        if known is not None and set(known) <= set(columns):
+            # Clustered by some of the grouped columns already: consolidated in place.
+            return self.keeps(consolidate(frame, columns), frame)
         by = next((b for b in readers_cluster_by if set(b) <= set(columns)), None)
         if self.parallelism == 1 or by is None:
             return consolidate(frame, columns)
@@ -125,9 +138,22 @@ class BatchPlan:
         encoder resolved). The relation keeps its lineage, so it serves frames of one batch
         only; unreferenced, its blocks are freed by Spark's context cleaner. It reports the
         partitioning of its plan, so joins with it need no exchange. `clustered_by`: the
-        columns `frame` is hash-partitioned by (at parallelism above 1), if any."""
-        leaf = frame_of(self.spark, cached_relation(frame))
-        self.materialized.append(Materialization("shared", frame, leaf))
+        columns `frame` is hash-partitioned by (at parallelism above 1), if any; the leaf then
+        reads the relation's rows and declares that partitioning as a state's leaf does, by
+        the columns and by their struct (`spark_internals.rdd_node`), so that a null-safe
+        lookup of its keys in a state (`frames.semi_join`) exchanges nothing either."""
+        relation = cached_relation(frame)
+        clustering = None
+        # Declared only as Spark's plan of it is partitioned: what `keeps` was told may not be.
+        if clustered_by is not None and self.parallelism > 1 and planned_clustering(
+                relation) == (list(clustered_by), self.parallelism):
+            names = frame.columns
+            clustering = (tuple(names.index(c) for c in clustered_by), self.parallelism)
+            leaf = rdd_leaf(self.spark, relation.output(), cached_rows(self.spark, relation),
+                            clustering)
+        else:
+            leaf = frame_of(self.spark, relation)
+        self.materialized.append(Materialization("shared", frame, leaf, clustering=clustering))
         if clustered_by is not None:  # the caller's word: see `clustered`
             self._clustered[id(leaf)] = (leaf, tuple(clustered_by))
         return leaf

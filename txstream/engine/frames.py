@@ -65,11 +65,15 @@ def null_safe_on(left: DataFrame, right: DataFrame, left_cols: Sequence[str],
 def struct_key(frame: DataFrame, columns: Sequence[str], types: StructType | None = None
                ) -> Column:
     """`frame`'s `columns` as one struct (cast to the types of the same-placed fields of
-    `types`, if given; structs compare only when their fields' types are equal): equal to
-    another such struct when each field is, nulls equal, as group keys must match."""
+    `types`, if given, and named as those are; structs compare only when their fields' types
+    are equal): equal to another such struct when each field is, nulls equal, as group keys
+    must match. The field names are the columns' (or `types`'s): a frame clustered by the
+    struct of its columns then serves a join on it with no exchange, since a partitioning by
+    a struct is matched to a join's with the field names."""
     fields = [frame[f"`{c}`"] for c in columns]
     if types is not None:
-        fields = [f.cast(t.dataType) for f, t in zip(fields, types.fields, strict=True)]
+        fields = [f.cast(t.dataType).alias(t.name)
+                  for f, t in zip(fields, types.fields, strict=True)]
     return F.struct(*fields)
 
 

@@ -331,6 +331,17 @@ def cached_relation(frame: DataFrame) -> JavaObject:
                                       j.option.apply(f"txstream-{next(_names)}"))
 
 
+def planned_clustering(relation: JavaObject) -> tuple[list[str], int] | None:
+    """As `hash_clustering`, of the physical plan a cached relation computes."""
+    return _by_columns(relation.cachedPlan().outputPartitioning())
+
+
+def cached_rows(spark: SparkSession, relation: JavaObject) -> JavaObject:
+    """The rows of a cached relation as an RDD (of its scan, which fills the cache when a job
+    first reads it), for a leaf that declares their partitioning (`rdd_node`)."""
+    return frame_of(spark, relation)._jdf.queryExecution().toRdd()
+
+
 def with_attributes(relation: JavaObject, output: JavaObject) -> JavaObject:
     """A cached relation read under the attributes `output`."""
     return relation.withOutput(output)

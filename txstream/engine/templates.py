@@ -31,10 +31,12 @@ from pyspark.sql import DataFrame, SparkSession
 from txstream.engine.batch import BatchPlan
 from txstream.engine.operators.rowwise import SourceRows
 from txstream.engine.spark_internals import (
+    Clustering,
     LeafKey,
     Occurrence,
     Replacement,
     cached_relation,
+    cached_rows,
     frame_of,
     id_of,
     leaf_key,
@@ -61,6 +63,7 @@ class _Step:
     found: list[Occurrence]
     key: LeafKey  # of the leaf that reads what this step materializes
     state: ZSetState | None
+    clustering: Clustering | None = None  # that leaf declares (see `BatchPlan.shared`)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
             return None
         key = leaf_key(m.leaf)
         known.add(key)
-        steps.append(_Step(m.kind, plan, found, key, m.state))
+        steps.append(_Step(m.kind, plan, found, key, m.state, m.clustering))
     plan = optimized(final)
     found = occurrences(plan)
     if any(o.key not in known for o in found):
@@ -113,7 +116,8 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
     recorded = []
     for step in steps:
         plan_, found_ = neutral(step.plan, step.found)
-        recorded.append(_Step(step.kind, plan_, found_, renamed[step.key], step.state))
+        recorded.append(_Step(step.kind, plan_, found_, renamed[step.key], step.state,
+                              step.clustering))
     final_plan, final_found = neutral(plan, found)
     return Template({renamed[k]: role for k, role in roles.items()}, recorded, final_plan,
                     final_found, tuple(outputs))
@@ -150,7 +154,13 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
         frame = frame_of(spark, rebind(spark, step.plan, step.found, bindings))
         if step.kind == "shared":
             relation = cached_relation(frame)
-            bindings[step.key] = lambda out, relation=relation: with_attributes(relation, out)
+            if step.clustering is None:
+                bindings[step.key] = lambda out, relation=relation: with_attributes(relation,
+                                                                                    out)
+            else:
+                rows = cached_rows(spark, relation)
+                bindings[step.key] = lambda out, rows=rows, c=step.clustering: rdd_node(
+                    spark, out, rows, c)
             continue
         assert step.state is not None
         run = step.state.checkpoint(frame)
