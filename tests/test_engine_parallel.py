@@ -113,3 +113,20 @@ def test_input_enters_split_as_its_readers_cluster_it(
         stages[split] = two.last_batch.stages
         assert set(_misplaced(two).values()) == {0}
     assert stages == {True: 1, False: 2}
+
+
+@pytest.mark.parametrize("columnar", [False, True], ids=["rows", "arrow"])
+def test_input_split_with_an_empty_partition(
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch, columnar: bool) -> None:
+    """Changes of one key fill one partition of the split and leave the other empty."""
+    monkeypatch.setattr(rowwise, "ARROW_INPUT_ROWS", 0 if columnar else 10**9)
+    n = 500
+    batches = [{"events": pa.table({
+        "k": pa.array([7] * n, pa.int64()), "v": pa.array(range(n), pa.int64()),
+        "time": pa.array([t] * n, pa.int64()), "diff": pa.array([1] * n, pa.int64())})}
+        for t in (1, 2, 3)]
+    one = Engine(groupby_pipeline(), spark)
+    two = Engine(groupby_pipeline(), spark, parallelism=2, spread_rows=0)
+    assert [_sorted(process(two, b)) for b in batches] == [
+        _sorted(process(one, b)) for b in batches]
+    assert set(_misplaced(two).values()) == {0}

@@ -33,12 +33,13 @@ def _values(kind: str, rng: random.Random) -> list[object]:
         return [maybe(dt.date(1970, 1, 1) + dt.timedelta(days=rng.randint(-40_000, 40_000)))
                 for _ in range(_ROWS)]
     assert kind == "timestamp"
-    return [maybe(dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=rng.randint(
-        -2**54, 2**54))) for _ in range(_ROWS)]
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return [maybe(epoch + dt.timedelta(microseconds=rng.randint(-2**54, 2**54)))
+            for _ in range(_ROWS)]
 
 
 _ARROW = {"bigint": pa.int64(), "int": pa.int32(), "smallint": pa.int16(),
-          "boolean": pa.bool_(), "date": pa.date32(), "timestamp": pa.timestamp("us")}
+          "boolean": pa.bool_(), "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC")}
 
 
 @pytest.mark.parametrize("kinds", [["bigint"], ["int"], ["smallint"], ["boolean"], ["date"],
@@ -50,7 +51,6 @@ def test_partitions_equal_sparks(spark: SparkSession, kinds: list[str]) -> None:
     table = pa.table({"row": pa.array(range(_ROWS), pa.int64()),
                       **{n: pa.array(_values(k, rng), _ARROW[k])
                          for n, k in zip(names, kinds, strict=True)}})
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
     frame = spark.createDataFrame(table)
     for partitions in (2, 3, 7):
         ids = partition_ids(table, names, partitions)

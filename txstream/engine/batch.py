@@ -21,8 +21,8 @@ from txstream.engine.spark_internals import (
     Clustering,
     cached_relation,
     cached_rows,
+    declarable,
     frame_of,
-    planned_clustering,
     rdd_leaf,
 )
 from txstream.engine.state import Run, StagedRuns, ZSetState
@@ -100,11 +100,13 @@ class BatchPlan:
 
     def keeps(self, frame: DataFrame, *inputs: DataFrame) -> DataFrame:
         """`frame`, known from now on to be clustered as its `inputs` are, when they all are
-        by the same columns and `frame` has those columns unchanged: a filter, a projection
-        keeping them, a union (Spark keeps a union's partitioning when its inputs report the
-        same). A reader clustering it then adds no exchange of its own; should Spark not see
-        the partitioning, its planner exchanges as a join or aggregate needs, so the word
-        given here can cost a shuffle but never a wrong result."""
+        by the same columns and `frame` has columns of those names: the caller's word that it
+        passes them on unchanged (a filter, a projection keeping them, a union: Spark keeps a
+        union's partitioning when its inputs report the same). A reader clustering it then
+        adds no exchange of its own; should Spark not see the partitioning, its planner
+        exchanges as a join or aggregate needs, and a shared frame declares only what Spark's
+        plan shows (`shared`), so the word given here can cost a shuffle but never a wrong
+        result."""
         found = {self.clustering_of(f) for f in inputs}
         key = found.pop() if len(found) == 1 else None
         if self.parallelism > 1 and key is not None and set(key) <= set(frame.columns):
@@ -143,12 +145,15 @@ class BatchPlan:
         the columns and by their struct (`spark_internals.rdd_node`), so that a null-safe
         lookup of its keys in a state (`frames.semi_join`) exchanges nothing either."""
         relation = cached_relation(frame)
-        clustering = None
-        # Declared only as Spark's plan of it is partitioned: what `keeps` was told may not be.
-        if clustered_by is not None and self.parallelism > 1 and planned_clustering(
-                relation) == (list(clustered_by), self.parallelism):
+        clustering: Clustering | None = None
+        if clustered_by is not None and self.parallelism > 1:
             names = frame.columns
             clustering = (tuple(names.index(c) for c in clustered_by), self.parallelism)
+            # Declared only as Spark's plan of it is partitioned: `keeps` may have been told
+            # of a clustering Spark's planner did not keep.
+            if not declarable(relation, clustering):
+                clustering = None
+        if clustering is not None:
             leaf = rdd_leaf(self.spark, relation.output(), cached_rows(self.spark, relation),
                             clustering)
         else:

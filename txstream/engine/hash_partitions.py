@@ -13,7 +13,7 @@ Only types whose hash Spark takes from their integer value are computed here: in
 booleans, dates and timestamps (microseconds). For another type (strings hash their UTF-8 bytes
 with a rule of Spark's own for the trailing bytes) `partition_ids` answers None, and the
 planner's exchange does the work instead. tests/test_hash_partitions.py checks every type
-against Spark's `hash`.
+against the partition Spark's `repartition` gives each row.
 """
 
 from __future__ import annotations

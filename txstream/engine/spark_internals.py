@@ -39,6 +39,10 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
   `scala.Option` (`empty()`, `apply`), `scala.reflect.ClassTag.AnyRef()`,
   `scala.jdk.javaapi.CollectionConverters.asScala`, `java.util.ArrayList`.
 - `SparkContext.statusTracker().getExecutorInfos()` (`host()`, `port()`).
+- `rdd.RDD.getNumPartitions()`, `coalesce(n, shuffle, partitionCoalescer, ordering)`;
+  `QueryExecution.toRdd()`; `InMemoryRelation.cachedPlan()` and a physical plan's
+  `outputPartitioning()`; `PartitioningCollection(partitionings)`, `partitionings()`;
+  `CreateStruct.apply(expressions)`.
 - The session setting `spark.sql.execution.arrow.localRelationThreshold` (see `input_rows`).
 """
 
@@ -194,17 +198,31 @@ def input_rows(spark: SparkSession, table: pa.Table, schema: StructType, columna
     return batches.output(), batches.rdd()
 
 
+@dataclass(frozen=True)
+class SourceRows:
+    """A source's changes of a batch as Spark rows: the attributes of a leaf over `rdd`, the
+    partitioning that leaf declares (`rdd_node`), and the columns it is clustered by."""
+
+    output: JavaObject
+    rdd: JavaObject
+    clustering: Clustering | None = None
+    clustered_by: tuple[str, ...] | None = None
+
+
 def partitioned_rows(spark: SparkSession, tables: Sequence[pa.Table], schema: StructType,
                      columnar: bool) -> tuple[JavaObject, JavaObject]:
     """As `input_rows`, an RDD whose partition i holds the rows of `tables[i]` (narrowly
-    coalesced: no shuffle)."""
+    coalesced: no shuffle; an empty table, as an empty partition)."""
     j = _jvm(spark)
     output, rdds = None, []
     for table in tables:
-        output, rdd = input_rows(spark, table, schema, columnar)
+        # Spark makes a local relation, not an RDD, of Arrow data with no record batch.
+        output, rdd = input_rows(spark, table, schema, columnar and table.num_rows > 0)
         rdds.append(rdd if rdd.getNumPartitions() == 1 else rdd.coalesce(1, False, j.none, None))
     assert output is not None, "at least one partition"
-    return output, union_rdd(spark, rdds)
+    rows = union_rdd(spark, rdds)
+    assert rows.getNumPartitions() == len(tables), "one partition per table"
+    return output, rows
 
 
 # --- leaves ----------------------------------------------------------------------------------
@@ -331,9 +349,14 @@ def cached_relation(frame: DataFrame) -> JavaObject:
                                       j.option.apply(f"txstream-{next(_names)}"))
 
 
-def planned_clustering(relation: JavaObject) -> tuple[list[str], int] | None:
-    """As `hash_clustering`, of the physical plan a cached relation computes."""
-    return _by_columns(relation.cachedPlan().outputPartitioning())
+def declarable(relation: JavaObject, clustering: Clustering) -> bool:
+    """Whether the physical plan a cached relation computes is hash-partitioned as
+    `clustering` says (by the columns at those positions of its output, into that many
+    partitions): what a leaf over its rows may declare (`rdd_node`)."""
+    output = relation.output()
+    positions, partitions = clustering
+    names = [output.apply(i).name() for i in positions]
+    return _by_columns(relation.cachedPlan().outputPartitioning()) == (names, partitions)
 
 
 def cached_rows(spark: SparkSession, relation: JavaObject) -> JavaObject:

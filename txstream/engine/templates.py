@@ -29,14 +29,15 @@ from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 
 from txstream.engine.batch import BatchPlan
-from txstream.engine.operators.rowwise import SourceRows
 from txstream.engine.spark_internals import (
     Clustering,
     LeafKey,
     Occurrence,
     Replacement,
+    SourceRows,
     cached_relation,
     cached_rows,
+    declarable,
     frame_of,
     id_of,
     leaf_key,
@@ -134,17 +135,15 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
             merges[id(state)] = state.merge(weight)
         return merges[id(state)]
 
-    def reading(rdd: JavaObject) -> Replacement:
-        return lambda out: rdd_node(spark, out, rdd)
+    def reading(rdd: JavaObject, clustering: Clustering | None = None) -> Replacement:
+        return lambda out: rdd_node(spark, out, rdd, clustering)
 
     bindings: dict[LeafKey, Callable[[JavaObject], JavaObject]] = {}
     for key, role in template.roles.items():
         if role[0] == "index":
             bindings[key] = lambda out, state=role[1], i=role[2]: state.index_node(i, out)
         elif role[0] == "source":
-            rows = sources[role[1]]
-            bindings[key] = lambda out, rows=rows: rdd_node(spark, out, rows.rdd,
-                                                            rows.clustering)
+            bindings[key] = reading(sources[role[1]].rdd, sources[role[1]].clustering)
         else:
             state = role[1]
             runs = state.streamed() if role[0] == "state" else merge_of(state).merged
@@ -154,13 +153,11 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
         frame = frame_of(spark, rebind(spark, step.plan, step.found, bindings))
         if step.kind == "shared":
             relation = cached_relation(frame)
-            if step.clustering is None:
+            if step.clustering is not None and declarable(relation, step.clustering):
+                bindings[step.key] = reading(cached_rows(spark, relation), step.clustering)
+            else:
                 bindings[step.key] = lambda out, relation=relation: with_attributes(relation,
                                                                                     out)
-            else:
-                rows = cached_rows(spark, relation)
-                bindings[step.key] = lambda out, rows=rows, c=step.clustering: rdd_node(
-                    spark, out, rows, c)
             continue
         assert step.state is not None
         run = step.state.checkpoint(frame)

@@ -4,11 +4,9 @@ rule is the operator itself: d(f(A)) = f(dA), each row keeping its time and diff
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cached_property
 
 import pyarrow as pa
-from py4j.java_gateway import JavaObject
 from pyspark.sql.types import StructType
 
 from txstream.changes import Changes
@@ -26,7 +24,7 @@ from txstream.engine.operators.base import (
     check_row_wise,
     first_line,
 )
-from txstream.engine.spark_internals import Clustering, input_rows, partitioned_rows
+from txstream.engine.spark_internals import SourceRows, input_rows, partitioned_rows
 from txstream.engine.table import FilterNode, SelectNode, SourceNode
 from txstream.schemas.tables import TableSchema
 
@@ -34,17 +32,6 @@ from txstream.schemas.tables import TableSchema
 # task converts, columnar until then; below it, as rows converted on the driver (see
 # `SourceOp.rows`): driver rows of a 500k-row batch made it a quarter slower.
 ARROW_INPUT_ROWS = 50_000
-
-
-@dataclass(frozen=True)
-class SourceRows:
-    """A source's changes of a batch as Spark rows (see `SourceOp.rows`): the attributes of a
-    leaf over `rdd`, the partitioning that leaf declares, and the columns it is clustered by."""
-
-    output: JavaObject
-    rdd: JavaObject
-    clustering: Clustering | None = None
-    clustered_by: Clustered = None
 
 
 class SourceOp(Operator):
@@ -153,7 +140,8 @@ class SelectOp(Operator):
         if d is None:
             return None
         projected = d.selectExpr(*self._exprs(), TIME, DIFF)
-        if set(batch.clustering_of(d) or ()) <= self._plain:
+        known = batch.clustering_of(d)
+        if known is not None and set(known) <= self._plain:
             batch.keeps(projected, d)
         return batch.consolidated(projected, self.columns, self.readers_cluster_by)
 
