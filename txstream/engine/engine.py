@@ -15,9 +15,10 @@ no join, aggregate or window needs an exchange and a batch is one Spark job of a
 whatever the DAG (see `txstream.engine.frames.join` for what keeps Spark from adding
 exchanges); the price is that one batch uses one core. At P > 1 every state is hash-partitioned
 into P partitions by its lookup key (`txstream.engine.state`), and Spark's planner exchanges
-each delta to the partitioning the operator reading it needs (`BatchPlan.clustered`): a batch
-is still one job, of a stage per exchange, whose tasks spread over every core and executor,
-each reading its own partition of state where it lives. A batch of fewer than `spread_rows`
+each delta to the partitioning the operator reading it needs (`BatchPlan.clustered`); a
+source's changes enter already split so (`SourceOp.rows`). A batch is still one job, of a stage
+per exchange, whose tasks spread over every core and executor, each reading its own partition
+of state where it lives. A batch of fewer than `spread_rows`
 input rows is planned as at P = 1 over the partitioned state (read through a narrow coalesce),
 only its new state runs exchanged into P partitions: a lone transaction gains nothing from
 spreading and would pay a stage per exchange.
