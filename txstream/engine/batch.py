@@ -19,11 +19,9 @@ from txstream.engine.consolidation import consolidate
 from txstream.engine.frames import col
 from txstream.engine.spark_internals import (
     Clustering,
+    cached_reader,
     cached_relation,
-    cached_rows,
-    declarable,
     frame_of,
-    rdd_leaf,
 )
 from txstream.engine.state import Run, StagedRuns, ZSetState
 
@@ -145,19 +143,15 @@ class BatchPlan:
         the columns and by their struct (`spark_internals.rdd_node`), so that a null-safe
         lookup of its keys in a state (`frames.semi_join`) exchanges nothing either."""
         relation = cached_relation(frame)
-        clustering: Clustering | None = None
+        wanted: Clustering | None = None
         if clustered_by is not None and self.parallelism > 1:
             names = frame.columns
-            clustering = (tuple(names.index(c) for c in clustered_by), self.parallelism)
-            # Declared only as Spark's plan of it is partitioned: `keeps` may have been told
-            # of a clustering Spark's planner did not keep.
-            if not declarable(relation, clustering):
-                clustering = None
-        if clustering is not None:
-            leaf = rdd_leaf(self.spark, relation.output(), cached_rows(self.spark, relation),
-                            clustering)
-        else:
-            leaf = frame_of(self.spark, relation)
+            wanted = (tuple(names.index(c) for c in clustered_by), self.parallelism)
+        # Declared only as Spark's plan of it is partitioned: `keeps` may have been told of a
+        # clustering Spark's planner did not keep.
+        read, clustering = cached_reader(self.spark, relation, wanted)
+        node = read(relation.output())
+        leaf = frame_of(self.spark, node.newInstance() if clustering is not None else node)
         self.materialized.append(Materialization("shared", frame, leaf, clustering=clustering))
         if clustered_by is not None:  # the caller's word: see `clustered`
             self._clustered[id(leaf)] = (leaf, tuple(clustered_by))

@@ -349,20 +349,20 @@ def cached_relation(frame: DataFrame) -> JavaObject:
                                       j.option.apply(f"txstream-{next(_names)}"))
 
 
-def declarable(relation: JavaObject, clustering: Clustering) -> bool:
-    """Whether the physical plan a cached relation computes is hash-partitioned as
-    `clustering` says (by the columns at those positions of its output, into that many
-    partitions): what a leaf over its rows may declare (`rdd_node`)."""
-    output = relation.output()
-    positions, partitions = clustering
-    names = [output.apply(i).name() for i in positions]
-    return _by_columns(relation.cachedPlan().outputPartitioning()) == (names, partitions)
-
-
-def cached_rows(spark: SparkSession, relation: JavaObject) -> JavaObject:
-    """The rows of a cached relation as an RDD (of its scan, which fills the cache when a job
-    first reads it), for a leaf that declares their partitioning (`rdd_node`)."""
-    return frame_of(spark, relation)._jdf.queryExecution().toRdd()
+def cached_reader(spark: SparkSession, relation: JavaObject, clustering: Clustering | None
+                  ) -> tuple[Replacement, Clustering | None]:
+    """How a leaf reads a cached relation under given attributes, and the clustering it
+    declares: its rows (the RDD of its scan, which fills the cache when a job first reads it)
+    through a `LogicalRDD` declaring `clustering`, when the physical plan the relation computes
+    is hash-partitioned so (by the columns at those positions of its output, into that many
+    partitions); else the relation itself, which reports its plan's partitioning."""
+    if clustering is not None:
+        output = relation.output()
+        names = [output.apply(i).name() for i in clustering[0]]
+        if _by_columns(relation.cachedPlan().outputPartitioning()) == (names, clustering[1]):
+            rows = frame_of(spark, relation)._jdf.queryExecution().toRdd()
+            return (lambda out: rdd_node(spark, out, rows, clustering)), clustering
+    return (lambda out: with_attributes(relation, out)), None
 
 
 def with_attributes(relation: JavaObject, output: JavaObject) -> JavaObject:

@@ -35,9 +35,8 @@ from txstream.engine.spark_internals import (
     Occurrence,
     Replacement,
     SourceRows,
+    cached_reader,
     cached_relation,
-    cached_rows,
-    declarable,
     frame_of,
     id_of,
     leaf_key,
@@ -47,7 +46,6 @@ from txstream.engine.spark_internals import (
     rdd_of,
     rebind,
     union_rdd,
-    with_attributes,
 )
 from txstream.engine.state import Merge, Run, StagedRuns, ZSetState
 
@@ -152,12 +150,7 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
     for step in template.steps:
         frame = frame_of(spark, rebind(spark, step.plan, step.found, bindings))
         if step.kind == "shared":
-            relation = cached_relation(frame)
-            if step.clustering is not None and declarable(relation, step.clustering):
-                bindings[step.key] = reading(cached_rows(spark, relation), step.clustering)
-            else:
-                bindings[step.key] = lambda out, relation=relation: with_attributes(relation,
-                                                                                    out)
+            bindings[step.key] = cached_reader(spark, cached_relation(frame), step.clustering)[0]
             continue
         assert step.state is not None
         run = step.state.checkpoint(frame)
