@@ -54,7 +54,8 @@ from txstream.engine.errors import (
 from txstream.engine.frames import col, spread, union_all
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, first_line, tell_readers_clustering
-from txstream.engine.spark_internals import block_managers, plan_now, rdd_leaf
+from txstream.engine.replicas import keep_replicated
+from txstream.engine.spark_internals import plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import Runs, StagedRuns, ZSetState
 from txstream.engine.table import Node, Pipeline
@@ -190,11 +191,7 @@ class Engine:
             state.partitions = parallelism
             state.replicas = state_replicas
         self.state_replicas = state_replicas
-        # The block managers seen at the last batch, and whether one was lost since the state
-        # was last copied to `state_replicas` executors (see `_replicate_after_loss`).
-        self._block_managers: frozenset[str] = frozenset()
-        self._under_replicated = False
-        self.state_replications = 0  # times the state was copied again after a loss
+        self.state_replications = 0  # times runs were copied again (`txstream.engine.replicas`)
 
     def _tag_columns(self) -> dict[str | None, list[PyColumn]]:
         """The columns that lay each output's changes out in the batch's one result (and, for
@@ -235,8 +232,7 @@ class Engine:
             raise EngineInputError(f"source(s) {', '.join(wrong)}: changes must be "
                                    "txstream.changes.Changes (Changes.of(table) wraps a table)")
         started = time.perf_counter()
-        if self.state_replicas > 1:
-            self._replicate_after_loss()
+        self._keep_replicated()
         present = {name: t for name, t in changes.items() if t.num_rows}
         weight = sum(t.num_rows for t in present.values())
         planned = self.parallelism if weight >= self.spread_rows else 1
@@ -260,6 +256,7 @@ class Engine:
             result, execution_s, count = self._execute(final, outputs, interpreted)
         for staged_runs in staged:
             staged_runs.state.install(staged_runs.runs)
+        self._keep_replicated()
         indexing_started = time.perf_counter()
         _, indexing = counted(self.spark.sparkContext, lambda: self._index(
             [s.state for s in staged]))
@@ -277,23 +274,14 @@ class Engine:
         self.totals = JobCount(self.totals.jobs + count.jobs, self.totals.stages + count.stages)
         return result
 
-    def _replicate_after_loss(self) -> None:
-        """Once an executor was lost and enough executors are back (the driver's block manager
-        besides them), copy every state's runs to `state_replicas` executors again
-        (`ZSetState.replicate`), so that the next loss is survived too."""
-        current = block_managers(self.spark)
-        if self._block_managers - current:
-            self._under_replicated = True
-        self._block_managers = current
-        if self._under_replicated and len(current) - 1 >= self.state_replicas:
-            started = time.perf_counter()
+    def _keep_replicated(self) -> None:
+        """With `state_replicas` above 1: before a batch reads the state (an executor may have
+        been lost since) and after it installs new runs (written while one was missing), copy
+        the runs found on fewer executors again, so that the next loss is survived too."""
+        if self.state_replicas > 1:
             with call_site(self.spark.sparkContext, "txstream state re-replication"):
-                for state in self._states().values():
-                    state.replicate()
-            self._under_replicated = False
-            self.state_replications += 1
-            log.warning("an executor was lost: state copied again to %d executors in %.1f s",
-                        self.state_replicas, time.perf_counter() - started)
+                self.state_replications += keep_replicated(
+                    self.spark, list(self._states().values()), self.state_replicas)
 
     @property
     def fresh(self) -> bool:

@@ -1,7 +1,8 @@
-"""Every use the engine makes of Spark's internal (JVM) API, in one module: Spark keeps these
+"""Every use the engine makes of Spark's internal (JVM) API for its plans, in one module (the
+block manager's, where state blocks are, is in `txstream.engine.replicas`): Spark keeps these
 classes stable neither in name nor in signature across minor releases, so upgrading Spark means
-checking this module (and running the engine's tests), nothing else. pyproject.toml pins pyspark
-to the minor release they were written and tested against.
+checking these two modules (and running the engine's tests), nothing else. pyproject.toml pins
+pyspark to the minor release they were written and tested against.
 
 What the engine builds through py4j is the leaves of a batch's plans, as Spark's own logical
 nodes. A batch's plans read four kinds of leaves: input deltas and state (an RDD of rows each, a
@@ -38,7 +39,6 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
 - Scala and Java: `scala.collection.immutable.Nil`, `scala.collection.immutable.Map.empty()`,
   `scala.Option` (`empty()`, `apply`), `scala.reflect.ClassTag.AnyRef()`,
   `scala.jdk.javaapi.CollectionConverters.asScala`, `java.util.ArrayList`.
-- `SparkContext.statusTracker().getExecutorInfos()` (`host()`, `port()`).
 - `rdd.RDD.getNumPartitions()`, `coalesce(n, shuffle, partitionCoalescer, ordering)`;
   `QueryExecution.toRdd()`; `InMemoryRelation.cachedPlan()` and a physical plan's
   `outputPartitioning()`; `PartitioningCollection(partitionings)`, `partitionings()`;
@@ -426,15 +426,6 @@ def _find(plan: JavaObject, class_name: str) -> JavaObject | None:
         if found is not None:
             return found
     return None
-
-
-# --- executors -------------------------------------------------------------------------------
-
-def block_managers(spark: SparkSession) -> frozenset[str]:
-    """`host:port` of every block manager the application has now, the driver's included (its
-    status tracker's executor infos)."""
-    infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
-    return frozenset(f"{info.host()}:{info.port()}" for info in infos)
 
 
 # --- rebinding -------------------------------------------------------------------------------

@@ -282,15 +282,13 @@ class ZSetState:
         self.runs = runs
         self._leaf, self._index_leaves = {}, None
 
-    def replicate(self) -> None:
-        """Copy the current version's runs anew, each block to `replicas` executors (one job
-        per run). After an executor's loss the blocks it held are left with fewer copies:
-        Spark copies a lost replica again only to an executor alive at that moment, and a
-        replacement executor that registers later gets none, so a second loss would find
-        blocks with no copy at all."""
-        if self.replicas > 1 and self.runs:
-            self.install(tuple(Run(self._local_checkpoint(run.frame, eager=True), run.weight)
-                               for run in self.runs))
+    def replicate(self, rdd_ids: set[int]) -> None:
+        """Copy anew the current version's runs of those RDD ids, each block to `replicas`
+        executors (one job per run), when some block of theirs has fewer copies (see
+        `txstream.engine.replicas`)."""
+        self.install(tuple(
+            Run(self._local_checkpoint(run.frame, eager=True), run.weight)
+            if run.rdd_id in rdd_ids else run for run in self.runs))
 
     def streamed(self) -> Runs:
         """The current version's runs without an index: lookups stream their rows."""
