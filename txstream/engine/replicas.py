@@ -25,7 +25,7 @@ next batch. A check costs a few calls into the driver's JVM per run; a copy happ
 a loss.
 
 Spark's internal API used (see `txstream.engine.spark_internals` for the rest): of the JVM's
-`SparkContext`, `statusTracker().getExecutorInfos()`, `listenerBus().waitUntilEmpty()` and
+`SparkContext`, `statusTracker().getExecutorInfos()`, `listenerBus().waitUntilEmpty(ms)` and
 `statusStore().rdd(id)` (`partitions()`, each one's `executors()`); `rdd.RDD.id()`,
 `getNumPartitions()`, `conf().getTimeAsMs`.
 """
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 _ATTEMPTS = 3
 _PEERS_TTL = "spark.storage.cachedPeersTtl"
+_DELIVERED_MS = 60_000
 
 
 def executors(spark: SparkSession) -> int:
@@ -59,7 +60,9 @@ def fewest_copies(spark: SparkSession, rdds: Sequence[JavaObject]) -> list[int]:
     delivered every block update. (The block manager master itself is out of py4j's reach:
     reflecting on `SparkEnv` fails on a protobuf class Spark does not ship.)"""
     context = spark.sparkContext._jsc.sc()
-    context.listenerBus().waitUntilEmpty()
+    # Longer than Spark's default 10 s wait: a bus still behind after that fails the batch
+    # (a TimeoutException); the store it has not yet updated is never read as the copies.
+    context.listenerBus().waitUntilEmpty(_DELIVERED_MS)
     store = context.statusStore()
     fewest = []
     for rdd in rdds:
