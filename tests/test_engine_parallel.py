@@ -19,6 +19,7 @@ from test_engine_state import CUSTOMERS, FIRST, SECOND, _sorted
 
 from txstream.engine import Engine
 from txstream.engine.operators import rowwise
+from txstream.engine.spark_internals import cached_reader, cached_relation
 from txstream.examples.groupby import pipeline as groupby_pipeline
 from txstream.examples.orders import pipeline
 
@@ -130,3 +131,17 @@ def test_input_split_with_an_empty_partition(
     assert [_sorted(process(two, b)) for b in batches] == [
         _sorted(process(one, b)) for b in batches]
     assert set(_misplaced(two).values()) == {0}
+
+
+def test_a_shared_join_declares_either_sides_partitioning(spark: SparkSession) -> None:
+    """An inner equi-join's rows are hash-placed by either side's key (Spark reports a
+    collection of both): a frame shared from it is read clustered by whichever side's key its
+    readers want, where only the first member used to count (and the other side's readers
+    exchanged it again)."""
+    left = spark.range(100).select(F.col("id").alias("a")).repartition(2, "a")
+    right = spark.range(100).select(F.col("id").alias("b")).repartition(2, "b")
+    joined = left.hint("shuffle_hash").join(right, F.col("a") == F.col("b"))
+    relation = cached_relation(joined)
+    for position in (0, 1):
+        assert cached_reader(spark, relation, ((position,), 2))[1] == ((position,), 2)
+    assert cached_reader(spark, relation, ((0,), 3))[1] is None  # not that many partitions

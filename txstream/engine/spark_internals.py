@@ -296,30 +296,29 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
                          j.none, False)
 
 
-def hash_clustering(frame: DataFrame) -> tuple[list[str], int] | None:
-    """The columns and partition count of the hash partitioning by columns a frame's
-    `LogicalRDD` (a local checkpoint) reports, alone or among others (a collection, as a join
-    reports the partitioning of each side, or a leaf of `rdd_node` its two), None when it
-    reports none."""
+def hash_clusterings(frame: DataFrame) -> list[tuple[list[str], int]]:
+    """The hash partitionings by columns a frame's `LogicalRDD` (a local checkpoint) reports,
+    as columns and partition count: one, several from a collection (a leaf of `rdd_node`
+    reports its two; a checkpoint of a join only its first side's, as Spark's checkpoint
+    keeps the first member of a collection), or none."""
     return _by_columns(analyzed(frame).outputPartitioning())
 
 
-def _by_columns(partitioning: JavaObject) -> tuple[list[str], int] | None:
+def _by_columns(partitioning: JavaObject) -> list[tuple[list[str], int]]:
     kind = partitioning.getClass().getSimpleName()
     if kind == "PartitioningCollection":
         members = partitioning.partitionings()
-        found = (_by_columns(members.apply(i)) for i in range(members.size()))
-        return next((f for f in found if f is not None), None)
+        return [c for i in range(members.size()) for c in _by_columns(members.apply(i))]
     if kind != "HashPartitioning":
-        return None
+        return []
     expressions = partitioning.expressions()
     names = []
     for i in range(expressions.size()):
         expression = expressions.apply(i)
         if expression.getClass().getSimpleName() != "AttributeReference":
-            return None
+            return []
         names.append(expression.name())
-    return names, partitioning.numPartitions()
+    return [(names, partitioning.numPartitions())]
 
 
 def fresh_attributes(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> JavaObject:
@@ -359,7 +358,7 @@ def cached_reader(spark: SparkSession, relation: JavaObject, clustering: Cluster
     if clustering is not None:
         output = relation.output()
         names = [output.apply(i).name() for i in clustering[0]]
-        if _by_columns(relation.cachedPlan().outputPartitioning()) == (names, clustering[1]):
+        if (names, clustering[1]) in _by_columns(relation.cachedPlan().outputPartitioning()):
             rows = frame_of(spark, relation)._jdf.queryExecution().toRdd()
             return (lambda out: rdd_node(spark, out, rows, clustering)), clustering
     return (lambda out: with_attributes(relation, out)), None

@@ -67,7 +67,7 @@ from txstream.engine.spark_internals import (
     destroy_broadcast,
     frame_of,
     fresh_attributes,
-    hash_clustering,
+    hash_clusterings,
     id_of,
     index_node,
     rdd_leaf,
@@ -206,23 +206,25 @@ class ZSetState:
         return leaf.coalesce(1) if parallelism() == 1 else leaf
 
     def checkpoint(self, source: DataFrame) -> DataFrame:
-        """A staged run: `source` as a lazy local checkpoint (computed, and its lineage cut, by
-        the batch's job). At P > 1 it must come out hash-partitioned as the state's leaves
-        declare: a batch planned in one partition splits it so (`_split`); otherwise Spark's
-        checkpoint records the partitioning of its physical plan, which is read here, and a
-        plan that lost it (an exchange the planner chose by other columns) is repartitioned
-        explicitly, which costs a shuffle of the run but never a wrong pair."""
+        """A staged run: `source` (a `staged_frame`) as a lazy local checkpoint (computed, and
+        its lineage cut, by the batch's job). At P > 1 it must come out hash-partitioned as
+        the state's leaves declare: in a batch planned in one partition `staged_frame` split
+        it so; otherwise Spark's checkpoint records the partitioning of its physical plan,
+        which is read here, and a plan that lost it (an exchange the planner chose by other
+        columns) is repartitioned explicitly, which costs a shuffle of the run but never a
+        wrong pair."""
         if self.partitions > 1 and parallelism() == 1:
-            return self._local_checkpoint(self._split(source), eager=False)
+            return self._local_checkpoint(source, eager=False)
         run = self._local_checkpoint(source, eager=False)
-        if self.partitions == 1 or hash_clustering(run) == (self.partition_on, self.partitions):
+        wanted = (list(self.partition_on), self.partitions)
+        if self.partitions == 1 or wanted in hash_clusterings(run):
             return run
         log.debug("a staged run of %s lost its hash partitioning: repartitioned",
                   self.partition_on)
         run = self._local_checkpoint(self._hashed(source), eager=False)
-        if hash_clustering(run) != (self.partition_on, self.partitions):
+        if wanted not in hash_clusterings(run):
             raise EngineStateError(f"a state run is not hash-partitioned by {self.partition_on} "
-                                   f"into {self.partitions} partitions: {hash_clustering(run)}")
+                                   f"into {self.partitions} partitions: {hash_clusterings(run)}")
         return run
 
     def merge(self, weight: int) -> Merge:
@@ -275,8 +277,11 @@ class ZSetState:
     def staged_frame(self, changes: DataFrame, merged: DataFrame) -> DataFrame:
         """A new run: the batch's `changes` (`typed`, not necessarily consolidated; at P > 1
         clustered by `partition_on`, see `BatchPlan.clustered`) plus the `merged` runs (a
-        `leaf`), consolidated."""
-        return self.typed(self._consolidate(union_all([changes, merged]), whole=False))
+        `leaf`), consolidated; at P > 1 in a batch planned in one partition, split into the
+        state's P partitions (`_split`), so that a template records the split with the rest
+        of the run's plan and a rebound batch does not build it again."""
+        run = self.typed(self._consolidate(union_all([changes, merged]), whole=False))
+        return self._split(run) if self.partitions > 1 and parallelism() == 1 else run
 
     def install(self, runs: Runs) -> None:
         self.runs = runs
