@@ -27,7 +27,6 @@ spreading and would pay a stage per exchange.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -61,8 +60,6 @@ from txstream.engine.state import Runs, StagedRuns, ZSetState
 from txstream.engine.table import Node, Pipeline
 from txstream.engine.templates import Template, instantiate, record
 from txstream.schemas.tables import Column, ColumnType, TableSchema
-
-log = logging.getLogger(__name__)
 
 # A batch that rewrites fewer rows than this (input plus the state runs it merges) evaluates its
 # expressions interpreted. Spark otherwise canonicalizes and looks up the generated code of
