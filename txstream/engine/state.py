@@ -213,7 +213,7 @@ class ZSetState:
         which is read here, and a plan that lost it (an exchange the planner chose by other
         columns) is repartitioned explicitly, which costs a shuffle of the run but never a
         wrong pair."""
-        if self.partitions > 1 and parallelism() == 1:
+        if self._split_here():
             return self._local_checkpoint(source, eager=False)
         run = self._local_checkpoint(source, eager=False)
         wanted = (list(self.partition_on), self.partitions)
@@ -281,7 +281,12 @@ class ZSetState:
         state's P partitions (`_split`), so that a template records the split with the rest
         of the run's plan and a rebound batch does not build it again."""
         run = self.typed(self._consolidate(union_all([changes, merged]), whole=False))
-        return self._split(run) if self.partitions > 1 and parallelism() == 1 else run
+        return self._split(run) if self._split_here() else run
+
+    def _split_here(self) -> bool:
+        """Whether a new run is split by `staged_frame` (at P > 1, in a batch planned in one
+        partition), which `checkpoint` then takes as partitioned."""
+        return self.partitions > 1 and parallelism() == 1
 
     def install(self, runs: Runs) -> None:
         self.runs = runs
@@ -289,8 +294,8 @@ class ZSetState:
 
     def replicate(self, rdd_ids: set[int]) -> None:
         """Copy anew the current version's runs of those RDD ids, each block to `replicas`
-        executors (one job per run), when some block of theirs has fewer copies (see
-        `txstream.engine.replicas`)."""
+        executors (one job per run): `txstream.engine.replicas` names the runs with a block on
+        fewer executors."""
         self.install(tuple(
             Run(self._local_checkpoint(run.frame, eager=True), run.weight)
             if run.rdd_id in rdd_ids else run for run in self.runs))
