@@ -125,7 +125,11 @@ class JoinOp(Operator):
             batch.append(self.right_state, d_right)
         if not terms:
             return None
-        return batch.consolidated(union_all(terms), self.columns, self.readers_cluster_by)
+        # Each pair is made where both sides' rows of its key are: the pairs are clustered by
+        # the join key too, and consolidated there rather than exchanged by a reader's key (a
+        # group-by on more keys than the join's exchanges its accumulators instead).
+        pairs = batch.keeps(union_all(terms), *[d for d in (d_left, d_right) if d is not None])
+        return batch.consolidated(pairs, self.columns, self.readers_cluster_by)
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
         return [tuple(self.node.on)] * 2
