@@ -13,8 +13,11 @@ such workers at parallelism 2. Every run is a driver process of its own (one Spa
 process) that builds all its input first, runs the first batch untimed (planning, code
 generation and the JVM's warm-up), then times `Engine.process` of every later batch: events/s
 is the events of those batches over that time, from the first call to the last result
-collected. Apache Flink runs the same workloads at parallelism 1 and 2 (bench/flink_peer.py:
-PyFlink in a virtualenv of its own, Flink SQL in streaming mode; its job start excluded).
+collected; `driver_jit_cpu_s` is the CPU time the driver JVM's JIT compilers took meanwhile
+(in local mode the executor's too: a fresh JVM compiles for minutes, about half a core here
+during the timed batches, which at P = 2 finds no idle core). Apache Flink runs the same
+workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of its own,
+Flink SQL in streaming mode; its job start excluded).
 
 Also lone 10-event transactions of the example pipeline (state of 20,000 order events) at
 parallelism 1 and 2 on `local[2]`: p50 of `Engine.process`.
@@ -120,19 +123,44 @@ def run_one(workload: str, parallelism: int, events: int) -> dict[str, Any]:
     engine.process(batches[0])
     timed = batches[1:]
     stages = []
+    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    compiling = _jit_cpu_s(jvm)
     start = time.perf_counter()
     for batch in timed:
         engine.process(batch)
         assert engine.last_batch is not None
         stages.append(engine.last_batch.stages)
     seconds = time.perf_counter() - start
+    compiled = _jit_cpu_s(jvm)
     timed_events = sum(TRANSACTION_EVENTS * TRANSACTIONS_PER_JOB for _ in timed)
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
     return {"workload": workload, "parallelism": parallelism,
             "master": spark.sparkContext.master, "block_managers": executors,
             "events": timed_events, "seconds": round(seconds, 2),
             "events_per_s": round(timed_events / seconds),
-            "stages_per_batch": max(stages), "spark_start_s": round(spark_start_s, 1)}
+            "stages_per_batch": max(stages), "spark_start_s": round(spark_start_s, 1),
+            "driver_jit_cpu_s": (None if compiling is None or compiled is None
+                                 else round(compiled - compiling, 1))}
+
+
+def _jit_cpu_s(pid: int) -> float | None:
+    """CPU seconds the JVM `pid`'s JIT compiler threads have used (Linux's /proc; None
+    elsewhere). A fresh driver JVM compiles Spark's code for minutes: in local mode the timed
+    batches share the cores with it, and at P = 2 there is no idle core to absorb it."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return None
+    ticks = 0
+    for task in tasks.iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        if "CompilerThre" in name:  # C1 CompilerThread0, C2 CompilerThread0, ...
+            fields = stat[stat.rindex(")") + 2:].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def lone_latency(parallelism: int, transactions: int = 30) -> dict[str, Any]:
