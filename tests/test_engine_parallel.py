@@ -150,23 +150,25 @@ def test_a_shared_join_declares_either_sides_partitioning(spark: SparkSession) -
 
 
 def _grouped_join() -> Pipeline:
-    """A join on `k`, grouped by `k` and a nullable column: its output is clustered by some of
-    the group's keys already."""
+    """A join on `k`, grouped by `k` and a nullable column (its output is clustered by some of
+    the group's keys already): by sums alone, and by min and max."""
     p = Pipeline()
     a = p.source("a", TableSchema.of({"id": "bigint", "k": "bigint", "g": "text", "v": "bigint"},
                                      primary_key=["id"]))
     b = p.source("b", TableSchema.of({"k": "bigint", "w": "bigint"}, primary_key=["k"]))
-    p.output("stats", a.join(b, on="k").groupby("k", "g").reduce(
-        n=r.count(), total=r.sum("w"), low=r.min("v"), high=r.max("v")))
+    joined = a.join(b, on="k")
+    p.output("sums", joined.groupby("k", "g").reduce(
+        n=r.count(), total=r.sum("w"), values=r.sum("v")))
+    p.output("extremes", joined.groupby("k", "g").reduce(low=r.min("v"), high=r.max("v")))
     return p
 
 
 def test_a_group_by_over_a_join_on_some_of_its_keys(spark: SparkSession) -> None:
-    """A group-by whose input is clustered by some of its keys (a join's output by the join
-    key) aggregates it where it is, at P = 2, and exchanges only the accumulators: the same
-    stream as at P = 1, through rows moving between groups (a changed `g`, null included),
-    a changed join partner (every row of its key) and deletions, with nulls among the values
-    that min and max read; every run placed as declared."""
+    """A group-by of sums whose input is clustered by some of its keys (a join's output by the
+    join key) aggregates it where it is, at P = 2, and exchanges only the accumulators; one
+    with min and max exchanges the rows. Both give the stream of P = 1, through rows moving
+    between groups (a changed `g`, null included), a changed join partner (every row of its
+    key) and deletions, with nulls among the values; every run placed as declared."""
     def a_rows(rows: list[tuple[int, int, str | None, int | None]], time: int, diff: int
                ) -> pa.Table:
         ids, ks, gs, vs = zip(*rows, strict=True)

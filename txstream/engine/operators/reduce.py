@@ -214,15 +214,15 @@ class ReduceOp(Operator):
         # At P > 1 everything below is partitioned by the group keys, as the states are. A
         # delta clustered by some of the keys already (a join's output by the join key) is
         # aggregated where it is, and only its accumulators are exchanged: a group's rows all
-        # share those keys' values, and there are far fewer accumulators than rows.
+        # share those keys' values, and there are far fewer accumulators than rows. Not when
+        # min, max or count_distinct read its values: those rows are exchanged anyway.
         known = batch.clustering_of(d)
-        if known is not None and set(known) < set(keys):
-            acc_delta = batch.clustered(
-                d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate), keys)
-        else:
+        in_place = not self.value_states and known is not None and set(known) < set(keys)
+        if not in_place:
             d = batch.clustered(d, keys)
-            acc_delta = batch.shared(d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate),
-                                     clustered_by=keys)
+        accumulated = d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate)
+        acc_delta = (batch.clustered(accumulated, keys) if in_place
+                     else batch.shared(accumulated, clustered_by=keys))
         touched = batch.shared(acc_delta.select(*key_cols).distinct(), clustered_by=keys)
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then each transaction's delta.
@@ -246,7 +246,6 @@ class ReduceOp(Operator):
         keys = self.keys
         key_cols = [col(k) for k in keys]
         state = self.value_states[column]
-        d = batch.clustered(d, keys)  # its values are looked up in the state: as it is split
         vd = batch.shared(consolidate(
             d.where(col(column).isNotNull()).select(*key_cols, col(column).alias(VALUE),
                                                    col(TIME), col(DIFF)),
