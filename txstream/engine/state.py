@@ -158,6 +158,9 @@ class ZSetState:
         # Fixed by the first rows the state gets: every run holds this type.
         self.row_type: StructType | None = None
         self._prototype: JavaObject | None = None  # attributes of `row_type`
+        # `row_type`'s columns cast and named, made once: a cast to a type object costs about six
+        # round trips to the JVM, and a batch's plans type every delta of every state.
+        self._typing: list[Column] = []
         # The current version's small runs as one leaf, and its indexes' leaves.
         self._leaf: dict[int, DataFrame] = {}  # by the parallelism of the plans reading it
         self._index_leaves: list[DataFrame] | None = None
@@ -182,8 +185,9 @@ class ZSetState:
             self.row_type = _row_type(frame.select(*[col(c) for c in self.keys + self.weights])
                                       .schema)
             self._prototype = attributes(frame.sparkSession.createDataFrame([], self.row_type))
-        return frame.select(*[col(f.name).cast(f.dataType).alias(f.name)
-                              for f in self.row_type.fields])
+            self._typing = [col(f.name).cast(f.dataType).alias(f.name)
+                            for f in self.row_type.fields]
+        return frame.select(*self._typing)
 
     def _clustering(self) -> Clustering | None:
         if self.partitions == 1:
