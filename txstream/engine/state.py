@@ -344,7 +344,7 @@ class ZSetState:
     def _probe_keys(self, probe: DataFrame) -> DataFrame:
         """The distinct `lookup_on` values of `probe` in the state's types, as `__p_` columns."""
         assert self.lookup_on is not None and self.row_type is not None
-        return prefixed(probe.select(*[col(c).cast(self.row_type[c].dataType).alias(c)
+        return prefixed(probe.select(*[self._typing[self.row_type.names.index(c)]
                                        for c in self.lookup_on]).distinct(), "__p_")
 
     def _index_join(self, keys: DataFrame, run: DataFrame) -> DataFrame:
