@@ -19,13 +19,17 @@ during the timed batches, which at P = 2 finds no idle core). Apache Flink runs 
 workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of its own,
 Flink SQL in streaming mode; its job start excluded).
 
+With `--warm-s S`, the local[2] runs are also measured on a warm JVM (`local2_warm_P1/P2`):
+scratch engines run the same batches for S seconds first, and the measured engine, new, builds
+its plans anew on a JVM whose JIT has compiled what a long-running service's has.
+
 Also lone 10-event transactions of the example pipeline (state of 20,000 order events) at
 parallelism 1 and 2 on `local[2]`: p50 of `Engine.process`.
 
 The machine is shared: compare figures of one run only; the load average is printed.
 
     .venv/bin/python bench/scale.py [--events 1000000] [--workloads orders,groupby]
-        [--no-cluster] [--no-local] [--no-peer]
+        [--no-cluster] [--no-local] [--no-peer] [--warm-s 0]
 """
 
 from __future__ import annotations
@@ -110,8 +114,12 @@ def _pipeline(workload: str) -> Any:
     return p
 
 
-def run_one(workload: str, parallelism: int, events: int) -> dict[str, Any]:
-    """One measured run in this process (a driver of its own): see the module doc."""
+def run_one(workload: str, parallelism: int, events: int, warm_s: float = 0
+            ) -> dict[str, Any]:
+    """One measured run in this process (a driver of its own): see the module doc. With
+    `warm_s`, scratch engines first run the same batches, one whole pass after another, until
+    that many seconds have passed: the measured engine then runs on a JVM that has compiled
+    what a long-running service's has (its own plans are still built anew)."""
     from txstream.engine import Engine
     from txstream.service.spark import get_spark
 
@@ -119,6 +127,13 @@ def run_one(workload: str, parallelism: int, events: int) -> dict[str, Any]:
     spark = get_spark()
     spark_start_s = time.perf_counter() - started
     batches = (_orders_batches if workload == "orders" else _groupby_batches)(events)
+    warming = time.perf_counter()
+    while time.perf_counter() - warming < warm_s:
+        scratch = Engine(_pipeline(workload), spark, parallelism=parallelism)
+        for batch in batches:
+            scratch.process(batch)
+        del scratch
+    warmed_s = time.perf_counter() - warming
     engine = Engine(_pipeline(workload), spark, parallelism=parallelism)
     engine.process(batches[0])
     timed = batches[1:]
@@ -139,6 +154,7 @@ def run_one(workload: str, parallelism: int, events: int) -> dict[str, Any]:
             "events": timed_events, "seconds": round(seconds, 2),
             "events_per_s": round(timed_events / seconds),
             "stages_per_batch": max(stages), "spark_start_s": round(spark_start_s, 1),
+            "warm_up_s": round(warmed_s, 1),
             "driver_jit_cpu_s": (None if compiling is None or compiled is None
                                  else round(compiled - compiling, 1))}
 
@@ -199,11 +215,11 @@ def lone_latency(parallelism: int, transactions: int = 30) -> dict[str, Any]:
             "stages_per_batch": max(stages)}
 
 
-def _driver(workload: str, parallelism: int, events: int, env: dict[str, str]
-            ) -> dict[str, Any]:
+def _driver(workload: str, parallelism: int, events: int, env: dict[str, str],
+            warm_s: float = 0) -> dict[str, Any]:
     """`run_one` in a driver process of its own, with `env` (its SPARK_MASTER)."""
     command = [sys.executable, __file__, "--run", workload, "--parallelism", str(parallelism),
-               "--events", str(events)]
+               "--events", str(events), "--warm-s", str(warm_s)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
     if result.returncode != 0:
         return {"workload": workload, "parallelism": parallelism,
@@ -227,12 +243,15 @@ def main() -> None:
     parser.add_argument("--no-local", action="store_true",
                         help="skip the local[2] runs and the lone transactions")
     parser.add_argument("--no-peer", action="store_true", help="skip the Flink runs")
+    parser.add_argument("--warm-s", type=float, default=0,
+                        help="also measure the local[2] runs on a warm JVM: scratch engines "
+                             "run the workload for this many seconds first (local2_warm_P1/P2)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # a driver process: see `_driver`
     parser.add_argument("--parallelism", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         print(json.dumps(lone_latency(args.parallelism) if args.run == "latency"
-                         else run_one(args.run, args.parallelism, args.events)))
+                         else run_one(args.run, args.parallelism, args.events, args.warm_s)))
         return
 
     load_start = os.getloadavg()
@@ -246,6 +265,12 @@ def main() -> None:
             f"local2_P{p}": _driver(workload, p, args.events, local_env) for p in (1, 2)}
         report[workload] = {"runs": runs, "local2_P2_over_P1": _ratio(
             runs.get("local2_P2", {}), runs.get("local2_P1", {}))}
+        if args.warm_s and not args.no_local:
+            for p in (1, 2):
+                runs[f"local2_warm_P{p}"] = _driver(workload, p, args.events, local_env,
+                                                    args.warm_s)
+            report[workload]["local2_warm_P2_over_P1"] = _ratio(runs["local2_warm_P2"],
+                                                                runs["local2_warm_P1"])
     if not args.no_local:
         report["lone_transaction"] = {f"local2_P{p}": _driver("latency", p, 0, local_env)
                                       for p in (1, 2)}
