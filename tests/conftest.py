@@ -1,4 +1,5 @@
-"""Session-scoped real parts: one PostgreSQL, one Kafka-protocol broker, one SparkSession.
+"""Session-scoped real parts: one PostgreSQL, one Kafka-protocol broker, one SparkSession (per
+pytest worker: `make test` runs two, see the Makefile).
 
 `DATABASE_URL`, `KAFKA_BOOTSTRAP_SERVERS` and `SPARK_MASTER` point the same tests at real
 services; otherwise testcontainers (where Docker answers) or the embedded defaults are used.
