@@ -160,7 +160,7 @@ class ZSetState:
         self._prototype: JavaObject | None = None  # attributes of `row_type`
         # `row_type`'s columns cast and named, made once: a cast to a type object costs about six
         # round trips to the JVM, and a batch's plans type every delta of every state.
-        self._typing: list[Column] = []
+        self._typing: dict[str, Column] = {}  # by column name, in `row_type`'s order
         # The current version's small runs as one leaf, and its indexes' leaves.
         self._leaf: dict[int, DataFrame] = {}  # by the parallelism of the plans reading it
         self._index_leaves: list[DataFrame] | None = None
@@ -185,9 +185,9 @@ class ZSetState:
             self.row_type = _row_type(frame.select(*[col(c) for c in self.keys + self.weights])
                                       .schema)
             self._prototype = attributes(frame.sparkSession.createDataFrame([], self.row_type))
-            self._typing = [col(f.name).cast(f.dataType).alias(f.name)
-                            for f in self.row_type.fields]
-        return frame.select(*self._typing)
+            self._typing = {f.name: col(f.name).cast(f.dataType).alias(f.name)
+                            for f in self.row_type.fields}
+        return frame.select(*self._typing.values())
 
     def _clustering(self) -> Clustering | None:
         if self.partitions == 1:
@@ -344,8 +344,8 @@ class ZSetState:
     def _probe_keys(self, probe: DataFrame) -> DataFrame:
         """The distinct `lookup_on` values of `probe` in the state's types, as `__p_` columns."""
         assert self.lookup_on is not None and self.row_type is not None
-        return prefixed(probe.select(*[self._typing[self.row_type.names.index(c)]
-                                       for c in self.lookup_on]).distinct(), "__p_")
+        return prefixed(probe.select(*[self._typing[c] for c in self.lookup_on]).distinct(),
+                        "__p_")
 
     def _index_join(self, keys: DataFrame, run: DataFrame) -> DataFrame:
         """The rows of `run` whose lookup columns equal (nulls equal) a row of `keys`. The same
