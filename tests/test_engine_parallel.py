@@ -6,6 +6,7 @@ DuckDB suite (tests/test_engine_correctness.py) runs at P = 2 too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import reduce
 from pathlib import Path
 
@@ -200,4 +201,65 @@ def test_a_group_by_over_a_join_on_some_of_its_keys(spark: SparkSession) -> None
     two = Engine(_grouped_join(), spark, parallelism=2, spread_rows=0)
     for batch in batches:
         assert _sorted(process(two, batch)) == _sorted(process(one, batch))
+    assert set(_misplaced(two).values()) == {0}
+
+
+def _rows_exchanged(spark: SparkSession, run: Callable[[], object]) -> int:
+    """Rows that the stages `run()` starts write to shuffles (Spark's status store, read once
+    its listener bus has delivered every event)."""
+    context = spark.sparkContext._jsc.sc()  # type: ignore[union-attr]
+    no_quantiles = spark.sparkContext._gateway.new_array(spark._jvm.double, 0)  # type: ignore
+
+    def written() -> dict[int, int]:
+        context.listenerBus().waitUntilEmpty(10_000)
+        stages = context.statusStore().stageList(None, False, False, no_quantiles, None)
+        return {stages.apply(i).stageId(): stages.apply(i).shuffleWriteRecords()
+                for i in range(stages.size())}
+
+    before = written()
+    run()
+    return sum(rows for stage, rows in written().items() if stage not in before)
+
+
+def test_a_min_max_group_by_reads_its_groups_values_in_place(spark: SparkSession) -> None:
+    """A group-by with min, max and a distinct count reads every value of the groups a batch
+    touches (the values it does not touch decide them too). At P = 2 it reads them where the
+    state holds them: one aggregate by group and value tags each value touched or not, with
+    no exchange of the state's values, where a semi and an anti join on null-safe keys
+    exchanged them all twice. A batch touching a few values of every group moves far fewer
+    rows than those groups hold; the stream is P = 1's, with nulls among keys and values."""
+    def pipeline_() -> Pipeline:
+        p = Pipeline()
+        events = p.source("e", TableSchema.of({"id": "bigint", "k": "text", "v": "bigint"},
+                                              primary_key=["id"]))
+        p.output("extremes", events.groupby("k").reduce(
+            low=r.min("v"), high=r.max("v"), distinct=r.count_distinct("v")))
+        return p
+
+    keys = [None, *[f"g{i}" for i in range(19)]]
+    rows = 4_000
+
+    def table(ids: range, time: int, diff: int, shift: int = 0) -> pa.Table:
+        return pa.table({
+            "id": pa.array(ids, pa.int64()),
+            "k": pa.array([keys[i % len(keys)] for i in ids], pa.string()),
+            "v": pa.array([None if i % 13 == 0 else (i * 7 + shift) % 997 for i in ids],
+                          pa.int64()),
+            "time": pa.array([time] * len(ids), pa.int64()),
+            "diff": pa.array([diff] * len(ids), pa.int64())})
+
+    first = table(range(rows), 1, 1)
+    # Three rows of every group change value, and one more goes.
+    touched = range(0, 3 * len(keys))
+    gone = range(3 * len(keys), 4 * len(keys))
+    second = pa.concat_tables([table(touched, 2, -1), table(touched, 2, 1, shift=500),
+                               table(gone, 2, -1)])
+    one = Engine(pipeline_(), spark)
+    two = Engine(pipeline_(), spark, parallelism=2, spread_rows=0)
+    assert _sorted(process(two, {"e": first})) == _sorted(process(one, {"e": first}))
+    got: list[dict[str, pa.Table]] = []
+    exchanged = _rows_exchanged(spark, lambda: got.append(process(two, {"e": second})))
+    assert _sorted(got[0]) == _sorted(process(one, {"e": second}))
+    assert any(len(t) for t in got[0].values())
+    assert exchanged < rows / 4, exchanged
     assert set(_misplaced(two).values()) == {0}

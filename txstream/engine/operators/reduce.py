@@ -32,7 +32,6 @@ from txstream.engine.frames import (
     join,
     null_safe_on,
     prefixed,
-    semi_join,
 )
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
@@ -51,6 +50,7 @@ VALUE = "__v"  # a value of a column that min, max or count_distinct read
 BEFORE = "__before_"  # + an accumulator: its sum over the rows before each row of a timeline
 PREVIOUS = "__previous"  # the row of a group before each row of its timeline (a struct)
 CHANGES = "__changes"  # the retraction and the insertion between two rows of a timeline
+_HIT = "__hit"  # whether the batch touches a value of a group's multiset
 # A touched value present from a time until (excluded) the next change of its count.
 FROM, UNTIL, COUNT = "__from", "__until", "__count"
 # A group's min, max and distinct count of one column's values: of the values the batch
@@ -255,14 +255,27 @@ class ReduceOp(Operator):
 
         # The state's values of the touched groups, split in two: values the batch does not
         # touch are constant over it (one min/max/count per group); touched values start the
-        # batch with their current count. One scan of the state serves both.
+        # batch with their current count. One scan of the state serves both, and one
+        # aggregate by (keys, value) tags each value touched or not: it groups nulls with
+        # nulls as the keys must match, and it needs the group's values exchanged at most
+        # once (none when they are partitioned by the keys already), where a semi join and an
+        # anti join on null-safe keys exchanged all of them twice.
         current = state.lookup(touched, keys)
         steady = before = None
         if current is not None:
-            current = batch.shared(current)
-            steady = semi_join(current, touched_values, [*keys, VALUE], anti=True) \
-                .groupBy(*key_cols).agg(*_stats(F.col(VALUE), STEADY_STATS))
-            before = semi_join(current, touched_values, [*keys, VALUE])
+            tagged = batch.shared(
+                current.select(*key_cols, col(VALUE), col(DIFF), F.lit(False).alias(_HIT))
+                .unionByName(touched_values.select(*key_cols, col(VALUE),
+                                                   F.lit(0).cast(state.row_type[DIFF].dataType)
+                                                   .alias(DIFF), F.lit(True).alias(_HIT)))
+                .groupBy(*key_cols, col(VALUE))
+                .agg(F.sum(col(DIFF)).alias(DIFF), F.max(col(_HIT)).alias(_HIT)),
+                clustered_by=keys)
+            steady = tagged.where(~col(_HIT)).groupBy(*key_cols).agg(
+                *_stats(F.col(VALUE), STEADY_STATS))
+            # `current` holds no zero counts: a touched value with one was in the state.
+            before = tagged.where(col(_HIT) & (col(DIFF) != 0)).select(
+                *key_cols, col(VALUE), col(DIFF))
 
         # Touched values: their count over the batch as intervals [FROM, UNTIL).
         vtimeline = vd
