@@ -221,6 +221,49 @@ def _rows_exchanged(spark: SparkSession, run: Callable[[], object]) -> int:
     return sum(rows for stage, rows in written().items() if stage not in before)
 
 
+def test_an_outer_join_grouped_by_more_keys_moves_accumulators_not_pairs(
+        spark: SparkSession) -> None:
+    """A left join grouped by its key and a column of its left side (the example's
+    `customer_stats`). At P = 2 its pairs (clustered by the join key, where the join made them)
+    and its padded rows (clustered by the group's keys) are united clustered by the join key,
+    so the group-by aggregates the pairs where they are and exchanges its accumulators: a
+    batch that changes every partner pairs every row of the left side again and moves far
+    fewer rows than that. The stream is P = 1's, keys with no partner included."""
+    def pipeline_() -> Pipeline:
+        p = Pipeline()
+        a = p.source("a", TableSchema.of({"id": "bigint", "k": "bigint", "g": "text"},
+                                         primary_key=["id"]))
+        b = p.source("b", TableSchema.of({"k": "bigint", "w": "bigint"}, primary_key=["k"]))
+        p.output("stats", a.join(b, on="k", how="left").groupby("k", "g").reduce(
+            n=r.count(), total=r.sum("w")))
+        return p
+
+    def table(columns: dict[str, pa.Array], time: int, diff: int) -> pa.Table:
+        size = len(next(iter(columns.values())))
+        return pa.table({**columns, "time": pa.array([time] * size, pa.int64()),
+                         "diff": pa.array([diff] * size, pa.int64())})
+
+    rows = 3_000
+    ids = pa.array(range(rows), pa.int64())
+    a = table({"id": ids, "k": pc.remainder(ids, 30),
+               "g": pa.array([["x", "y", None][i % 3] for i in range(rows)], pa.string())}, 1, 1)
+    partners = pa.array(range(25), pa.int64())  # keys 25-29 have none: padded
+    old = table({"k": partners, "w": pc.multiply(partners, 10)}, 1, 1)
+    new = table({"k": partners, "w": pc.add(pc.multiply(partners, 10), 1)}, 2, 1)
+    late = table({"k": pa.array([26], pa.int64()), "w": pa.array([7], pa.int64())}, 2, 1)
+    retracted = table({"k": partners, "w": pc.multiply(partners, 10)}, 2, -1)
+    changed = pa.concat_tables([retracted, new, late])
+    one = Engine(pipeline_(), spark)
+    two = Engine(pipeline_(), spark, parallelism=2, spread_rows=0)
+    assert _sorted(process(two, {"a": a, "b": old})) == _sorted(process(one, {"a": a, "b": old}))
+    got: list[dict[str, pa.Table]] = []
+    exchanged = _rows_exchanged(spark, lambda: got.append(process(two, {"b": changed})))
+    assert _sorted(got[0]) == _sorted(process(one, {"b": changed}))
+    paired_again = 2 * sum(1 for i in range(rows) if i % 30 < 25)  # retracted and inserted
+    assert exchanged < paired_again / 4, (exchanged, paired_again)
+    assert set(_misplaced(two).values()) == {0}
+
+
 def test_a_min_max_group_by_reads_its_groups_values_in_place(spark: SparkSession) -> None:
     """A group-by with min, max and a distinct count reads every value of the groups a batch
     touches (the values it does not touch decide them too). At P = 2 it reads them where the

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from functools import cached_property
 
 import pyarrow as pa
+from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from txstream.changes import Changes
@@ -208,14 +209,30 @@ class ConcatOp(Operator):
         return first
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
-        present = [d.select(*[col(c) for c in self.columns], col(TIME), col(DIFF))
+        present = [batch.keeps(d.select(*[col(c) for c in self.columns], col(TIME), col(DIFF)), d)
                    for d in deltas if d is not None]
         if not present:
             return None
         if len(present) == 1:
             return present[0]
+        present = self._co_clustered(present, batch)
         return batch.consolidated(batch.keeps(union_all(present), *present), self.columns,
                                   self.readers_cluster_by)
+
+    @staticmethod
+    def _co_clustered(present: list[DataFrame], batch: BatchPlan) -> list[DataFrame]:
+        """Inputs clustered by different columns, one of them by some of every other's (an
+        outer join: its pairs by the join key, its padded rows by a reader's key): those
+        clustered otherwise are exchanged to it, so the union is clustered by it too and is
+        consolidated, and read by a group-by on more columns, where it is. Else the whole
+        union would be exchanged by a reader's key, the pairs with it."""
+        known = [batch.clustering_of(d) for d in present]
+        if len(set(known)) == 1 or any(k is None for k in known):
+            return present
+        common = next((k for k in known if all(set(k) <= set(o) for o in known)), None)
+        if common is None:
+            return present
+        return [batch.clustered(d, list(common)) for d in present]
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
         return [wanted] * len(self.input_schemas)
