@@ -266,8 +266,8 @@ class ReduceOp(Operator):
             tagged = batch.shared(
                 current.select(*key_cols, col(VALUE), col(DIFF), F.lit(False).alias(_HIT))
                 .unionByName(touched_values.select(*key_cols, col(VALUE),
-                                                   F.lit(0).cast(state.row_type[DIFF].dataType)
-                                                   .alias(DIFF), F.lit(True).alias(_HIT)))
+                                                   F.lit(0).cast("long").alias(DIFF),
+                                                   F.lit(True).alias(_HIT)))
                 .groupBy(*key_cols, col(VALUE))
                 .agg(F.sum(col(DIFF)).alias(DIFF), F.max(col(_HIT)).alias(_HIT)),
                 clustered_by=keys)
