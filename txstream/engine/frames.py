@@ -108,40 +108,22 @@ def join(left: DataFrame, right: DataFrame, on: Column, how: str) -> DataFrame:
     return left.limit(_ROWS_BOUND).join(right.limit(_ROWS_BOUND), on, how).coalesce(1)
 
 
-def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], anti: bool = False,
-              struct_types: StructType | None = None) -> DataFrame:
-    """The rows of `frame` whose `on` columns equal (nulls equal) a row of `probe` (with
-    `anti`: equal none). Written as an inner or outer join with the distinct probe keys:
-    Spark plans a semi or anti join between single-partition inputs with two exchanges.
-    `struct_types`: the types of `frame`'s `on` columns, given when `frame` declares its
-    partitioning by their struct too (a state leaf, `spark_internals.rdd_node`)."""
-    keys = build_side(prefixed(probe.select(*[col(c) for c in on]).distinct(), "__p_")
-                      .withColumn("__p_hit", F.lit(True)))
+def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], struct_types: StructType
+              ) -> DataFrame:
+    """The rows of `frame` whose `on` columns equal (nulls equal) a row of `probe`. Written as
+    an inner join with the distinct probe keys: Spark plans a semi join between
+    single-partition inputs with two exchanges. `struct_types`: the types of `frame`'s `on`
+    columns, by whose struct `frame` declares its partitioning too (a state leaf,
+    `spark_internals.rdd_node`)."""
+    keys = build_side(prefixed(probe.select(*[col(c) for c in on]).distinct(), "__p_"))
     probe_cols = [f"__p_{c}" for c in on]
-    if parallelism() > 1 and not anti and struct_types is not None:
+    if parallelism() > 1:
         # Structs compare field by field with nulls equal, and `frame` is partitioned by the
         # struct of `on`: joined on it, `frame` is read in place and only the probe's distinct
         # keys are exchanged (cast to `frame`'s types after `distinct`, which keeps the
-        # probe's partitioning).
-        equal = struct_key(frame, on) == struct_key(keys, probe_cols, struct_types)
-        return join(frame, keys, equal, "inner").select(*[frame[f"`{c}`"] for c in frame.columns])
-    if parallelism() > 1 and not anti:
-        # Spark plans `<=>` as an equi-join on (coalesce(c, default), isnull(c)), which no
-        # partitioning of `frame` by `on` satisfies: all of `frame` (state) would be exchanged.
-        # Rows without a null among `on` meet by `=`, reading each partition in place; only
-        # the rows with one are exchanged to meet null-safely.
-        equal = reduce(lambda a, b: a & b, [frame[f"`{c}`"] == keys[f"`{p}`"]
-                                            for c, p in zip(on, probe_cols, strict=True)])
-        some_null = reduce(lambda a, b: a | b, [col(c).isNull() for c in on])
-        probe_null = reduce(lambda a, b: a | b, [col(p).isNull() for p in probe_cols])
-        nulls = frame.where(some_null)
-        null_keys = keys.where(probe_null)
-        return join(frame, keys, equal, "inner").select(
-            *[frame[f"`{c}`"] for c in frame.columns]).unionByName(
-            join(nulls, null_keys, null_safe_on(nulls, null_keys, on, probe_cols), "inner")
-            .select(*[nulls[f"`{c}`"] for c in frame.columns]))
-    cond = null_safe_on(frame, keys, on, probe_cols)
-    if anti:
-        return join(frame, keys, cond, "left").where(F.col("__p_hit").isNull()) \
-            .select(*[frame[f"`{c}`"] for c in frame.columns])
+        # probe's partitioning). Spark would plan `<=>` as an equi-join on
+        # (coalesce(c, default), isnull(c)), which no partitioning of `frame` satisfies.
+        cond = struct_key(frame, on) == struct_key(keys, probe_cols, struct_types)
+    else:
+        cond = null_safe_on(frame, keys, on, probe_cols)
     return join(frame, keys, cond, "inner").select(*[frame[f"`{c}`"] for c in frame.columns])

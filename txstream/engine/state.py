@@ -388,7 +388,7 @@ class ZSetState:
             # At P > 1 joined on the struct of the lookup columns, by which the leaf declares
             # its partitioning too: state is read in place, only the probe's keys move.
             key_types = StructType([self.row_type[c] for c in on])
-            parts.append(semi_join(whole, probe, on, struct_types=key_types))
+            parts.append(semi_join(whole, probe, on, key_types))
         parts += self.matches(probe)
         if not parts:
             return None
