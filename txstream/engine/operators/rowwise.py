@@ -227,11 +227,12 @@ class ConcatOp(Operator):
         consolidated, and read by a group-by on more columns, where it is. Else the whole
         union would be exchanged by a reader's key, the pairs with it."""
         known = [batch.clustering_of(d) for d in present]
-        if len(set(known)) == 1 or any(k is None for k in known):
+        if any(k is None for k in known):
             return present
         common = next((k for k in known if all(set(k) <= set(o) for o in known)), None)
         if common is None:
             return present
+        # `clustered` leaves the inputs clustered by `common` already as they are.
         return [batch.clustered(d, list(common)) for d in present]
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
