@@ -150,6 +150,13 @@ def test_a_shared_join_declares_either_sides_partitioning(spark: SparkSession) -
     assert cached_reader(spark, relation, ((0,), 3))[1] is None  # not that many partitions
 
 
+def _changes(columns: dict[str, pa.Array], time: int, diff: int) -> pa.Table:
+    """`columns` as changes, all at `time` with `diff`."""
+    size = len(next(iter(columns.values())))
+    return pa.table({**columns, "time": pa.array([time] * size, pa.int64()),
+                     "diff": pa.array([diff] * size, pa.int64())})
+
+
 def _grouped_join() -> Pipeline:
     """A join on `k`, grouped by `k` and a nullable column (its output is clustered by some of
     the group's keys already): by sums alone, and by min and max."""
@@ -173,16 +180,14 @@ def test_a_group_by_over_a_join_on_some_of_its_keys(spark: SparkSession) -> None
     def a_rows(rows: list[tuple[int, int, str | None, int | None]], time: int, diff: int
                ) -> pa.Table:
         ids, ks, gs, vs = zip(*rows, strict=True)
-        return pa.table({"id": pa.array(ids, pa.int64()), "k": pa.array(ks, pa.int64()),
-                         "g": pa.array(gs, pa.string()), "v": pa.array(vs, pa.int64()),
-                         "time": pa.array([time] * len(rows), pa.int64()),
-                         "diff": pa.array([diff] * len(rows), pa.int64())})
+        return _changes({"id": pa.array(ids, pa.int64()), "k": pa.array(ks, pa.int64()),
+                         "g": pa.array(gs, pa.string()), "v": pa.array(vs, pa.int64())},
+                        time, diff)
 
     def b_rows(rows: list[tuple[int, int]], time: int, diff: int) -> pa.Table:
         ks, ws = zip(*rows, strict=True)
-        return pa.table({"k": pa.array(ks, pa.int64()), "w": pa.array(ws, pa.int64()),
-                         "time": pa.array([time] * len(rows), pa.int64()),
-                         "diff": pa.array([diff] * len(rows), pa.int64())})
+        return _changes({"k": pa.array(ks, pa.int64()), "w": pa.array(ws, pa.int64())}, time,
+                        diff)
 
     first = [(i, i % 40, [None, "x", "y"][i % 3], None if i % 11 == 0 else i % 17)
              for i in range(600)]
@@ -238,20 +243,17 @@ def test_an_outer_join_grouped_by_more_keys_moves_accumulators_not_pairs(
             n=r.count(), total=r.sum("w")))
         return p
 
-    def table(columns: dict[str, pa.Array], time: int, diff: int) -> pa.Table:
-        size = len(next(iter(columns.values())))
-        return pa.table({**columns, "time": pa.array([time] * size, pa.int64()),
-                         "diff": pa.array([diff] * size, pa.int64())})
-
     rows = 3_000
     ids = pa.array(range(rows), pa.int64())
-    a = table({"id": ids, "k": pc.remainder(ids, 30),
-               "g": pa.array([["x", "y", None][i % 3] for i in range(rows)], pa.string())}, 1, 1)
+    a = _changes({"id": ids, "k": pc.remainder(ids, 30),
+                  "g": pa.array([["x", "y", None][i % 3] for i in range(rows)], pa.string())},
+                 1, 1)
     partners = pa.array(range(25), pa.int64())  # keys 25-29 have none: padded
-    old = table({"k": partners, "w": pc.multiply(partners, 10)}, 1, 1)
-    new = table({"k": partners, "w": pc.add(pc.multiply(partners, 10), 1)}, 2, 1)
-    late = table({"k": pa.array([26], pa.int64()), "w": pa.array([7], pa.int64())}, 2, 1)
-    retracted = table({"k": partners, "w": pc.multiply(partners, 10)}, 2, -1)
+    weights = pc.multiply(partners, 10)
+    old = _changes({"k": partners, "w": weights}, 1, 1)
+    retracted = _changes({"k": partners, "w": weights}, 2, -1)
+    new = _changes({"k": partners, "w": pc.add(weights, 1)}, 2, 1)
+    late = _changes({"k": pa.array([26], pa.int64()), "w": pa.array([7], pa.int64())}, 2, 1)
     changed = pa.concat_tables([retracted, new, late])
     one = Engine(pipeline_(), spark)
     two = Engine(pipeline_(), spark, parallelism=2, spread_rows=0)
@@ -283,13 +285,11 @@ def test_a_min_max_group_by_reads_its_groups_values_in_place(spark: SparkSession
     rows = 4_000
 
     def table(ids: range, time: int, diff: int, shift: int = 0) -> pa.Table:
-        return pa.table({
+        return _changes({
             "id": pa.array(ids, pa.int64()),
             "k": pa.array([keys[i % len(keys)] for i in ids], pa.string()),
             "v": pa.array([None if i % 13 == 0 else (i * 7 + shift) % 997 for i in ids],
-                          pa.int64()),
-            "time": pa.array([time] * len(ids), pa.int64()),
-            "diff": pa.array([diff] * len(ids), pa.int64())})
+                          pa.int64())}, time, diff)
 
     first = table(range(rows), 1, 1)
     # Three rows of every group change value, and one more goes.
