@@ -14,26 +14,27 @@ Both run with the default transaction policy and `batch_transactions`, as a user
 neither would: transactions adapt to the load (closed when the consumer has caught up, else
 at 10,000 events or 1 s), and so does the number of transactions per Spark job.
 
-* groupby_saturation: Pathway's workload end to end (txstream/examples/groupby.py): a backlog of
-  `--groupby-events` JSON events `{"k": i % 10000, "v": i % 1000}` in one partition (zstd: the
-  embedded broker keeps ~5 MiB per partition and would drop older records; the low watermark is
-  checked), group-by count and sum into a PostgreSQL snapshot keyed by `k`: events/s from consumer
-  start to the final snapshot and busy time per stage (the busiest named), for txstream with two
-  transaction policies (transactions of 10,000 events, each one's state visible; and transactions
-  closed every 1,500 ms, as Pathway's Kafka reader closes its times by default; both also close a
-  transaction when the backlog is read to its end, as Pathway's static read ends there), and the
-  same backlog read by Pathway into a table of its own in the same run
-  (bench/peers/pathway_kafka_pg.py, which reports how many times Pathway closed and when its last
-  output change was computed, before its PostgreSQL writer finished), with the ratios. Pathway's
-  consumer, and the bare consumer below, get the librdkafka fetch settings of txstream's
-  (`FETCH_SETTINGS`). Every final table is checked against numpy. txstream's start
-  (`start_seconds`, below) is outside its timer while Pathway's run, from building its graph, is
-  inside its own: `with_txstream_start` counts it too. `bare_consumer_events_per_s`: a consumer
-  reading the same backlog and doing nothing with it, the ceiling of the service's ingest.
-  `start_seconds` is the service's start before it consumes (the Spark session is already up):
-  building the engine and connecting. The engine's warm-up (`warm_up_rows`) runs only while the
-  service is idle, and the backlog waiting here ends it before it begins, so the first batches
-  plan and compile on the JVM as it is (before 70e4e9d the warm-up was part of the start).
+* groupby_saturation: Pathway's workload end to end (txstream/examples/groupby.py): JSON
+  events `{"k": i % 10000, "v": i % 1000}` in one partition, grouped by `k` into a count and a
+  sum in a PostgreSQL snapshot keyed by `k`, each system deployed as a service in a process of
+  its own and measured alike, from outside (`burst`): on a topic of its own holding the first
+  100,000 events, the system is started and waited for until its table shows them and it is
+  idle (as a service that has been running: txstream's JVM has run batches of the workload);
+  then it is paused (SIGSTOP, with its JVM), a backlog of `--groupby-events` more events is
+  produced (zstd: the embedded broker keeps ~5 MiB per partition; the watermarks are checked),
+  and it is resumed (SIGCONT). events/s runs from the resume until the table, polled every
+  10 ms, holds the complete result; the final table is checked against numpy. txstream
+  (`txstream run`, default settings) runs with two transaction policies: transactions of
+  10,000 events, each one's state visible; and transactions closed every 1,500 ms, as
+  Pathway's Kafka reader closes its times by default.
+  Pathway (bench/peers/pathway_kafka_pg.py: `pw.io.kafka.read` in streaming mode, then
+  `pw.io.postgres.write_snapshot`, no callback) is measured the same way; `pathway_static` is
+  its best case, not a service's: all the events read to their end as a batch job (static
+  mode), from its spawn until the table holds the result. Pathway's consumer runs with
+  txstream's librdkafka fetch settings (`FETCH_SETTINGS`), as does the bare consumer:
+  `bare_consumer_events_per_s`, a consumer reading the same backlog and doing nothing with it,
+  the ceiling of the service's ingest. Starts are outside the figures but Pathway's static one
+  (bench/startup.py measures txstream's).
 
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
@@ -47,17 +48,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import psycopg
+import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from txstream.examples import groupby
@@ -67,9 +71,13 @@ from txstream.schemas.config import PipelineConfig, SinkConfig
 from txstream.schemas.sources import BatchPolicy
 from txstream.service.compose import open_runner
 from txstream.service.embedded.kafka import KafkaEndpoint, kafka_from_env
-from txstream.service.embedded.postgres import postgres_from_env
+from txstream.service.embedded.postgres import free_port, postgres_from_env
 from txstream.service.spark import get_spark
 from txstream.sources.transactions import FETCH_SETTINGS
+
+# A sibling script, not a package: the service as a subprocess, and its log.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from startup import Service
 
 CUSTOMER_COUNT = 200
 
@@ -216,15 +224,23 @@ GROUPBY_KEYS = 10_000
 GROUPBY_EVENTS_PER_TRANSACTION = 10_000
 PATHWAY_COMMIT_MS = 1500  # pw.io.kafka.read's default autocommit_duration_ms
 PEER = Path(__file__).resolve().parent / "peers" / "pathway_kafka_pg.py"
+# Events waiting when a system starts, before the timed backlog: once its table shows them, it
+# is running, connected, caught up, and its JVM (txstream's) has run batches of the workload,
+# as a service that has been running has.
+FIRST_EVENTS = 100_000
+# How long a system may take to start, and to compute the backlog.
+START_TIMEOUT_S, RUN_TIMEOUT_S = 900, 1800
 
 
-def produce_backlog(bootstrap: str, topic: str, events: int) -> None:
-    """Pathway's workload into one partition, compressed; fails if the broker dropped any."""
+def produce(bootstrap: str, topic: str, values: Iterable[bytes], expected_end: int) -> None:
+    """`values` into partition 0 of `topic`, compressed; fails unless the partition then holds
+    offsets [0, expected_end): the embedded broker keeps ~5 MiB per partition and drops older
+    records."""
     producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd",
                          "linger.ms": 100, "batch.size": 1_000_000,
                          "queue.buffering.max.messages": 2_000_000})
-    for i in range(events):
-        producer.produce(topic, value=b'{"k": %d, "v": %d}' % (i % GROUPBY_KEYS, i % 1000))
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, partition=0)
         if i % 100_000 == 0:
             producer.poll(0)
     assert producer.flush(300) == 0
@@ -233,12 +249,18 @@ def produce_backlog(bootstrap: str, topic: str, events: int) -> None:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
     finally:
         consumer.close()
-    if (low, high) != (0, events):
-        raise SystemExit(f"the broker holds offsets [{low}, {high}) of the {events} events "
-                         "produced: it dropped records (retention); produce fewer")
+    if (low, high) != (0, expected_end):
+        raise SystemExit(f"the broker holds offsets [{low}, {high}) of {topic}, not "
+                         f"[0, {expected_end}): it dropped records (retention); produce fewer")
+
+
+def stream(first: int, end: int) -> Iterator[bytes]:
+    """Events number `first` to `end` (excluded) of the workload."""
+    return (b'{"k": %d, "v": %d}' % (i % GROUPBY_KEYS, i % 1000) for i in range(first, end))
 
 
 def expected_sums(events: int) -> dict[int, tuple[int, int]]:
+    """The table after the first `events` events."""
     i = np.arange(events, dtype=np.int64)
     k, v = i % GROUPBY_KEYS, i % 1000
     counts = np.bincount(k, minlength=GROUPBY_KEYS)
@@ -252,49 +274,214 @@ def read_sums(url: str, table: str) -> dict[int, tuple[int, int]]:
     return {int(k): (int(c), int(t)) for k, c, t in rows}
 
 
-def groupby_txstream(kafka: KafkaEndpoint, url: str, topic: str, events: int,
-                     want: dict[int, tuple[int, int]], policy: BatchPolicy
-                     ) -> dict[str, float | int | bool | dict[str, float]]:
+Totals = tuple[int, int, int]
+
+
+def totals_of(sums: dict[int, tuple[int, int]]) -> Totals:
+    return len(sums), sum(c for c, _ in sums.values()), sum(t for _, t in sums.values())
+
+
+class TableWatcher:
+    """A system's output table, polled from outside as any PostgreSQL client would: its rows,
+    the sum of its counts and of its totals (equal to the expected ones only once every event
+    is in: counts only grow)."""
+
+    def __init__(self, url: str, table: str) -> None:
+        self._conn = psycopg.connect(url, autocommit=True)
+        self._query = f"SELECT count(*), coalesce(sum(count), 0), coalesce(sum(total), 0) " \
+                      f"FROM {table}"
+
+    def totals(self) -> Totals | None:
+        try:
+            row = self._conn.execute(self._query).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None  # the system creates it when it starts
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def wait_for(self, want: Totals, alive: Callable[[], None], timeout: float,
+                 poll_s: float) -> float:
+        """Until the table's totals are `want`; when they first were (time.monotonic)."""
+        deadline = time.monotonic() + timeout
+        while (found := self.totals()) != want:
+            alive()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the table holds {found}, not {want}, after {timeout} s")
+            time.sleep(poll_s)
+        return time.monotonic()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class Peer:
+    """bench/peers/pathway_kafka_pg.py in a subprocess, in `mode`, until `stop`; its first
+    stdout line says what runs (or that Pathway could not be installed)."""
+
+    def __init__(self, kafka: KafkaEndpoint, url: str, topic: str, table: str,
+                 mode: str = "streaming") -> None:
+        self.spawned = time.monotonic()
+        info = psycopg.conninfo.conninfo_to_dict(url)
+        settings = {"host": info.get("host", "127.0.0.1"), "port": int(info.get("port", 5432)),
+                    "dbname": info.get("dbname", "postgres"),
+                    "user": info.get("user", "postgres")}
+        if info.get("password"):
+            settings["password"] = info["password"]
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PEER), "--bootstrap", kafka.bootstrap_servers, "--topic", topic,
+             "--table", table, "--pg", json.dumps(settings), "--mode", mode,
+             "--fetch", json.dumps(FETCH_SETTINGS)],
+            stdout=subprocess.PIPE, text=True, env=os.environ)
+        assert self.proc.stdout is not None
+        # Waits while the peer's virtualenv is made, the first time.
+        line = self.proc.stdout.readline()
+        self.info: dict[str, object] = (json.loads(line) if line.strip() else
+                                        {"skipped": f"exit {self.proc.wait()} before running"})
+
+    def check_alive(self) -> None:
+        if self.proc.poll() not in (None, 0):
+            raise SystemExit(f"the Pathway peer exited ({self.proc.returncode})")
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Running(Protocol):
+    def check_alive(self) -> None: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+
+
+def workload_topic(kafka: KafkaEndpoint, name: str) -> str:
+    """A topic of one partition holding the first `FIRST_EVENTS` events."""
+    kafka.create_topic(name, 1)
+    produce(kafka.bootstrap_servers, name, stream(0, FIRST_EVENTS), FIRST_EVENTS)
+    return name
+
+
+def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url: str,
+          topic: str, table: str, events: int) -> dict[str, object]:
+    """The backlog as a running system meets it: once `system` shows the `FIRST_EVENTS` of
+    its `workload_topic` in `table` and is `ready` (idle), it is paused (SIGSTOP), `events`
+    more are produced, and it is resumed (SIGCONT): from then until the table, polled every
+    10 ms, holds the complete result."""
+    watcher = TableWatcher(url, table)
+    try:
+        first = totals_of(expected_sums(FIRST_EVENTS))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while watcher.totals() != first or not ready():
+            system.check_alive()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{table} does not show the first {FIRST_EVENTS:,} events, "
+                                 f"or the system is not idle, within {START_TIMEOUT_S} s")
+            time.sleep(0.1)
+        end = FIRST_EVENTS + events
+        want = expected_sums(end)
+        system.pause()
+        try:
+            produce(kafka.bootstrap_servers, topic, stream(FIRST_EVENTS, end), end)
+        finally:
+            resumed = time.monotonic()
+            system.resume()
+        done = watcher.wait_for(totals_of(want), system.check_alive, RUN_TIMEOUT_S, 0.01)
+    finally:
+        watcher.close()
+    elapsed = done - resumed
+    return {"seconds": round(elapsed, 2), "events_per_s": round(events / elapsed),
+            "verified": read_sums(url, table) == want}
+
+
+def groupby_txstream(kafka: KafkaEndpoint, url: str, events: int, policy: BatchPolicy,
+                     work: Path) -> dict[str, object]:
+    """`txstream run` as a user deploys it (every setting but the transaction policy at its
+    default), meeting the backlog once it has started and warmed up."""
     run_id = uuid.uuid4().hex[:8]
-    schema = f"bench_{run_id}"
+    topic, schema = workload_topic(kafka, f"bench-groupby-{run_id}"), f"bench_{run_id}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
-    table = f'"{schema}".sums_live'
-    config = PipelineConfig(
-        pipeline="txstream.examples.groupby:pipeline", sources=groupby.sources(topic),
-        sinks=[SinkConfig.model_validate({"output": "sums", "db_schema": schema})],
-        transactions=policy,
-        kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"bench-{run_id}",
-        database_url=url, checkpoint_dir=tempfile.mkdtemp(prefix="txstream-bench-"),
-    )
+    config = work / f"groupby-{run_id}.yaml"
+    config.write_text(yaml.safe_dump({
+        "pipeline": "txstream.examples.groupby:pipeline",
+        "consumer_group": f"bench-{run_id}",
+        "http_port": free_port(),
+        "checkpoint_dir": str(work / f"checkpoints-{run_id}"),
+        "transactions": policy.model_dump(mode="json", exclude_defaults=True),
+        "sources": [s.model_dump(mode="json", exclude_defaults=True)
+                    for s in groupby.sources(topic)],
+        "sinks": [{"output": "sums", "db_schema": schema}],
+    }, sort_keys=False))
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+           "DATABASE_URL": url}
+    env.pop("TXSTREAM_WARM_UP_ROWS", None)  # the default warm-up, as a user runs it
     print(f"groupby_saturation: txstream, at most {policy.max_events:,} events or "
           f"{policy.max_delay_ms} ms per transaction", file=sys.stderr, flush=True)
-    opening = time.monotonic()
-    runner = open_runner(config, spark=get_spark())
-    start_s = time.monotonic() - opening
-    loop = threading.Thread(target=runner.run, daemon=True)
-    started = time.monotonic()
-    loop.start()
-    ingest, delivery = runner.metrics.ingest, runner.metrics.delivery
+    service = Service(config, env, work / f"txstream-{run_id}.log")
     try:
-        # Done when every event is consumed, every closed transaction is in the snapshot and
-        # the snapshot holds the sums (the last transaction may still be open, closed by time).
-        while not (ingest.events == events and ingest.transactions_closed
-                   and delivery.transactions == ingest.transactions_closed
-                   and read_sums(url, table) == want):
-            if not loop.is_alive():
-                raise SystemExit("the runner stopped before the end of the backlog")
-            time.sleep(0.01 if ingest.events < events else 0.05)
-        elapsed = time.monotonic() - started
+        # Idle: any warm-up it runs then is over (or was not run, the reason logged: a service
+        # started with events waiting warms up on them).
+        result = burst(service, lambda: any(line in service.tail(100_000) for line in (
+            "warm-up done", "no warm-up")), kafka, url, topic, f'"{schema}".sums_live', events)
+    except BaseException:
+        service.proc.kill()
+        print(service.tail(), file=sys.stderr)
+        raise
+    service.stop()
+    return result | {"bare_consumer_events_per_s": bare_read_events_per_s(
+        kafka.bootstrap_servers, topic, FIRST_EVENTS + events)}
+
+
+def groupby_pathway(kafka: KafkaEndpoint, url: str, events: int) -> dict[str, object]:
+    print("groupby_saturation: the same backlog in Pathway", file=sys.stderr, flush=True)
+    run_id = uuid.uuid4().hex[:8]
+    topic, table = workload_topic(kafka, f"bench-groupby-{run_id}"), f"pathway_sums_{run_id}"
+    peer = Peer(kafka, url, topic, table)
+    try:
+        if "skipped" in peer.info:
+            return peer.info
+        return peer.info | burst(peer, lambda: True, kafka, url, topic, table, events)
     finally:
-        runner.request_stop()
-        loop.join()
-        runner.close()
-    return {"seconds": round(elapsed, 2), "events_per_s": round(events / elapsed),
-            "start_seconds": round(start_s, 2),
-            "events_per_s_with_start": round(events / (elapsed + start_s)), "verified": True,
-            "spark_batches": delivery.batches, "transactions": delivery.transactions,
-            **_stage_busy(runner.metrics.stage_seconds())}
+        peer.stop()
+
+
+def groupby_pathway_static(kafka: KafkaEndpoint, url: str, events: int) -> dict[str, object]:
+    """Pathway's best case, not a service's: the whole backlog in Kafka read to its end as a
+    batch (`mode="static"`), timed from the spawn (its start included, as its start of
+    consumption is not seen from outside) until the table, polled every 10 ms, holds the
+    result."""
+    print("groupby_saturation: the backlog as a batch job in Pathway", file=sys.stderr,
+          flush=True)
+    run_id = uuid.uuid4().hex[:8]
+    topic, table = f"bench-groupby-{run_id}", f"pathway_sums_{run_id}"
+    kafka.create_topic(topic, 1)
+    end = FIRST_EVENTS + events
+    produce(kafka.bootstrap_servers, topic, stream(0, end), end)
+    peer = Peer(kafka, url, topic, table, mode="static")
+    try:
+        if "skipped" in peer.info:
+            return peer.info
+        want = expected_sums(end)
+        watcher = TableWatcher(url, table)
+        try:
+            done = watcher.wait_for(totals_of(want), peer.check_alive, RUN_TIMEOUT_S, 0.01)
+        finally:
+            watcher.close()
+        elapsed = done - peer.spawned
+        return peer.info | {"events": end, "seconds_from_spawn": round(elapsed, 2),
+                            "events_per_s": round(end / elapsed),
+                            "verified": read_sums(url, table) == want}
+    finally:
+        peer.stop()
 
 
 def bare_read_events_per_s(bootstrap: str, topic: str, events: int) -> int:
@@ -316,36 +503,9 @@ def bare_read_events_per_s(bootstrap: str, topic: str, events: int) -> int:
         consumer.close()
 
 
-def groupby_pathway(kafka: KafkaEndpoint, url: str, topic: str, events: int,
-                    want: dict[int, tuple[int, int]]) -> dict[str, object]:
-    print("groupby_saturation: the same backlog in Pathway", file=sys.stderr, flush=True)
-    info = psycopg.conninfo.conninfo_to_dict(url)
-    settings = {"host": info.get("host", "127.0.0.1"), "port": int(info.get("port", 5432)),
-                "dbname": info.get("dbname", "postgres"), "user": info.get("user", "postgres")}
-    if info.get("password"):
-        settings["password"] = info["password"]
-    table = f"pathway_sums_{uuid.uuid4().hex[:8]}"
-    done = subprocess.run(
-        [sys.executable, str(PEER), "--bootstrap", kafka.bootstrap_servers, "--topic", topic,
-         "--events", str(events), "--table", table, "--pg", json.dumps(settings),
-         "--fetch", json.dumps(FETCH_SETTINGS)],
-        capture_output=True, text=True, check=False, env=os.environ)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return {"peer": "pathway", "skipped": f"exit {done.returncode}: {done.stderr[-800:]}"}
-    result = json.loads(lines[-1])
-    if "skipped" not in result:
-        result["verified"] = read_sums(url, table) == want
-    return result
-
-
 def groupby_saturation(kafka: KafkaEndpoint, url: str, events: int, peer: bool
                        ) -> dict[str, object]:
-    topic = f"bench-groupby-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 1)
-    print(f"groupby_saturation: producing {events:,} events", file=sys.stderr, flush=True)
-    produce_backlog(kafka.bootstrap_servers, topic, events)
-    want = expected_sums(events)
+    """Each system on a topic of its own, measured alike (see `burst`)."""
     # txstream twice: transactions of a fixed size (each one's state visible in PostgreSQL),
     # and closed by time as Pathway's reader closes its times (`autocommit_duration_ms`).
     policies = {
@@ -354,23 +514,24 @@ def groupby_saturation(kafka: KafkaEndpoint, url: str, events: int, peer: bool
         f"transactions_closed_every_{PATHWAY_COMMIT_MS}_ms":
             BatchPolicy(max_events=events, max_delay_ms=PATHWAY_COMMIT_MS),
     }
-    ours = {name: groupby_txstream(kafka, url, topic, events, want, policy)
-            for name, policy in policies.items()}
+    with tempfile.TemporaryDirectory(prefix="txstream-bench-groupby-") as work:
+        ours = {name: groupby_txstream(kafka, url, events, policy, Path(work))
+                for name, policy in policies.items()}
     result: dict[str, object] = {
-        "events": events, "keys": GROUPBY_KEYS, "txstream": ours,
-        "bare_consumer_events_per_s": bare_read_events_per_s(kafka.bootstrap_servers, topic,
-                                                              events)}
+        "events": events, "keys": GROUPBY_KEYS,
+        "seconds_from": "SIGCONT of the running, idle system, the backlog waiting in Kafka, to "
+                        "the complete result seen in PostgreSQL (polled every 10 ms)",
+        "txstream": ours}
     if not peer:
         return result
-    theirs = groupby_pathway(kafka, url, topic, events, want)
-    result["pathway"] = theirs
-    if "events_per_s" not in theirs:
-        return result
-    result["ratios_txstream_to_pathway"] = {
-        name: {"raw": round(run["events_per_s"] / theirs["events_per_s"], 2),
-               "with_txstream_start": round(run["events_per_s_with_start"]
-                                            / theirs["events_per_s"], 2)}
-        for name, run in ours.items()}
+    peers = {"pathway": groupby_pathway(kafka, url, events),
+             "pathway_static": groupby_pathway_static(kafka, url, events)}
+    result |= peers
+    for name, theirs in peers.items():
+        if "events_per_s" in theirs:
+            result[f"ratios_txstream_to_{name}"] = {
+                policy: round(run["events_per_s"] / theirs["events_per_s"], 2)  # type: ignore[operator]
+                for policy, run in ours.items()}
     return result
 
 
@@ -387,15 +548,18 @@ if __name__ == "__main__":
     kafka = kafka_from_env()
     postgres = postgres_from_env(Path(tempfile.mkdtemp(prefix="txstream-bench-pg-")))
     try:
-        get_spark()
         results: dict[str, object] = {}
+        # First, before this process starts a JVM of its own: each system runs in its own
+        # process, alone on the machine with the broker and PostgreSQL.
+        if "groupby_saturation" in only:
+            results["groupby_saturation"] = groupby_saturation(
+                kafka, postgres.url, args.groupby_events, peer=not args.no_peer)
+        if {"low_load", "saturation"} & only:
+            get_spark()
         if "low_load" in only:
             results["low_load"] = _run(kafka, postgres.url, low_load(args.rounds, args.small))
         if "saturation" in only:
             results["saturation"] = _run(kafka, postgres.url, saturation(args.events))
-        if "groupby_saturation" in only:
-            results["groupby_saturation"] = groupby_saturation(
-                kafka, postgres.url, args.groupby_events, peer=not args.no_peer)
         print(json.dumps(results, indent=2))
     finally:
         kafka.stop()

@@ -216,6 +216,15 @@ class Service:
                     found.append(int(entry.name))
         return found
 
+    def pause(self) -> None:
+        """SIGSTOP the service and its JVM: nothing of it runs until `resume`."""
+        for pid in [self.proc.pid, *self.children()]:
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in [self.proc.pid, *self.children()]:
+            os.kill(pid, signal.SIGCONT)
+
     def kill_9(self) -> None:
         """SIGKILL, then wait until the JVM it launched is gone too (it exits when its stdin
         closes): the next life must not share the two cores with a dying JVM."""
@@ -223,14 +232,12 @@ class Service:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self._reader.join(30)
-        deadline = time.monotonic() + 60
-        while any(Path(f"/proc/{pid}").exists() for pid in jvm):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the JVM (pids {jvm}) outlived its killed service by 60 s")
-            time.sleep(POLL_S)
+        _wait_gone(jvm)
 
     def stop(self, timeout: float = 90) -> float:
-        """SIGTERM; seconds until the process exits (after its final checkpoint)."""
+        """SIGTERM; seconds until the process exits (after its final checkpoint). Returns once
+        its JVM is gone too, like `kill_9`."""
+        jvm = self.children()
         sent = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -239,10 +246,12 @@ class Service:
             self.proc.kill()
             raise SystemExit(f"txstream run ignored SIGTERM for {timeout} s:\n"
                              f"{self.tail()}") from None
+        exited = round(time.monotonic() - sent, 2)
         self._reader.join(30)
         if code != 0:
             raise SystemExit(f"txstream run exited {code} after SIGTERM:\n{self.tail()}")
-        return round(time.monotonic() - sent, 2)
+        _wait_gone(jvm)
+        return exited
 
     def tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
@@ -251,6 +260,16 @@ class Service:
         if self.proc.poll() is not None:
             self._reader.join(30)
             raise SystemExit(f"txstream run exited ({self.proc.returncode}):\n{self.tail()}")
+
+
+def _wait_gone(pids: list[int]) -> None:
+    """Until processes of a stopped service (its JVM, which exits when its stdin closes) are
+    gone: what runs next must not share the two cores with a dying JVM."""
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the JVM (pids {pids}) outlived its service by 60 s")
+        time.sleep(POLL_S)
 
 
 def write_config(path: Path, topics: dict[str, str], schema: str, group: str,
