@@ -23,7 +23,8 @@ at 10,000 events or 1 s), and so does the number of transactions per Spark job.
   then it is paused (SIGSTOP, with its JVM), a backlog of `--groupby-events` more events is
   produced (zstd: the embedded broker keeps ~5 MiB per partition; the watermarks are checked),
   and it is resumed (SIGCONT). events/s runs from the resume until the table, polled every
-  10 ms, holds the complete result; the final table is checked against numpy. txstream
+  10 ms, holds the complete result; the final table is checked against numpy; txstream's busy
+  time per stage over the backlog (its /metrics) names the stage that set the pace. txstream
   (`txstream run`, default settings) runs with two transaction policies: transactions of
   10,000 events, each one's state visible; and transactions closed every 1,500 ms, as
   Pathway's Kafka reader closes its times by default.
@@ -48,12 +49,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -371,11 +374,13 @@ def workload_topic(kafka: KafkaEndpoint, name: str) -> str:
 
 
 def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url: str,
-          topic: str, table: str, events: int) -> dict[str, object]:
+          topic: str, table: str, events: int,
+          busy: Callable[[], dict[str, float]] | None = None) -> dict[str, object]:
     """The backlog as a running system meets it: once `system` shows the `FIRST_EVENTS` of
     its `workload_topic` in `table` and is `ready` (idle), it is paused (SIGSTOP), `events`
     more are produced, and it is resumed (SIGCONT): from then until the table, polled every
-    10 ms, holds the complete result."""
+    10 ms, holds the complete result. `busy`: the system's busy seconds per stage so far,
+    reported for the backlog (read before the pause and once the result is complete)."""
     watcher = TableWatcher(url, table)
     try:
         first = totals_of(expected_sums(FIRST_EVENTS))
@@ -388,6 +393,7 @@ def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url:
             time.sleep(0.1)
         end = FIRST_EVENTS + events
         want = expected_sums(end)
+        busy_before = busy() if busy is not None else {}
         system.pause()
         try:
             produce(kafka.bootstrap_servers, topic, stream(FIRST_EVENTS, end), end)
@@ -398,8 +404,23 @@ def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url:
     finally:
         watcher.close()
     elapsed = done - resumed
-    return {"seconds": round(elapsed, 2), "events_per_s": round(events / elapsed),
-            "verified": read_sums(url, table) == want}
+    result: dict[str, object] = {"seconds": round(elapsed, 2),
+                                 "events_per_s": round(events / elapsed),
+                                 "verified": read_sums(url, table) == want}
+    if busy is not None:
+        busy_after = busy()
+        result |= _stage_busy({stage: seconds - busy_before.get(stage, 0.0)
+                               for stage, seconds in busy_after.items()})
+    return result
+
+
+def scrape_busy(port: int) -> dict[str, float]:
+    """The service's busy seconds per stage so far, from its /metrics endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        body = response.read().decode()
+    found = re.findall(r'^txstream_stage_busy_seconds_total\{stage="([^"]+)"\} ([0-9.]+)$',
+                       body, re.MULTILINE)
+    return {stage: float(seconds) for stage, seconds in found}
 
 
 def groupby_txstream(kafka: KafkaEndpoint, url: str, events: int, policy: BatchPolicy,
@@ -410,11 +431,11 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, events: int, policy: BatchP
     topic, schema = workload_topic(kafka, f"bench-groupby-{run_id}"), f"bench_{run_id}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
-    config = work / f"groupby-{run_id}.yaml"
+    config, port = work / f"groupby-{run_id}.yaml", free_port()
     config.write_text(yaml.safe_dump({
         "pipeline": "txstream.examples.groupby:pipeline",
         "consumer_group": f"bench-{run_id}",
-        "http_port": free_port(),
+        "http_port": port,
         "checkpoint_dir": str(work / f"checkpoints-{run_id}"),
         "transactions": policy.model_dump(mode="json", exclude_defaults=True),
         "sources": [s.model_dump(mode="json", exclude_defaults=True)
@@ -431,7 +452,8 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, events: int, policy: BatchP
         # Idle: any warm-up it runs then is over (or was not run, the reason logged: a service
         # started with events waiting warms up on them).
         result = burst(service, lambda: any(line in service.tail(100_000) for line in (
-            "warm-up done", "no warm-up")), kafka, url, topic, f'"{schema}".sums_live', events)
+            "warm-up done", "no warm-up")), kafka, url, topic, f'"{schema}".sums_live', events,
+            busy=lambda: scrape_busy(port))
     except BaseException:
         service.proc.kill()
         print(service.tail(), file=sys.stderr)
