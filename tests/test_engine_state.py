@@ -3,6 +3,8 @@ one an uninterrupted engine emits."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,6 +14,7 @@ from engine_oracle import process
 from txstream.changes import Changes
 from txstream.engine import Engine, EngineInputError, EngineStateError, Pipeline
 from txstream.engine import reducers as r
+from txstream.engine.sparkjobs import counted
 from txstream.examples.orders import pipeline
 from txstream.schemas.tables import TableSchema
 
@@ -42,13 +45,37 @@ def test_saved_state_continues_the_stream(spark, tmp_path: Path) -> None:  # typ
     process(first, {"customers": CUSTOMERS, "orders": FIRST})
     first.save_state(str(tmp_path / "state"))
     resumed = Engine(pipeline(), spark)
-    resumed.load_state(str(tmp_path / "state"))
-    # Each state comes back as one run weighed as saved, not counted (a job per state).
+    _, restore = counted(spark.sparkContext,
+                         lambda: resumed.load_state(str(tmp_path / "state")))
+    # One job reads the manifest and one computes every state's run: neither the rows' types
+    # (saved with them) nor the runs' weights (saved, not counted) take a job per state.
+    assert restore.jobs == 2
     saved = {name: sum(run.weight for run in runs)
              for name, (_, runs) in first.version().states.items() if runs}
     restored = resumed.version().states
-    assert saved and {name: [run.weight for run in restored[name][1]] for name in saved} == {
-        name: [weight] for name, weight in saved.items()}
+    assert len(saved) > 2 and {name: [run.weight for run in restored[name][1]]
+                               for name in saved} == {name: [w] for name, w in saved.items()}
+    shutil.rmtree(tmp_path / "state")  # the state is in Spark's memory: the files may go
+    assert _sorted(process(resumed, {"orders": SECOND})) == expected
+    assert any(expected.values())
+
+
+def test_a_state_saved_before_row_types_were_loads(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A manifest of an earlier revision names neither the rows' types nor the runs' weights:
+    the types are read from the files, the rows counted."""
+    first = Engine(pipeline(), spark)
+    process(first, {"customers": CUSTOMERS, "orders": FIRST})
+    first.save_state(str(tmp_path / "state"))
+    expected = _sorted(process(first, {"orders": SECOND}))
+    manifest = next((tmp_path / "state" / "_manifest").glob("part-*"))
+    saved = json.loads(manifest.read_text())
+    for key in ("row_types", "weights"):
+        del saved[key]
+    manifest.write_text(json.dumps(saved))
+    for checksum in (tmp_path / "state" / "_manifest").glob(".*.crc"):
+        checksum.unlink()  # of the file as Spark wrote it
+    resumed = Engine(pipeline(), spark)
+    resumed.load_state(str(tmp_path / "state"))
     assert _sorted(process(resumed, {"orders": SECOND})) == expected
     assert any(expected.values())
 

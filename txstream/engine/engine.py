@@ -54,9 +54,9 @@ from txstream.engine.frames import col, spread, union_all
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, first_line, tell_readers_clustering
 from txstream.engine.replicas import keep_replicated
-from txstream.engine.spark_internals import plan_now, rdd_leaf
+from txstream.engine.spark_internals import materialize, plan_now, rdd_leaf, rdd_of
 from txstream.engine.sparkjobs import JobCount, call_site, counted
-from txstream.engine.state import Runs, StagedRuns, ZSetState
+from txstream.engine.state import Run, Runs, StagedRuns, ZSetState
 from txstream.engine.table import Node, Pipeline
 from txstream.engine.templates import Template, instantiate, record
 from txstream.schemas.tables import Column, ColumnType, TableSchema
@@ -443,13 +443,16 @@ class Engine:
         version = version or self.version()
         saved = []
         weights = {}
+        row_types = {}
         for name, (state, runs) in version.states.items():
             if runs:
                 state.save(f"{path}/{name}", runs)
                 saved.append(name)
                 weights[name] = sum(run.weight for run in runs)
+                assert state.row_type is not None  # fixed by the rows the runs hold
+                row_types[name] = state.row_type.jsonValue()
         manifest = json.dumps({"format": 1, "operators": self._fingerprint(), "states": saved,
-                               "weights": weights})
+                               "weights": weights, "row_types": row_types})
         self.spark.createDataFrame([(manifest,)], "manifest STRING").coalesce(1) \
             .write.text(f"{path}/_manifest")
 
@@ -477,8 +480,22 @@ class Engine:
         # were, or one that may be large, is counted (a job).
         weights = {name: weight for name, weight in manifest.get("weights", {}).items()
                    if weight < self.index_rows}
+        # The row types, saved since manifests hold them (earlier ones: read from the files).
+        row_types = {name: StructType.fromJson(value)
+                     for name, value in manifest.get("row_types", {}).items()}
         self._templates.clear()
+        restored = {}
         for name, state in self._states().items():
-            state.load(self.spark, f"{path}/{name}" if name in saved else None,
-                       weights.get(name))
-        self._index(list(self._states().values()))
+            state.install(())
+            if name in saved:
+                restored[name] = state.restored(self.spark, f"{path}/{name}",
+                                                row_types.get(name))
+        # All in one Spark job: a job per state costs a cold JVM a fifth of a second each.
+        materialize(self.spark, [rdd_of(frame) for frame in restored.values()])
+        states = self._states()
+        for name, frame in restored.items():
+            # Weighed (by its rows, or the input rows it summarizes), so that small batches
+            # after a restore do not rewrite it.
+            weight = weights.get(name)
+            states[name].install((Run(frame, frame.count() if weight is None else weight),))
+        self._index(list(states.values()))

@@ -39,7 +39,8 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
 - Scala and Java: `scala.collection.immutable.Nil`, `scala.collection.immutable.Map.empty()`,
   `scala.Option` (`empty()`, `apply`), `scala.reflect.ClassTag.AnyRef()`,
   `scala.jdk.javaapi.CollectionConverters.asScala`, `java.util.ArrayList`.
-- `rdd.RDD.getNumPartitions()`, `coalesce(n, shuffle, partitionCoalescer, ordering)`;
+- `rdd.RDD.getNumPartitions()`, `coalesce(n, shuffle, partitionCoalescer, ordering)`,
+  `count()`;
   `QueryExecution.toRdd()`; `InMemoryRelation.cachedPlan()` and a physical plan's
   `outputPartitioning()`; `PartitioningCollection(partitionings)`, `partitionings()`;
   `CreateStruct.apply(expressions)`.
@@ -254,6 +255,14 @@ def union_rdd(spark: SparkSession, rdds: Sequence[JavaObject], partitions: int =
     if not rdds:
         return j.context.emptyRDD(j.rows)
     return j.context.union(_seq(spark, rdds), j.rows)
+
+
+def materialize(spark: SparkSession, rdds: Sequence[JavaObject]) -> None:
+    """Compute `rdds` (lazy local checkpoints, of rows) in one Spark job: their union is
+    counted, after which Spark checkpoints each of them (the checkpoint of an RDD follows the
+    first job computing it, and a union passes it on to its parents)."""
+    if rdds:
+        union_rdd(spark, rdds).count()
 
 
 Clustering = tuple[tuple[int, ...], int]  # positions of the hashed columns, partition count

@@ -449,17 +449,13 @@ class ZSetState:
         if whole is not None:
             whole.write.parquet(path)
 
-    def load(self, spark: SparkSession, path: str | None, weight: int | None = None) -> None:
-        """Replace the collection with the one saved at `path` (None: empty), as one run of
-        `weight` (the saved runs' weights; None: its rows, counted). The data is copied into
-        Spark's memory, so the files may be deleted afterwards."""
-        self.install(())
-        if path is not None:
-            frame = self.typed(spark.read.parquet(path))
-            # Whatever parallelism saved it: a restart with another one repartitions here.
-            spread = frame.coalesce(1) if self.partitions == 1 else self._hashed(frame)
-            loaded = self._local_checkpoint(spread, eager=True)
-            # Weighed (by its rows, or the input rows it summarizes), so that small batches
-            # after a restore do not rewrite it.
-            self.install((Run(loaded, loaded.count() if weight is None else weight),))
-
+    def restored(self, spark: SparkSession, path: str, row_type: StructType | None) -> DataFrame:
+        """The collection `save` wrote at `path`, in the state's partitions, as a lazy local
+        checkpoint: computed by the first job that reads it (`Engine.load_state` runs one for
+        every state), after which the files may be deleted. `row_type`: the type its rows
+        were saved in, which spares Spark a job reading it from the files (None: read)."""
+        reader = spark.read if row_type is None else spark.read.schema(row_type)
+        frame = self.typed(reader.parquet(path))
+        # Whatever parallelism saved it: a restart with another one repartitions here.
+        spread = frame.coalesce(1) if self.partitions == 1 else self._hashed(frame)
+        return self._local_checkpoint(spread, eager=False)
