@@ -484,15 +484,14 @@ class Engine:
         row_types = {name: StructType.fromJson(value)
                      for name, value in manifest.get("row_types", {}).items()}
         self._templates.clear()
+        states = self._states()
         restored = {}
-        for name, state in self._states().items():
+        for name, state in states.items():
             state.install(())
             if name in saved:
-                restored[name] = state.restored(self.spark, f"{path}/{name}",
-                                                row_types.get(name))
-        # All in one Spark job: a job per state costs a cold JVM a fifth of a second each.
+                restored[name] = state.restored(self.spark, f"{path}/{name}", row_types.get(name))
+        # In one Spark job, not one or two per state (a cold JVM took 1.2-2 s longer so).
         materialize(self.spark, [rdd_of(frame) for frame in restored.values()])
-        states = self._states()
         for name, frame in restored.items():
             # Weighed (by its rows, or the input rows it summarizes), so that small batches
             # after a restore do not rewrite it.
