@@ -47,6 +47,7 @@ the embedded broker and a throwaway PostgreSQL.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -233,6 +234,11 @@ PEER = Path(__file__).resolve().parent / "peers" / "pathway_kafka_pg.py"
 FIRST_EVENTS = 100_000
 # How long a system may take to start, and to compute the backlog.
 START_TIMEOUT_S, RUN_TIMEOUT_S = 900, 1800
+# Idle time before the pause, for work the first events left (a checkpoint, the last writes).
+SETTLE_S = 5.0
+# The longest pause: librdkafka's consumer-group session times out after 45 s, and Pathway's
+# consumer (a group member) would then rejoin and read the topic again from its beginning.
+LONGEST_PAUSE_S = 30.0
 
 
 def produce(bootstrap: str, topic: str, values: Iterable[bytes], expected_end: int) -> None:
@@ -335,14 +341,21 @@ class Peer:
              "--table", table, "--pg", json.dumps(settings), "--mode", mode,
              "--fetch", json.dumps(FETCH_SETTINGS)],
             stdout=subprocess.PIPE, text=True, env=os.environ)
+        self._mode = mode
         assert self.proc.stdout is not None
-        # Waits while the peer's virtualenv is made, the first time.
-        line = self.proc.stdout.readline()
-        self.info: dict[str, object] = (json.loads(line) if line.strip() else
-                                        {"skipped": f"exit {self.proc.wait()} before running"})
+        try:
+            # Waits while the peer's virtualenv is made, the first time.
+            line = self.proc.stdout.readline()
+            self.info: dict[str, object] = (
+                json.loads(line) if line.strip()
+                else {"skipped": f"exit {self.proc.wait()} before running"})
+        except BaseException:
+            self.stop()
+            raise
 
     def check_alive(self) -> None:
-        if self.proc.poll() not in (None, 0):
+        # A static run ends by itself once it has written the result.
+        if self.proc.poll() not in ((None, 0) if self._mode == "static" else (None,)):
             raise SystemExit(f"the Pathway peer exited ({self.proc.returncode})")
 
     def pause(self) -> None:
@@ -352,12 +365,15 @@ class Peer:
         os.kill(self.proc.pid, signal.SIGCONT)
 
     def stop(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)  # a paused peer would not see the SIGTERM
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
 
 
 class Running(Protocol):
@@ -377,10 +393,11 @@ def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url:
           topic: str, table: str, events: int,
           busy: Callable[[], dict[str, float]] | None = None) -> dict[str, object]:
     """The backlog as a running system meets it: once `system` shows the `FIRST_EVENTS` of
-    its `workload_topic` in `table` and is `ready` (idle), it is paused (SIGSTOP), `events`
-    more are produced, and it is resumed (SIGCONT): from then until the table, polled every
-    10 ms, holds the complete result. `busy`: the system's busy seconds per stage so far,
-    reported for the backlog (read before the pause and once the result is complete)."""
+    its `workload_topic` in `table` and is `ready` (idle; then `SETTLE_S` more), it is paused
+    (SIGSTOP), `events` more are produced, and it is resumed (SIGCONT): from then until the
+    table, polled every 10 ms, holds the complete result. `busy`: the system's busy seconds
+    per stage so far, reported for the backlog (read before the pause and once the result is
+    complete)."""
     watcher = TableWatcher(url, table)
     try:
         first = totals_of(expected_sums(FIRST_EVENTS))
@@ -391,15 +408,20 @@ def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url:
                 raise SystemExit(f"{table} does not show the first {FIRST_EVENTS:,} events, "
                                  f"or the system is not idle, within {START_TIMEOUT_S} s")
             time.sleep(0.1)
+        time.sleep(SETTLE_S)
         end = FIRST_EVENTS + events
         want = expected_sums(end)
         busy_before = busy() if busy is not None else {}
         system.pause()
+        paused = time.monotonic()
         try:
             produce(kafka.bootstrap_servers, topic, stream(FIRST_EVENTS, end), end)
         finally:
             resumed = time.monotonic()
             system.resume()
+        if resumed - paused > LONGEST_PAUSE_S:
+            raise SystemExit(f"producing the backlog took {resumed - paused:.0f} s, longer than "
+                             f"a consumer may be paused ({LONGEST_PAUSE_S:.0f} s): produce fewer")
         done = watcher.wait_for(totals_of(want), system.check_alive, RUN_TIMEOUT_S, 0.01)
     finally:
         watcher.close()
@@ -455,7 +477,9 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, events: int, policy: BatchP
             "warm-up done", "no warm-up")), kafka, url, topic, f'"{schema}".sums_live', events,
             busy=lambda: scrape_busy(port))
     except BaseException:
-        service.proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # if paused: the JVM must run to exit
+            service.resume()
+        service.kill_9()
         print(service.tail(), file=sys.stderr)
         raise
     service.stop()

@@ -266,9 +266,11 @@ def _wait_gone(pids: list[int]) -> None:
     """Until processes of a stopped service (its JVM, which exits when its stdin closes) are
     gone: what runs next must not share the two cores with a dying JVM."""
     deadline = time.monotonic() + 60
-    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+    while alive := [pid for pid in pids if Path(f"/proc/{pid}").exists()]:
         if time.monotonic() > deadline:
-            raise SystemExit(f"the JVM (pids {pids}) outlived its service by 60 s")
+            for pid in alive:
+                os.kill(pid, signal.SIGKILL)
+            raise SystemExit(f"the JVM (pids {alive}) outlived its service by 60 s: killed")
         time.sleep(POLL_S)
 
 

@@ -490,7 +490,7 @@ class Engine:
             state.install(())
             if name in saved:
                 restored[name] = state.restored(self.spark, f"{path}/{name}", row_types.get(name))
-        # In one Spark job, not one or two per state (a cold JVM took 1.2-2 s longer so).
+        # One Spark job, not one or two per state (but a state saved without weight: counted).
         materialize(self.spark, [rdd_of(frame) for frame in restored.values()])
         for name, frame in restored.items():
             # Weighed (by its rows, or the input rows it summarizes), so that small batches

@@ -444,10 +444,11 @@ class ZSetState:
 
     def save(self, path: str, runs: Runs) -> None:
         """Write a version's consolidated collection as Parquet under `path` (any
-        Hadoop-compatible location Spark can write)."""
+        Hadoop-compatible location Spark can write), in the row type, which `restored` reads
+        it in (a sum of an int column of the runs would be a long)."""
         whole = self.consolidated(runs)
         if whole is not None:
-            whole.write.parquet(path)
+            self.typed(whole).write.parquet(path)
 
     def restored(self, spark: SparkSession, path: str, row_type: StructType | None) -> DataFrame:
         """The collection `save` wrote at `path`, in the state's partitions, as a lazy local
