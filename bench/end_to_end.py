@@ -308,14 +308,16 @@ class TableWatcher:
         assert row is not None
         return int(row[0]), int(row[1]), int(row[2])
 
-    def wait_for(self, want: Totals, alive: Callable[[], None], timeout: float,
-                 poll_s: float) -> float:
-        """Until the table's totals are `want`; when they first were (time.monotonic)."""
+    def wait_for(self, want: Totals, alive: Callable[[], None], timeout: float, poll_s: float,
+                 ready: Callable[[], bool] = lambda: True) -> float:
+        """Until the table's totals are `want` and the system is `ready` (idle); when they
+        first were (time.monotonic)."""
         deadline = time.monotonic() + timeout
-        while (found := self.totals()) != want:
+        while (found := self.totals()) != want or not ready():
             alive()
             if time.monotonic() > deadline:
-                raise SystemExit(f"the table holds {found}, not {want}, after {timeout} s")
+                why = f"not {want}" if found != want else "but the system is not idle"
+                raise SystemExit(f"after {timeout} s the table holds {found}, {why}")
             time.sleep(poll_s)
         return time.monotonic()
 
@@ -400,14 +402,8 @@ def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url:
     complete)."""
     watcher = TableWatcher(url, table)
     try:
-        first = totals_of(expected_sums(FIRST_EVENTS))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while watcher.totals() != first or not ready():
-            system.check_alive()
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{table} does not show the first {FIRST_EVENTS:,} events, "
-                                 f"or the system is not idle, within {START_TIMEOUT_S} s")
-            time.sleep(0.1)
+        watcher.wait_for(totals_of(expected_sums(FIRST_EVENTS)), system.check_alive,
+                         START_TIMEOUT_S, 0.1, ready)
         time.sleep(SETTLE_S)
         end = FIRST_EVENTS + events
         want = expected_sums(end)
