@@ -123,7 +123,10 @@ def _rows(changes: list[tuple[int, float, int]], time: int) -> dict[str, pa.Tabl
 
 def test_double_sums_are_exact_and_invertible(spark: SparkSession) -> None:
     engine = _sums_engine(spark)
-    values = [1751.37, 0.1, 0.2, 0.3, 1e-9, 123456789.987654321]
+    # Summed as longs (below 1e9, the sum then exact in a double, or not: 7654321.1...) and as
+    # decimals (from 1e9 to 1e19).
+    values = [1751.37, 0.1, 0.2, 0.3, 1e-9, 123456789.987654321, 7654321.123456789, -2.5e12,
+              3e15 + 0.5]
     process(engine, _rows([(0, values[0], 1)], 1))
     for i, v in enumerate(values[1:], start=1):  # up, one value per transaction...
         process(engine, _rows([(i, v, 1)], 1 + i))
@@ -157,18 +160,20 @@ def test_double_sums_count_infinities_and_nan(spark: SparkSession) -> None:
     assert after([(4, 1e300, -1)], 6) == 2.5
 
 
-def test_decimal_reducers_are_exact(spark: SparkSession) -> None:
+@pytest.mark.parametrize("precision", [18, 20])  # summed as longs, and as decimals
+def test_decimal_reducers_are_exact(spark: SparkSession, precision: int) -> None:
     p = Pipeline()
-    t = p.source("t", TableSchema.of({"id": "bigint", "k": "bigint", "v": "decimal(20,4)"},
-                                     primary_key=["id"]))
+    t = p.source("t", TableSchema.of({"id": "bigint", "k": "bigint",
+                                      "v": f"decimal({precision},4)"}, primary_key=["id"]))
     p.output("s", t.groupby("k").reduce(n=r.count(), s=r.sum("v"), a=r.avg("v"),
                                         lo=r.min("v"), hi=r.max("v")))
     engine = Engine(p, spark)
     out_types = {f.name: str(f.type) for f in engine.outputs["s"].schema.arrow_schema()}
     assert (out_types["s"], out_types["a"], out_types["lo"]) == \
-        ("decimal128(30, 4)", "decimal128(24, 8)", "decimal128(20, 4)")
-    values = [Decimal("1751.3700"), Decimal("0.0001"), Decimal("-9999999999999999.9999"),
-              Decimal("9999999999999999.9999"), Decimal("0.3333")]
+        (f"decimal128({precision + 10}, 4)", f"decimal128({precision + 4}, 8)",
+         f"decimal128({precision}, 4)")
+    largest = Decimal(10) ** (precision - 4) - Decimal("0.0001")
+    values = [Decimal("1751.3700"), Decimal("0.0001"), -largest, largest, Decimal("0.3333")]
     live: dict[int, Decimal] = {}
     rng = random.Random(5)
     for time in range(1, 16):
@@ -181,7 +186,7 @@ def test_decimal_reducers_are_exact(spark: SparkSession) -> None:
                 changes.append((i, live[i], 1))
         out = process(engine, {"t": pa.table({
             "id": [c[0] for c in changes], "k": [1] * len(changes),
-            "v": pa.array([c[1] for c in changes], pa.decimal128(20, 4)),
+            "v": pa.array([c[1] for c in changes], pa.decimal128(precision, 4)),
             "time": [time] * len(changes), "diff": [c[2] for c in changes]})})["s"]
         row = out.filter(pc.equal(out["diff"], 1)).to_pylist()
         if not live:
@@ -191,6 +196,23 @@ def test_decimal_reducers_are_exact(spark: SparkSession) -> None:
         mean = (total / len(live)).quantize(Decimal("1e-8"), rounding=ROUND_HALF_UP)
         assert (row[0]["n"], row[0]["s"], row[0]["a"], row[0]["lo"], row[0]["hi"]) == \
             (len(live), total, mean, min(live.values()), max(live.values()))
+
+
+def test_decimal_sums_beyond_a_long(spark: SparkSession) -> None:
+    """Sums of limbs that no long holds are built as decimals, exactly."""
+    p = Pipeline()
+    t = p.source("t", TableSchema.of({"id": "bigint", "k": "bigint", "v": "decimal(18,4)"},
+                                     primary_key=["id"]))
+    p.output("s", t.groupby("k").reduce(s=r.sum("v")))
+    engine = Engine(p, spark)
+    largest = Decimal("99999999999999.9999")
+    for time, (diff, sign) in enumerate([(1, 1), (-1, 1), (1, -1)], start=1):
+        out = process(engine, {"t": pa.table({
+            "id": list(range(12)), "k": [1] * 12,
+            "v": pa.array([sign * largest] * 12, pa.decimal128(18, 4)),
+            "time": [time] * 12, "diff": [diff] * 12})})["s"]
+        rows = out.filter(pc.equal(out["diff"], 1))["s"].to_pylist()
+        assert rows == ([] if diff < 0 else [12 * sign * largest]), time
 
 
 def test_sums_of_decimals_wider_than_exact_are_refused(spark: SparkSession) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -60,6 +62,14 @@ def test_saved_state_continues_the_stream(spark, tmp_path: Path) -> None:  # typ
     assert any(expected.values())
 
 
+def _edit_manifest(state: Path, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Rewrite a saved state's manifest as an earlier revision would have written it."""
+    manifest = next((state / "_manifest").glob("part-*"))
+    manifest.write_text(json.dumps(edit(json.loads(manifest.read_text()))))
+    for checksum in (state / "_manifest").glob(".*.crc"):
+        checksum.unlink()  # of the file as Spark wrote it
+
+
 def test_a_state_saved_before_row_types_were_loads(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A manifest of an earlier revision names neither the rows' types nor the runs' weights:
     the types are read from the files, the rows counted."""
@@ -67,17 +77,24 @@ def test_a_state_saved_before_row_types_were_loads(spark, tmp_path: Path) -> Non
     process(first, {"customers": CUSTOMERS, "orders": FIRST})
     first.save_state(str(tmp_path / "state"))
     expected = _sorted(process(first, {"orders": SECOND}))
-    manifest = next((tmp_path / "state" / "_manifest").glob("part-*"))
-    saved = json.loads(manifest.read_text())
-    for key in ("row_types", "weights"):
-        del saved[key]
-    manifest.write_text(json.dumps(saved))
-    for checksum in (tmp_path / "state" / "_manifest").glob(".*.crc"):
-        checksum.unlink()  # of the file as Spark wrote it
+    _edit_manifest(tmp_path / "state", lambda saved: {
+        k: v for k, v in saved.items() if k not in ("row_types", "weights")})
     resumed = Engine(pipeline(), spark)
     resumed.load_state(str(tmp_path / "state"))
     assert _sorted(process(resumed, {"orders": SECOND})) == expected
     assert any(expected.values())
+
+
+def test_a_state_of_another_accumulator_layout_is_refused(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A group-by's saved accumulators of an earlier engine (exact sums as one decimal, no
+    layout in the manifest) would be misread as the limbs of txstream.engine.exact_sums."""
+    first = Engine(pipeline(), spark)
+    process(first, {"customers": CUSTOMERS, "orders": FIRST})
+    first.save_state(str(tmp_path / "state"))
+    _edit_manifest(tmp_path / "state", lambda saved: {**saved, "operators": [
+        line.split(" __acc")[0] for line in saved["operators"]]})
+    with pytest.raises(EngineStateError, match=r"engine version.*__acc0=nn:amount"):
+        Engine(pipeline(), spark).load_state(str(tmp_path / "state"))
 
 
 def test_state_of_another_pipeline_is_refused(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -423,8 +423,9 @@ class Engine:
             "fits: that needs a start from scratch)")
 
     def _fingerprint(self) -> list[str]:
-        """What a saved state must match: every operator, in order, with its output schema."""
-        return [f"{op.node.label} -> {op.schema.simpleString()}" for op in self._ops]
+        """What a saved state must match: each operator's output schema and states' layout."""
+        return [f"{op.node.label} -> {op.schema.simpleString()} {op.state_layout()}".rstrip()
+                for op in self._ops]
 
     def _states(self) -> dict[str, ZSetState]:
         # Operators are numbered in DAG order, which is stable for one pipeline definition.
@@ -432,8 +433,7 @@ class Engine:
                 for i, op in enumerate(self._ops) for name, state in op.states().items()}
 
     def version(self) -> EngineVersion:
-        """The state as of the last batch; it stays valid (and saveable) while later batches
-        run."""
+        """The state as of the last batch; valid (and saveable) while later batches run."""
         return EngineVersion({name: (state, state.runs) for name, state in self._states().items()})
 
     def save_state(self, path: str, version: EngineVersion | None = None) -> None:
@@ -471,8 +471,8 @@ class Engine:
             diff = next((f"{a!r} vs now {b!r}" for a, b in zip(theirs, mine, strict=False)
                          if a != b), f"{len(theirs)} operators vs now {len(mine)}")
             raise EngineStateError(
-                f"the state at {path} was saved by a different pipeline definition "
-                f"(first difference: {diff}); start from empty state instead"
+                f"the state at {path} was saved by a different pipeline definition or "
+                f"engine version (first difference: {diff}); start from empty state instead"
             )
         saved = set(manifest.get("states", []))
         # The runs' weights as saved, where they cannot make the run look large enough for an

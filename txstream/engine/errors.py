@@ -14,7 +14,8 @@ class EngineInputError(ValueError):
 
 
 class EngineStateError(RuntimeError):
-    """Saved engine state is missing or was saved by a different pipeline definition."""
+    """Saved engine state is missing, or was saved by a different pipeline definition or in
+    another layout of the engine's state."""
 
 
 class ExpressionError(RuntimeError):

@@ -16,9 +16,14 @@ so the last digit may differ by one from rounding the exact quotient once; it is
 the exact sum and count, so it never changes unless they do).
 
 A `sum` of doubles is exact: each finite value below 1e19 in magnitude is rounded to 9 decimal
-places and accumulated in DECIMAL(38,9), so the result (the double nearest that exact sum) does
-not depend on the order in which values came and went. Larger finite values are summed in
-floating point beside it; NaN and infinities are counted, giving NaN, +inf or -inf as SQL does.
+places and summed exactly, so the result (the double nearest that exact sum) does not depend on
+the order in which values came and went. Larger finite values are summed in floating point
+beside it; NaN and infinities are counted, giving NaN, +inf or -inf as SQL does.
+
+Exact sums of values of at most 18 digits (decimals of precision 18 or less, doubles below 1e9
+rounded to 9 decimal places) are kept as two longs each (`txstream.engine.exact_sums`); wider
+decimals, and doubles from 1e9 to 1e19, as DECIMAL(38,s) (a group's sum of such doubles fails
+past 1e28).
 """
 
 from __future__ import annotations
@@ -34,11 +39,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DecimalType, DoubleType, LongType
 
 from txstream.engine.columns import DIFF, ROW_COUNT
+from txstream.engine.exact_sums import LIMB_DIGITS, as_decimal, as_double, exact_in_double, limbs
 from txstream.engine.frames import col
 from txstream.schemas.tables import ColumnType
 
-# The exact part of a double sum: DECIMAL(28,9) times a DECIMAL(9,0) diff is DECIMAL(38,9)
-# with no rounding (a wider product would make Spark drop scale).
+# The exact part of a double sum: values below LIMB_BOUND in magnitude are rounded to
+# LIMB_VALUE and summed as limbs (see txstream.engine.exact_sums), larger ones below
+# EXACT_BOUND as EXACT_VALUE: DECIMAL(28,9) times a DECIMAL(9,0) diff is DECIMAL(38,9) with no
+# rounding (a wider product would make Spark drop scale).
+LIMB_BOUND = 1e9
+LIMB_VALUE = "decimal(18,9)"
 EXACT_VALUE = "decimal(28,9)"
 EXACT_DIFF = "decimal(9,0)"
 EXACT_BOUND = 1e19
@@ -86,36 +96,58 @@ def _non_null(column: str) -> Accumulators:
 
 def _sum_parts(column: str, ctype: ColumnType) -> Accumulators:
     c = col(column)
+    present = c.isNotNull()
+    long_zero = F.lit(0).cast("long")
+    if ctype.is_decimal and (ctype.precision or 0) <= LIMB_DIGITS:
+        high, low = limbs(c)
+        return {f"high:{column}": _weighted(present, high * col(DIFF), long_zero),
+                f"low:{column}": _weighted(present, low * col(DIFF), long_zero)}
     if ctype.is_decimal:
         return {f"sum:{column}": _weighted(
-            c.isNotNull(),
+            present,
             c.cast(f"decimal({_SUM_DIGITS},{ctype.scale})") * col(DIFF).cast(EXACT_DIFF),
             F.lit(0).cast(f"decimal(38,{ctype.scale})"))}
     if ctype is not ColumnType.DOUBLE:
-        return {f"sum:{column}": _weighted(c.isNotNull(), c.cast("long") * col(DIFF),
-                                           F.lit(0).cast("long"))}
+        return {f"sum:{column}": _weighted(present, c.cast("long") * col(DIFF), long_zero)}
     # Spark orders NaN above every number, so `abs < bound` also excludes NaN and infinities.
-    exact = F.abs(c) < F.lit(EXACT_BOUND)
+    small = F.abs(c) < F.lit(LIMB_BOUND)
+    medium = (F.abs(c) >= F.lit(LIMB_BOUND)) & (F.abs(c) < F.lit(EXACT_BOUND))
     big = (F.abs(c) >= F.lit(EXACT_BOUND)) & ~F.isnan(c) & (F.abs(c) != F.lit(float("inf")))
-    count_zero = F.lit(0).cast("long")
+    # Cast only within their bounds (a cast out of them fails under ANSI SQL).
+    high, low = limbs(F.when(small, c).cast(LIMB_VALUE))
     return {
-        f"exact:{column}": _weighted(exact, c.cast(EXACT_VALUE) * col(DIFF).cast(EXACT_DIFF),
-                                     F.lit(0).cast("decimal(38,9)")),
+        f"high:{column}": _weighted(small, high * col(DIFF), long_zero),
+        f"low:{column}": _weighted(small, low * col(DIFF), long_zero),
+        # Null, not zero, without such values: a null sum costs no decimal arithmetic.
+        f"exact:{column}": F.when(medium, c).cast(EXACT_VALUE) * col(DIFF).cast(EXACT_DIFF),
         f"big:{column}": _weighted(big, c * col(DIFF), F.lit(0.0)),
-        f"nan:{column}": _weighted(F.isnan(c), col(DIFF), count_zero),
-        f"pinf:{column}": _weighted(c == F.lit(float("inf")), col(DIFF), count_zero),
-        f"ninf:{column}": _weighted(c == F.lit(float("-inf")), col(DIFF), count_zero),
+        f"nan:{column}": _weighted(F.isnan(c), col(DIFF), long_zero),
+        f"pinf:{column}": _weighted(c == F.lit(float("inf")), col(DIFF), long_zero),
+        f"ninf:{column}": _weighted(c == F.lit(float("-inf")), col(DIFF), long_zero),
     }
 
 
 def _sum_value(column: str, ctype: ColumnType, acc: Lookup) -> Column:
+    """The exact sum: of a decimal column DECIMAL(p+10,s), of a double column the double
+    nearest it."""
+    if ctype.is_decimal and (ctype.precision or 0) <= LIMB_DIGITS:
+        assert ctype.precision is not None and ctype.scale is not None
+        return as_decimal(acc(f"high:{column}"), acc(f"low:{column}"), ctype.precision + 10,
+                          ctype.scale)
     if ctype is not ColumnType.DOUBLE:
         return acc(f"sum:{column}")
+    high, low, medium = (acc(f"{k}:{column}") for k in ("high", "low", "exact"))
+    # DECIMAL(29,9) holds the limbs' sum (a long of units, 9 decimals); with the medium
+    # values' sum at 37 digits (it fails past 1e28) the total keeps its 9 decimals in 38.
+    total = as_decimal(high, low, 29, 9) + medium.cast("decimal(37,9)")
+    exact = (F.when(medium.isNull() & exact_in_double(high, low), as_double(high, low))
+             .when(medium.isNull(), as_decimal(high, low, 29, 9).cast("double"))
+             .otherwise(total.cast("double")))
     nan, pinf, ninf = (acc(f"{k}:{column}") for k in ("nan", "pinf", "ninf"))
     return (F.when((nan > 0) | ((pinf > 0) & (ninf > 0)), F.lit(float("nan")))
             .when(pinf > 0, F.lit(float("inf")))
             .when(ninf > 0, F.lit(float("-inf")))
-            .otherwise(acc(f"exact:{column}").cast("double") + acc(f"big:{column}")))
+            .otherwise(exact + acc(f"big:{column}")))
 
 
 class Reducer(ABC):

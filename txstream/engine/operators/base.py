@@ -125,6 +125,12 @@ class Operator(ABC):
         earlier checkpoints load that state empty, so they never change."""
         return {}
 
+    def state_layout(self) -> str:
+        """What the columns of the operator's states mean, where their names do not say it
+        (empty when they do, as in the base class): part of what a saved state must match, so
+        that a state saved in another layout is refused instead of misread."""
+        return ""
+
     def key(self, inputs: Sequence[Key]) -> Key:
         """A set of columns that is unique in the output, given such a set of each input
         (None where none is known); None when the operator knows none (as the base class

@@ -121,6 +121,11 @@ class ReduceOp(Operator):
                   for c, state in self.value_states.items()}
         return {"acc_state": self.acc_state, **values}
 
+    def state_layout(self) -> str:
+        """The accumulators' ids by state column (an exact sum's parts changed with the
+        version of the engine: txstream.engine.exact_sums)."""
+        return " ".join(f"{name}={acc}" for acc, name in self.acc_names.items())
+
     def key(self, inputs: Sequence[Key]) -> Key:
         """The group-by columns: one row per group."""
         return tuple(self.node.keys)
