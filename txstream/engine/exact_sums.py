@@ -12,8 +12,8 @@ than it does now. A value of at most 18 digits is kept as two longs instead, its
 so that a row adds two longs (times its diff), and a group's sum is high * 10^9 + low, the
 sums of its rows' limbs. Each limb is below 10^9 in magnitude, so a limb's sum overflows (an
 arithmetic error, as every overflow under ANSI SQL) only past 9 * 10^9 rows of the largest
-values. A decimal is built only when a group's value is read, and without a BigDecimal when it
-fits a long.
+values. A decimal is built only when a group's value is read: from one long while the sum is
+below 9.1 * 10^18 (a BigDecimal still, where the result has more than 18 digits).
 
     row:    u  --limbs-->  (high, low) * diff
     group:  (sum high, sum low)  --as_decimal / as_double-->  value

@@ -128,8 +128,8 @@ def _sum_parts(column: str, ctype: ColumnType) -> Accumulators:
 
 
 def _sum_value(column: str, ctype: ColumnType, acc: Lookup) -> Column:
-    """The exact sum: of a decimal column DECIMAL(p+10,s), of a double column the double
-    nearest it."""
+    """The exact sum: of a decimal column DECIMAL(p+10,s) (DECIMAL(38,s) for p above 18,
+    cast by the reduce operator), of a double column the double nearest it."""
     if ctype.is_decimal and (ctype.precision or 0) <= LIMB_DIGITS:
         assert ctype.precision is not None and ctype.scale is not None
         return as_decimal(acc(f"high:{column}"), acc(f"low:{column}"), ctype.precision + 10,

@@ -4,9 +4,9 @@ upgrading Spark means checking these modules too).
 
 The internal API used: `sql.classic.ExpressionUtils.expression(column)` and `.column(expression)`
 (a column's Catalyst expression and back), and the expressions
-`sql.catalyst.expressions.UnscaledValue(child)`, `MakeDecimal(child, precision, scale,
-nullOnOverflow)` and `IntegralDivide(left, right)`, which Spark's optimizer itself uses to sum
-small decimals as longs.
+`sql.catalyst.expressions.UnscaledValue(child)` and `MakeDecimal(child, precision, scale,
+nullOnOverflow)` (which Spark's optimizer itself uses to sum small decimals as longs), and
+`IntegralDivide(left, right)` (SQL's `div`).
 """
 
 from __future__ import annotations
