@@ -62,6 +62,24 @@ def test_saved_state_continues_the_stream(spark, tmp_path: Path) -> None:  # typ
     assert any(expected.values())
 
 
+def test_state_rows_keep_their_keys_types(spark) -> None:  # type: ignore[no-untyped-def]
+    """Only summed decimals are widened to precision 38: a key column of more than 18 digits
+    would be a BigDecimal in every row of the state (hashed, compared and copied as one)."""
+    p = Pipeline()
+    t = p.source("t", TableSchema.of({"k": "decimal(12,2)", "v": "decimal(20,4)"}))
+    p.output("s", t.groupby("k").reduce(s=r.sum("v")))
+    p.output("d", t.distinct())
+    engine = Engine(p, spark)
+    process(engine, {"t": pa.table({"k": pa.array([1, 2], pa.decimal128(12, 2)),
+                                    "v": pa.array([3, 4], pa.decimal128(20, 4)),
+                                    "time": [1, 1], "diff": [1, 1]})})
+    types = {(name, f.name): f.dataType.simpleString()
+             for name, (state, runs) in engine.version().states.items() if runs
+             for f in state.row_type.fields if f.dataType.typeName() == "decimal"}
+    assert set(types.values()) == {"decimal(12,2)", "decimal(20,4)", "decimal(38,4)"}, types
+    assert all(t == "decimal(12,2)" for (_, column), t in types.items() if column == "k"), types
+
+
 def _edit_manifest(state: Path, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """Rewrite a saved state's manifest as an earlier revision would have written it."""
     manifest = next((state / "_manifest").glob("part-*"))

@@ -27,7 +27,7 @@ A plan reads a state's small runs as one leaf, whatever their number: a `Logical
 union of the runs' RDDs (`txstream.engine.spark_internals`), so a batch's plans have the same
 shape from one batch to the next and can be rebound to the next version's runs instead of built
 again (`txstream.engine.templates`). For that, every run holds its rows in the state's one row type
-(`row_type`): decimals sum to precision 38 at once instead of widening with each merge.
+(`row_type`): decimal weights sum to precision 38 at once instead of widening with each merge.
 
 A lookup streams those runs past a hash table of the batch's keys, which costs every row of
 them (at P > 1, a partition's rows per task). At parallelism 1 a large run (`index`: at
@@ -124,10 +124,13 @@ class StagedRuns:
         return self.runs[-1].frame
 
 
-def _row_type(schema: StructType) -> StructType:
-    """Decimals at precision 38, the bound their sums widen to, so a merge keeps the type."""
+def _row_type(schema: StructType, weights: Sequence[str]) -> StructType:
+    """Decimal weights at precision 38, the bound their sums widen to, so a merge keeps the
+    type. Keys keep theirs: a decimal of more than 18 digits is a BigDecimal in every row that
+    holds it, and each hash, comparison and copy of it builds one (keys are never summed)."""
     return StructType([StructField(f.name, DecimalType(38, f.dataType.scale)
-                                   if isinstance(f.dataType, DecimalType) else f.dataType, True)
+                                   if isinstance(f.dataType, DecimalType) and f.name in weights
+                                   else f.dataType, True)
                        for f in schema.fields])
 
 
@@ -183,7 +186,7 @@ class ZSetState:
         """`frame`'s `keys + weights` in the state's row type (fixed here the first time)."""
         if self.row_type is None:
             self.row_type = _row_type(frame.select(*[col(c) for c in self.keys + self.weights])
-                                      .schema)
+                                      .schema, self.weights)
             self._prototype = attributes(frame.sparkSession.createDataFrame([], self.row_type))
             self._typing = {f.name: col(f.name).cast(f.dataType).alias(f.name)
                             for f in self.row_type.fields}
