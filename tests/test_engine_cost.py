@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError
 from txstream.engine import reducers as r
-from txstream.engine.operators import rowwise
+from txstream.engine.operators import SourceOp, rowwise
 from txstream.examples.groupby import pipeline as groupby_pipeline
 from txstream.examples.order_events import as_changes, events
 from txstream.examples.orders import pipeline as orders_pipeline
@@ -105,6 +105,34 @@ def test_lookups_probe_the_index_of_a_large_run(spark: SparkSession) -> None:
         assert batch is not None and batch.indexes == 1, batch
         if t >= 8:  # the small runs' shapes have repeated by then; no run is built again
             assert batch.rebound and batch.jobs == 1 and batch.stages == 1, batch
+
+
+def test_changes_are_consolidated_where_they_are_read_so(spark: SparkSession) -> None:
+    """A join's pairs read only by a group-by (customer_stats: a customer's change pairs with
+    every order of it) are left as they come, which the group-by sums by group anyway; an
+    output, and what a distinct reads, are consolidated."""
+    engine = Engine(orders_pipeline(), spark)
+    consolidated = {f"{type(op).__name__}: {op.node.label.split(' of ')[0]}":
+                    op.consolidate_output for op in engine._ops if not isinstance(op, SourceOp)}
+    assert consolidated == {
+        "FilterOp: filter(status = 'paid')": False,
+        "JoinOp: inner join": False,  # read by a select, which consolidates what it keeps
+        "SelectOp: select(order_id, customer_id, region, amount)": True,  # paid_orders
+        "ReduceOp: groupby(region).reduce": True,
+        "SelectOp: select(order_id, customer_id, amount)": False,
+        "JoinOp: left join": False,
+        "SelectOp: keys": True,  # read by a distinct
+        "DistinctOp: distinct keys": False,
+        "JoinOp: rows": False,
+        "NegateOp: minus matched rows": False,
+        "ConcatOp: rows": False,
+        "PadOp: left padding": False,
+        "ConcatOp: left join": False,
+        "ReduceOp: groupby(customer_id, name).reduce": False,
+        "SelectOp: select(customer_id, name, n_orders, total)": True,
+        "SelectOp: select(status)": True,
+        "DistinctOp: distinct": True,
+    }
 
 
 def _sums_engine(spark: SparkSession) -> Engine:

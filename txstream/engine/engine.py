@@ -52,7 +52,7 @@ from txstream.engine.errors import (
 )
 from txstream.engine.frames import col, spread, union_all
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
-from txstream.engine.operators.base import Key, first_line, tell_readers_clustering
+from txstream.engine.operators.base import Key, first_line, tell_readers
 from txstream.engine.replicas import keep_replicated
 from txstream.engine.spark_internals import materialize, plan_now, rdd_leaf, rdd_of
 from txstream.engine.sparkjobs import JobCount, call_site, counted
@@ -168,7 +168,7 @@ class Engine:
             by_id[node.id] = op
             keys[node.id] = op.key([keys[i.id] for i in node.inputs])
             self._ops.append(op)
-        tell_readers_clustering(self._ops)
+        tell_readers(self._ops, {out.node.id for out in pipeline.outputs.values()})
         # A delta read by several operators or outputs is computed once (BatchPlan.shared).
         self._consumers = Counter(i.id for op in self._ops for i in op.node.inputs)
         self._consumers.update(out.node.id for out in pipeline.outputs.values())

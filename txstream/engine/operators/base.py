@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import ClassVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructField, StructType
@@ -92,6 +93,15 @@ def check_row_wise(node: Node, frame: DataFrame, exprs: Sequence[str], operator:
 
 
 class Operator(ABC):
+    # Whether the operator computes right from unconsolidated input changes (a row's changes
+    # of one time in several rows, some of them cancelling): a group-by sums them by group and
+    # time anyway, a join pairs them (bilinear), a select or a union consolidates its output
+    # itself where that is needed. A distinct's crossings need each row's changes summed.
+    reads_unconsolidated: ClassVar[bool] = False
+    # Whether the operator passes its input's rows through, row by row, without consolidating
+    # (filter, negate, padding): its input needs consolidating wherever its output does.
+    passes_through: ClassVar[bool] = False
+
     def __init__(self, spark: SparkSession, node: Node, inputs: Sequence[StructType]) -> None:
         self.spark = spark
         self.node = node
@@ -102,6 +112,9 @@ class Operator(ABC):
         # DAG is known. An operator that must exchange its output anyway (a consolidation)
         # exchanges it by those, so a reader needs no second exchange.
         self.readers_cluster_by: tuple[tuple[str, ...], ...] = ()
+        # Whether the output must be consolidated: it is a pipeline's output, or a reader needs
+        # it so (see `reads_unconsolidated`); set by the engine once the DAG is known.
+        self.consolidate_output = True
 
     @property
     def columns(self) -> list[str]:
@@ -147,6 +160,14 @@ class Operator(ABC):
         where it needs no clustering (as the base class)."""
         return [None] * len(self.input_schemas)
 
+    def _output(self, frame: DataFrame, batch: BatchPlan) -> DataFrame:
+        """The operator's output changes `frame`, consolidated where `consolidate_output` says:
+        a consolidation of a join's pairs (a customer's change pairs with every order of it)
+        can be most of a batch, which a group-by reading them would only repeat."""
+        if not self.consolidate_output:
+            return frame
+        return batch.consolidated(frame, self.columns, self.readers_cluster_by)
+
     @abstractmethod
     def _resolve(self) -> StructType:
         """The output schema, checked against the inputs' schemas (raises on a bad definition)."""
@@ -157,10 +178,21 @@ class Operator(ABC):
         `batch`."""
 
 
-def tell_readers_clustering(ops: Sequence[Operator]) -> None:
-    """Set every operator's `readers_cluster_by`, given the DAG's operators in order (each
-    after its inputs): what its readers' `input_clustering` asks of it, the columns most
-    readers want first."""
+def tell_readers(ops: Sequence[Operator], outputs: Collection[int]) -> None:
+    """Tell every operator what its readers need of its output, given the DAG's operators in
+    order (each after its inputs) and the ids of the pipeline's output nodes: its clustering
+    (`readers_cluster_by`) and whether it is consolidated (`consolidate_output`)."""
+    _tell_readers_clustering(ops)
+    needed: set[int] = set(outputs)
+    for op in reversed(ops):
+        op.consolidate_output = op.node.id in needed
+        if op.consolidate_output if op.passes_through else not op.reads_unconsolidated:
+            needed.update(node.id for node in op.node.inputs)
+
+
+def _tell_readers_clustering(ops: Sequence[Operator]) -> None:
+    """Set every operator's `readers_cluster_by`: what its readers' `input_clustering` asks
+    of it, the columns most readers want first."""
     wanted: dict[int, Counter[tuple[str, ...]]] = {}
     for op in reversed(ops):
         op.readers_cluster_by = tuple(

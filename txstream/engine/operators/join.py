@@ -59,6 +59,7 @@ class JoinLayout:
 
 class JoinOp(Operator):
     node: JoinNode
+    reads_unconsolidated = True
 
     def _resolve(self) -> StructType:
         self.layout = JoinLayout(self, self.input_schemas[0], self.input_schemas[1], self.node.on)
@@ -129,7 +130,7 @@ class JoinOp(Operator):
         # the join key too, and consolidated there rather than exchanged by a reader's key (a
         # group-by on more keys than the join's exchanges its accumulators instead).
         pairs = batch.keeps(union_all(terms), *[d for d in (d_left, d_right) if d is not None])
-        return batch.consolidated(pairs, self.columns, self.readers_cluster_by)
+        return self._output(pairs, batch)
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
         return [tuple(self.node.on)] * 2
@@ -139,6 +140,7 @@ class PadOp(Operator):
     """Rows of one join side with the other side's columns null (the outer part of a join)."""
 
     node: PadNode
+    passes_through = True
 
     def _resolve(self) -> StructType:
         side, other = self.input_schemas

@@ -76,6 +76,7 @@ def _stats(value: Column, names: tuple[str, str, str]) -> list[Column]:
 
 class ReduceOp(Operator):
     node: ReduceNode
+    reads_unconsolidated = True
 
     def _resolve(self) -> StructType:
         src = self.input_schemas[0]

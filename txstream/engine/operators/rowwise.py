@@ -105,9 +105,11 @@ class SourceOp(Operator):
 
 class SelectOp(Operator):
     """New columns from row-wise expressions. A projection can map distinct rows to one row
-    (an update of a column it drops), so the result is consolidated."""
+    (an update of a column it drops), so the result is consolidated where it must be (see
+    `Operator._output`)."""
 
     node: SelectNode
+    reads_unconsolidated = True
 
     def _exprs(self) -> list[str]:
         return [f"{expr} AS `{name}`" for name, expr in self.node.exprs]
@@ -144,11 +146,12 @@ class SelectOp(Operator):
         known = batch.clustering_of(d)
         if known is not None and set(known) <= self._plain:
             batch.keeps(projected, d)
-        return batch.consolidated(projected, self.columns, self.readers_cluster_by)
+        return self._output(projected, batch)
 
 
 class FilterOp(Operator):
     node: FilterNode
+    passes_through = True
 
     def expressions(self) -> list[str]:
         return [self.node.predicate]
@@ -179,6 +182,8 @@ class FilterOp(Operator):
 
 
 class NegateOp(Operator):
+    passes_through = True
+
     def _resolve(self) -> StructType:
         return self.input_schemas[0]
 
@@ -195,6 +200,8 @@ class NegateOp(Operator):
 
 class ConcatOp(Operator):
     """Union all. Inputs need the same column names and types; order is the first input's."""
+
+    reads_unconsolidated = True
 
     def _resolve(self) -> StructType:
         first = self.input_schemas[0]
@@ -216,8 +223,7 @@ class ConcatOp(Operator):
         if len(present) == 1:
             return present[0]
         present = self._co_clustered(present, batch)
-        return batch.consolidated(batch.keeps(union_all(present), *present), self.columns,
-                                  self.readers_cluster_by)
+        return self._output(batch.keeps(union_all(present), *present), batch)
 
     @staticmethod
     def _co_clustered(present: list[DataFrame], batch: BatchPlan) -> list[DataFrame]:
