@@ -64,9 +64,9 @@ class SourceOp(Operator):
                 StructType.fromDDL(schema.spark_ddl(with_changes=True)))
 
     def prepared(self, changes: Changes) -> pa.Table:
-        """The source's changes of a batch in the schema's types, consolidated: the operators
-        rely on consolidated input, and a `Changes` made with `Changes.of` (or cast to the
-        schema's types here) is not known to be."""
+        """The source's changes of a batch in the schema's types, consolidated: a distinct and
+        the outputs rely on consolidated input, and a `Changes` made with `Changes.of` (or
+        cast to the schema's types here) is not known to be."""
         want = [*self.columns, TIME, DIFF]
         table = changes.table
         missing = [c for c in want if c not in table.column_names]
