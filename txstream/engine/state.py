@@ -1,7 +1,7 @@
 """Operator state: Z-sets held in Spark as a few consolidated runs (a log-structured merge),
 in versions.
 
-A batch stages its consolidated delta as a new run, weighed by the batch's size; a run is
+A batch stages its delta, consolidated, as a new run, weighed by the batch's size; a run is
 merged into the one before it while that one weighs no more than what is being merged (size
 tiers, a binary counter when batches are equal). Each row is rewritten O(log) times, the number
 of runs stays logarithmic, and a small batch never rewrites a large state: appending costs

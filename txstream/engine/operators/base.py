@@ -98,8 +98,9 @@ class Operator(ABC):
     # time anyway, a join pairs them (bilinear), a select or a union consolidates its output
     # itself where that is needed. A distinct's crossings need each row's changes summed.
     reads_unconsolidated: ClassVar[bool] = False
-    # Whether the operator passes its input's rows through, row by row, without consolidating
-    # (filter, negate, padding): its input needs consolidating wherever its output does.
+    # Whether the operator passes its (first) input's rows through, row by row, without
+    # consolidating (filter, negate, padding): that input needs consolidating wherever its
+    # output does.
     passes_through: ClassVar[bool] = False
 
     def __init__(self, spark: SparkSession, node: Node, inputs: Sequence[StructType]) -> None:
@@ -187,7 +188,9 @@ def tell_readers(ops: Sequence[Operator], outputs: Collection[int]) -> None:
     for op in reversed(ops):
         op.consolidate_output = op.node.id in needed
         if op.consolidate_output if op.passes_through else not op.reads_unconsolidated:
-            needed.update(node.id for node in op.node.inputs)
+            # A padding passes its first input's rows; of the second it reads the schema only.
+            read = op.node.inputs[:1] if op.passes_through else op.node.inputs
+            needed.update(node.id for node in read)
 
 
 def _tell_readers_clustering(ops: Sequence[Operator]) -> None:

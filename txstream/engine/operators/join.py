@@ -127,8 +127,9 @@ class JoinOp(Operator):
         if not terms:
             return None
         # Each pair is made where both sides' rows of its key are: the pairs are clustered by
-        # the join key too, and consolidated there rather than exchanged by a reader's key (a
-        # group-by on more keys than the join's exchanges its accumulators instead).
+        # the join key too, and consolidated there (where a reader needs them so) rather than
+        # exchanged by a reader's key (a group-by on more keys than the join's exchanges its
+        # accumulators instead).
         pairs = batch.keeps(union_all(terms), *[d for d in (d_left, d_right) if d is not None])
         return self._output(pairs, batch)
 

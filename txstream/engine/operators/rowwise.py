@@ -221,7 +221,9 @@ class ConcatOp(Operator):
         if not present:
             return None
         if len(present) == 1:
-            return present[0]
+            # Its producer consolidated it only if its own readers needed that, and this
+            # union's may.
+            return self._output(present[0], batch)
         present = self._co_clustered(present, batch)
         return self._output(batch.keeps(union_all(present), *present), batch)
 
@@ -230,7 +232,8 @@ class ConcatOp(Operator):
         """Inputs clustered by different columns, one of them by some of every other's (an
         outer join: its pairs by the join key, its padded rows by a reader's key): those
         clustered otherwise are exchanged to it, so the union is clustered by it too and is
-        consolidated, and read by a group-by on more columns, where it is. Else the whole
+        consolidated (where a reader needs it so), and read by a group-by on more columns,
+        where it is. Else the whole
         union would be exchanged by a reader's key, the pairs with it."""
         known = [batch.clustering_of(d) for d in present]
         if any(k is None for k in known):
