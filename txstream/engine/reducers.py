@@ -94,11 +94,16 @@ def _non_null(column: str) -> Accumulators:
     return {f"nn:{column}": _weighted(c.isNotNull(), col(DIFF), F.lit(0).cast("long"))}
 
 
+def _in_limbs(ctype: ColumnType) -> bool:
+    """Whether a sum of the column is kept as limbs: a decimal of at most LIMB_DIGITS digits."""
+    return ctype.is_decimal and (ctype.precision or 0) <= LIMB_DIGITS
+
+
 def _sum_parts(column: str, ctype: ColumnType) -> Accumulators:
     c = col(column)
     present = c.isNotNull()
     long_zero = F.lit(0).cast("long")
-    if ctype.is_decimal and (ctype.precision or 0) <= LIMB_DIGITS:
+    if _in_limbs(ctype):
         high, low = limbs(c)
         return {f"high:{column}": _weighted(present, high * col(DIFF), long_zero),
                 f"low:{column}": _weighted(present, low * col(DIFF), long_zero)}
@@ -130,7 +135,7 @@ def _sum_parts(column: str, ctype: ColumnType) -> Accumulators:
 def _sum_value(column: str, ctype: ColumnType, acc: Lookup) -> Column:
     """The exact sum: of a decimal column DECIMAL(p+10,s) (DECIMAL(38,s) for p above 18,
     cast by the reduce operator), of a double column the double nearest it."""
-    if ctype.is_decimal and (ctype.precision or 0) <= LIMB_DIGITS:
+    if _in_limbs(ctype):
         assert ctype.precision is not None and ctype.scale is not None
         return as_decimal(acc(f"high:{column}"), acc(f"low:{column}"), ctype.precision + 10,
                           ctype.scale)
@@ -138,11 +143,12 @@ def _sum_value(column: str, ctype: ColumnType, acc: Lookup) -> Column:
         return acc(f"sum:{column}")
     high, low, medium = (acc(f"{k}:{column}") for k in ("high", "low", "exact"))
     # DECIMAL(29,9) holds the limbs' sum (a long of units, 9 decimals); with the medium
-    # values' sum at 37 digits (it fails past 1e28) the total keeps its 9 decimals in 38.
-    total = as_decimal(high, low, 29, 9) + medium.cast("decimal(37,9)")
-    exact = (F.when(medium.isNull() & exact_in_double(high, low), as_double(high, low))
-             .when(medium.isNull(), as_decimal(high, low, 29, 9).cast("double"))
-             .otherwise(total.cast("double")))
+    # values' sum (zero without any) at 37 digits (it fails past 1e28) the total keeps its 9
+    # decimals in 38.
+    medium_sum = F.coalesce(medium.cast("decimal(37,9)"), F.lit(0).cast("decimal(37,9)"))
+    total = as_decimal(high, low, 29, 9) + medium_sum
+    exact = F.when(medium.isNull() & exact_in_double(high, low), as_double(high, low)) \
+        .otherwise(total.cast("double"))
     nan, pinf, ninf = (acc(f"{k}:{column}") for k in ("nan", "pinf", "ninf"))
     return (F.when((nan > 0) | ((pinf > 0) & (ninf > 0)), F.lit(float("nan")))
             .when(pinf > 0, F.lit(float("inf")))

@@ -233,8 +233,8 @@ class ConcatOp(Operator):
         outer join: its pairs by the join key, its padded rows by a reader's key): those
         clustered otherwise are exchanged to it, so the union is clustered by it too and is
         consolidated (where a reader needs it so), and read by a group-by on more columns,
-        where it is. Else the whole
-        union would be exchanged by a reader's key, the pairs with it."""
+        where it is. Else the whole union would be exchanged by a reader's key, the pairs
+        with it."""
         known = [batch.clustering_of(d) for d in present]
         if any(k is None for k in known):
             return present
