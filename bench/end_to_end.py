@@ -384,10 +384,10 @@ class Running(Protocol):
     def resume(self) -> None: ...
 
 
-def workload_topic(kafka: KafkaEndpoint, name: str) -> str:
-    """A topic of one partition holding the first `FIRST_EVENTS` events."""
+def workload_topic(kafka: KafkaEndpoint, name: str, events: int = FIRST_EVENTS) -> str:
+    """A topic of one partition holding the first `events` events."""
     kafka.create_topic(name, 1)
-    produce(kafka.bootstrap_servers, name, stream(0, FIRST_EVENTS), FIRST_EVENTS)
+    produce(kafka.bootstrap_servers, name, stream(0, events), events)
     return name
 
 
@@ -400,8 +400,7 @@ def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url:
     table, polled every 10 ms, holds the complete result. `busy`: the system's busy seconds
     per stage so far, reported for the backlog (read before the pause and once the result is
     complete)."""
-    watcher = TableWatcher(url, table)
-    try:
+    with contextlib.closing(TableWatcher(url, table)) as watcher:
         watcher.wait_for(totals_of(expected_sums(FIRST_EVENTS)), system.check_alive,
                          START_TIMEOUT_S, 0.1, ready)
         time.sleep(SETTLE_S)
@@ -419,8 +418,6 @@ def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url:
             raise SystemExit(f"producing the backlog took {resumed - paused:.0f} s, longer than "
                              f"a consumer may be paused ({LONGEST_PAUSE_S:.0f} s): produce fewer")
         done = watcher.wait_for(totals_of(want), system.check_alive, RUN_TIMEOUT_S, 0.01)
-    finally:
-        watcher.close()
     elapsed = done - resumed
     result: dict[str, object] = {"seconds": round(elapsed, 2),
                                  "events_per_s": round(events / elapsed),
@@ -504,20 +501,16 @@ def groupby_pathway_static(kafka: KafkaEndpoint, url: str, events: int) -> dict[
     print("groupby_saturation: the backlog as a batch job in Pathway", file=sys.stderr,
           flush=True)
     run_id = uuid.uuid4().hex[:8]
-    topic, table = f"bench-groupby-{run_id}", f"pathway_sums_{run_id}"
-    kafka.create_topic(topic, 1)
     end = FIRST_EVENTS + events
-    produce(kafka.bootstrap_servers, topic, stream(0, end), end)
+    topic = workload_topic(kafka, f"bench-groupby-{run_id}", end)
+    table = f"pathway_sums_{run_id}"
     peer = Peer(kafka, url, topic, table, mode="static")
     try:
         if "skipped" in peer.info:
             return peer.info
         want = expected_sums(end)
-        watcher = TableWatcher(url, table)
-        try:
+        with contextlib.closing(TableWatcher(url, table)) as watcher:
             done = watcher.wait_for(totals_of(want), peer.check_alive, RUN_TIMEOUT_S, 0.01)
-        finally:
-            watcher.close()
         elapsed = done - peer.spawned
         return peer.info | {"events": end, "seconds_from_spawn": round(elapsed, 2),
                             "events_per_s": round(end / elapsed),

@@ -218,12 +218,14 @@ class Service:
 
     def pause(self) -> None:
         """SIGSTOP the service and its JVM: nothing of it runs until `resume`."""
-        for pid in [self.proc.pid, *self.children()]:
-            os.kill(pid, signal.SIGSTOP)
+        self._signal_all(signal.SIGSTOP)
 
     def resume(self) -> None:
+        self._signal_all(signal.SIGCONT)
+
+    def _signal_all(self, sig: signal.Signals) -> None:
         for pid in [self.proc.pid, *self.children()]:
-            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, sig)
 
     def kill_9(self) -> None:
         """SIGKILL, then wait until the JVM it launched is gone too (it exits when its stdin
