@@ -20,7 +20,7 @@ from functools import cached_property
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import LongType, StructField, StructType
 
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, ROW_COUNT, TIME
@@ -51,6 +51,7 @@ BEFORE = "__before_"  # + an accumulator: its sum over the rows before each row 
 PREVIOUS = "__previous"  # the row of a group before each row of its timeline (a struct)
 CHANGES = "__changes"  # the retraction and the insertion between two rows of a timeline
 _HIT = "__hit"  # whether the batch touches a value of a group's multiset
+_LAST = "__last"  # whether a row of a group's timeline is the last of its time
 # A touched value present from a time until (excluded) the next change of its count.
 FROM, UNTIL, COUNT = "__from", "__until", "__count"
 # A group's min, max and distinct count of one column's values: of the values the batch
@@ -143,6 +144,17 @@ class ReduceOp(Operator):
                 *[F.sum(e).alias(name) for name, e in self.acc_exprs.items()]]
 
     @cached_property
+    def _per_row(self) -> list[Column]:
+        """Each input row's accumulators, in the types of their sums (`_accumulate`), which
+        fix the state's row type."""
+        changes = [StructField(c, LongType(), False) for c in (TIME, DIFF)]
+        empty = self._empty(StructType([*self.input_schemas[0].fields, *changes]))
+        summed = empty.agg(*self._accumulate).schema
+        return [col(DIFF).cast(summed[ROW_COUNT].dataType).alias(ROW_COUNT),
+                *[e.cast(summed[name].dataType).alias(name)
+                  for name, e in self.acc_exprs.items()]]
+
+    @cached_property
     def _value_names(self) -> list[str]:
         """The row's columns besides the group's keys: what a change of the group changes."""
         return [n for n in self.columns if n not in self.keys]
@@ -157,15 +169,24 @@ class ReduceOp(Operator):
 
     @cached_property
     def _running(self) -> list[Column]:
+        """Per row of a group's timeline, the group's accumulators summed through the row's
+        time (a range frame: every row of that time counted), and whether the row is the
+        time's last (`_LAST`), the one kept of that time. So the timeline may hold the input's
+        rows as they come, several per group and time: no aggregate by (group, time) before
+        the window, whose hash map is the batch's largest (a million entries when each of
+        10,000 groups changes in each of 100 transactions; the window alone made that batch's
+        job a quarter faster, and the example pipeline's 7% at P = 1 and 17% at P = 2)."""
         window = self._key_window()
-        running = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        sums = [F.sum(col(a)).over(running).alias(a) for a in self.acc_cols]
+        through = window.rangeBetween(Window.unboundedPreceding, Window.currentRow)
+        sums = [F.sum(col(a)).over(through).alias(a) for a in self.acc_cols]
         if self._linear:
-            # Spark adds the same rows in the same order as for the previous row's running
+            # Spark adds the same rows in the same order as for the previous time's running
             # sums: the same value, to the last bit of a double.
-            before = window.rowsBetween(Window.unboundedPreceding, -1)
+            before = window.rangeBetween(Window.unboundedPreceding, -1)
             sums += [F.sum(col(a)).over(before).alias(f"{BEFORE}{a}") for a in self.acc_cols]
-        return [*[col(k) for k in self.keys], col(TIME), *sums]
+        following = F.lead(col(TIME)).over(window)
+        last = following.isNull() | (following != col(TIME))
+        return [*[col(k) for k in self.keys], col(TIME), *sums, last.alias(_LAST)]
 
     @cached_property
     def _previous(self) -> Column:
@@ -224,19 +245,21 @@ class ReduceOp(Operator):
         # min, max or count_distinct read its values: those rows are exchanged anyway.
         known = batch.clustering_of(d)
         in_place = not self.value_states and known is not None and set(known) < set(keys)
-        if not in_place:
+        if in_place:
+            accumulated = d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate)
+            acc_delta = batch.clustered(accumulated, keys)
+        else:
             d = batch.clustered(d, keys)
-        accumulated = d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate)
-        acc_delta = (batch.clustered(accumulated, keys) if in_place
-                     else batch.shared(accumulated, clustered_by=keys))
+            acc_delta = batch.shared(d.select(*key_cols, col(TIME), *self._per_row),
+                                     clustered_by=keys)
         touched = batch.shared(acc_delta.select(*key_cols).distinct(), clustered_by=keys)
 
-        # Running accumulators: the state's totals at BEFORE_BATCH, then each transaction's delta.
+        # Running accumulators: the state's totals at BEFORE_BATCH, then the batch's rows.
         timeline = acc_delta
         base = self.acc_state.lookup(touched, keys)
         if base is not None:
             timeline = timeline.unionByName(base.withColumn(TIME, F.lit(BEFORE_BATCH)))
-        groups = timeline.select(*self._running)
+        groups = timeline.select(*self._running).where(col(_LAST)).drop(_LAST)
 
         for column in self.value_states:
             groups = self._with_values(groups, d, touched, column, batch)
