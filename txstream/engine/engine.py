@@ -32,28 +32,26 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.errors import AnalysisException, PySparkException
-from pyspark.sql import Column as PyColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StructType
 
-from txstream.changes import Changes, order
+from txstream.changes import Changes
 from txstream.engine import warmup
 from txstream.engine.batch import BatchPlan
-from txstream.engine.columns import DIFF, PART, TIME
+from txstream.engine.columns import PART
 from txstream.engine.errors import (
     EngineInputError,
     EngineStateError,
     ExpressionError,
     PipelineDefinitionError,
 )
-from txstream.engine.frames import col, spread, union_all
+from txstream.engine.frames import spread, union_all
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, first_line, tell_readers
 from txstream.engine.replicas import keep_replicated
+from txstream.engine.results import ResultLayout
 from txstream.engine.spark_internals import materialize, plan_now, rdd_leaf, rdd_of
 from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import Run, Runs, StagedRuns, ZSetState
@@ -117,11 +115,6 @@ class OutputTable:
     node: Node
 
 
-def _output_column(part: int) -> str:
-    """The column of a batch's one result that holds output number `part`'s changes."""
-    return f"__out{part}"
-
-
 def _table_schema(name: str, schema: StructType, key: tuple[str, ...] | None, inferred: Key
                   ) -> TableSchema:
     """An output's schema: its columns, and its primary key (`key`, else the one the DAG
@@ -172,6 +165,10 @@ class Engine:
         # A delta read by several operators or outputs is computed once (BatchPlan.shared).
         self._consumers = Counter(i.id for op in self._ops for i in op.node.inputs)
         self._consumers.update(out.node.id for out in pipeline.outputs.values())
+        outputs = Counter(out.node.id for out in pipeline.outputs.values())
+        for op in self._ops:  # read by an output alone: as pairs, if it makes them
+            op.emit_pairs = (op.pairs() is not None and outputs[op.node.id] == 1
+                             and self._consumers[op.node.id] == 1)
         self.last_batch: BatchStats | None = None
         self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
         self.index_bytes = 0  # driver memory the state indexes hold
@@ -181,31 +178,15 @@ class Engine:
             for name, out in pipeline.outputs.items()
         }
         self.sources = {op.name: op for op in self._ops if isinstance(op, SourceOp)}
-        self._part_of = {name: i for i, name in enumerate(self.outputs)}
-        self._tagging = self._tag_columns()
+        self._result = ResultLayout({name: (out.schema, by_id[out.node.id].pairs() if
+                                            by_id[out.node.id].emit_pairs else None)
+                                     for name, out in self.outputs.items()})
         self._templates: dict[tuple[object, ...], Template] = {}
         for state in self._states().values():
             state.partitions = parallelism
             state.replicas = state_replicas
         self.state_replicas = state_replicas
         self.state_replications = 0  # times runs were copied again (`txstream.engine.replicas`)
-
-    def _tag_columns(self) -> dict[str | None, list[PyColumn]]:
-        """The columns that lay each output's changes out in the batch's one result (and, for
-        `None`, the rows that only make Spark compute the state): the part number, then one
-        struct per output, null except on the output's own rows. Made once: each is several
-        round trips to the JVM."""
-        outputs = list(self.outputs.values())
-        structs = [StructType([StructField(f.name, f.dataType, True) for f in StructType.fromDDL(
-            out.schema.spark_ddl(with_changes=True)).fields]) for out in outputs]
-
-        def layout(part: int) -> list[PyColumn]:
-            names = outputs[part].schema.names if part >= 0 else []
-            return [F.lit(part).alias(PART), *[
-                (F.struct(*[col(c) for c in [*names, TIME, DIFF]]) if i == part
-                 else F.lit(None)).cast(s).alias(_output_column(i)) for i, s in enumerate(structs)]]
-
-        return {None: layout(-1), **{name: layout(i) for name, i in self._part_of.items()}}
 
     def _shape(self, changes: Mapping[str, Changes], planned: int) -> tuple[object, ...]:
         """What decides every plan of a batch planned for `planned` partitions (see
@@ -357,28 +338,26 @@ class Engine:
 
     def _final_frame(self, outputs: Mapping[str, DataFrame | None], batch: BatchPlan
                      ) -> tuple[DataFrame | None, tuple[str, ...]]:
-        """The batch's one frame to compute, and the outputs it holds. Each output becomes a
-        struct column of its own, filled on that output's rows only; the staged state runs are
-        read by the same job through a filter no row passes, which Spark cannot fold away (it
-        depends on the partition), so they are computed and kept without reaching the
-        driver."""
+        """The batch's one frame to compute (`txstream.engine.results`), and the outputs it
+        holds. The staged state runs are read by the same job through a filter no row passes,
+        which Spark cannot fold away (it depends on the partition), so they are computed and
+        kept without reaching the driver."""
         present = tuple(name for name, frame in outputs.items() if frame is not None)
         if not present and not batch.frames:
             return None, present
-        parts = [outputs[name].select(*self._tagging[name]) for name in present]  # type: ignore[union-attr]
+        parts = [outputs[name].select(*self._result.columns(name)) for name in present]  # type: ignore[union-attr]
         if batch.frames:
             hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames])
-            parts.append(hidden.where(F.spark_partition_id() < 0).select(*self._tagging[None]))
+            parts.append(hidden.where(F.spark_partition_id() < 0)
+                         .select(*self._result.columns(None)))
         return union_all(parts), present
 
     def _execute(self, final: DataFrame | None, present: tuple[str, ...], interpreted: bool
                  ) -> tuple[dict[str, Changes], float, JobCount]:
         """Compute the batch's frame with one Spark action (its expressions `interpreted`, see
         INTERPRETED_ROWS); every output's changes."""
-        results = {name: Changes.empty(out.schema.arrow_schema())
-                   for name, out in self.outputs.items()}
         if final is None:
-            return results, 0.0, JobCount(0, 0)
+            return self._result.read(None, ()), 0.0, JobCount(0, 0)
         plan_now(final)  # so that the execution is timed alone
         # A session setting, read when the job starts: set for every batch, whichever engine.
         self.spark.conf.set("spark.sql.codegen.factoryMode",
@@ -394,16 +373,7 @@ class Engine:
             if not (exc.getSqlState() or "").startswith(_DATA_EXCEPTION):
                 raise
             raise self._expression_error(exc) from exc
-        executed = time.perf_counter() - started
-        tags = table.column(PART)
-        for name in present:
-            i = self._part_of[name]
-            rows = table.filter(pc.equal(tags, i)).column(_output_column(i)).combine_chunks()
-            changes = pa.Table.from_struct_array(rows)
-            schema = self.outputs[name].schema.arrow_schema(with_changes=True)
-            # Consolidated by the operators' plans; ordered here.
-            results[name] = Changes(order(changes.cast(schema)))
-        return results, executed, count
+        return self._result.read(table, present), time.perf_counter() - started, count
 
     def _expression_error(self, exc: PySparkException) -> ExpressionError:
         """The failure of a batch's data in terms of the pipeline: Spark's query context gives

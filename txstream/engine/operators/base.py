@@ -24,6 +24,7 @@ from pyspark.sql.types import StructField, StructType
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import INTERNAL_PREFIX
 from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.results import Pairs
 from txstream.engine.spark_internals import one_operator
 from txstream.engine.state import ZSetState
 from txstream.engine.table import Node
@@ -116,6 +117,9 @@ class Operator(ABC):
         # Whether the output must be consolidated: it is a pipeline's output, or a reader needs
         # it so (see `reads_unconsolidated`); set by the engine once the DAG is known.
         self.consolidate_output = True
+        # Whether `plan` returns its changes as `pairs()` lays them out: set by the engine when
+        # a pipeline's output is the one reader (txstream.engine.results).
+        self.emit_pairs = False
 
     @property
     def columns(self) -> list[str]:
@@ -149,6 +153,11 @@ class Operator(ABC):
         """A set of columns that is unique in the output, given such a set of each input
         (None where none is known); None when the operator knows none (as the base class
         does)."""
+        return None
+
+    def pairs(self) -> Pairs | None:
+        """The layout of the operator's changes as pairs of a retraction and an insertion
+        (`txstream.engine.results.Pairs`), if it can make them so; None (the base class)."""
         return None
 
     def expressions(self) -> list[str]:

@@ -35,6 +35,7 @@ from txstream.engine.frames import (
 )
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
+from txstream.engine.results import INSERT, OLD, RETRACT, Pairs
 from txstream.engine.state import ZSetState
 from txstream.engine.table import ReduceNode
 from txstream.schemas.tables import ColumnType
@@ -201,11 +202,11 @@ class ReduceOp(Operator):
             .over(self._key_window()).alias(PREVIOUS)
 
     @cached_property
-    def _emit_exprs(self) -> list[Column]:
+    def _changes(self) -> list[Column]:
         """Per row of a group's timeline (the row before the batch first, then its row after
-        each transaction), the changes since the previous row: a retraction of that row and an
-        insertion of this one, both left out when the two rows are equal."""
-        keys = self.keys
+        each transaction), the changes since the previous row as a pair (`pairs`): the keys,
+        the time, whether that row is retracted and this one inserted (neither when the two
+        rows are equal), that row's values (prefixed OLD) and this one's."""
         value_names = self._value_names
         prev = col(PREVIOUS)
         was = prev.isNotNull() & (prev[ROW_COUNT] > 0)
@@ -213,16 +214,27 @@ class ReduceOp(Operator):
         # Null-safe: a null value equal to a null value is an unchanged row.
         same = was & now & F.struct(*[col(n) for n in value_names]).eqNullSafe(
             F.struct(*[prev[n].alias(n) for n in value_names]))
+        return [*[col(k) for k in self.keys], col(TIME), (was & ~same).alias(RETRACT),
+                (now & ~same).alias(INSERT), *[prev[n].alias(f"{OLD}{n}") for n in value_names],
+                *[col(n) for n in value_names]]
 
-        def change(values: list[Column], diff: int) -> Column:
+    @cached_property
+    def _split(self) -> Column:
+        """A pair's retraction and insertion, each a struct of the output's columns with time
+        and diff, in an array (null where there is none)."""
+        keys, value_names = self.keys, self._value_names
+
+        def change(prefix: str, diff: int) -> Column:
             # Named, not cast to a struct type: a cast copies every field of every row.
             return F.struct(*[col(k).alias(k) for k in keys],
-                            *[v.alias(n) for v, n in zip(values, value_names, strict=True)],
+                            *[col(f"{prefix}{n}").alias(n) for n in value_names],
                             col(TIME).alias(TIME), F.lit(diff).cast("long").alias(DIFF))
 
-        retract = F.when(was & ~same, change([prev[n] for n in value_names], -1))
-        insert = F.when(now & ~same, change([col(n) for n in value_names], 1))
-        return [col(TIME), F.array(retract, insert).alias(CHANGES)]
+        return F.array(F.when(col(RETRACT), change(OLD, -1)),
+                       F.when(col(INSERT), change("", 1))).alias(CHANGES)
+
+    def pairs(self) -> Pairs:
+        return Pairs(tuple(self.keys), tuple(self._value_names))
 
     @cached_property
     def _new_row(self) -> list[Column]:
@@ -370,8 +382,11 @@ class ReduceOp(Operator):
     def _emit(self, rows: DataFrame) -> DataFrame:
         """The changes between consecutive rows of each group's timeline, at the later row's
         time: a group's row is emitted once per transaction at most, and the row before the
-        batch only serves to retract what was last emitted."""
+        batch only serves to retract what was last emitted. As pairs when `emit_pairs`."""
         if not self._linear:
             rows = rows.select("*", self._previous)
-        changes = rows.select(*self._emit_exprs).where(col(TIME) != BEFORE_BATCH)
-        return changes.select(F.inline(F.filter(CHANGES, lambda c: c.isNotNull())))
+        pairs = rows.select(*self._changes).where(
+            (col(TIME) != BEFORE_BATCH) & (col(RETRACT) | col(INSERT)))
+        if self.emit_pairs:
+            return pairs
+        return pairs.select(F.inline(F.filter(self._split, lambda c: c.isNotNull())))
