@@ -156,6 +156,8 @@ def order(table: pa.Table) -> pa.Table:
     """`table` sorted by time, then by diff (deletions before insertions), stably."""
     if table.num_rows < 2:
         return table
+    if table[TIME].null_count or table[DIFF].null_count:  # left for a sink to report
+        return table.sort_by([(TIME, "ascending"), (DIFF, "ascending")])
     times, diffs = pc.min_max(table[TIME]).as_py(), pc.min_max(table[DIFF]).as_py()
     diff_span = diffs["max"] - diffs["min"] + 1
     if (times["max"] - times["min"] + 1) * diff_span >= 2**63:

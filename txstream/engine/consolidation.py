@@ -2,9 +2,9 @@
 
 A consolidated batch has each `(row, time)` at most once and no zero diff; every stream the
 engine emits is consolidated (inside a batch's plan, an operator's changes are only where a
-reader needs them so: `Operator._output`). This is the form inside a batch's plan; input
-batches are consolidated in Arrow before they enter Spark (`txstream.changes.consolidate`), so
-no Spark stage is spent on them.
+reader needs them so: `Operator._output`). This is the form inside a batch's plan; a source's
+changes are consolidated in Arrow before they enter Spark where a reader needs them so
+(`SourceOp.prepared`), so no Spark stage is spent on them.
 """
 
 from __future__ import annotations

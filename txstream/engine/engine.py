@@ -373,7 +373,8 @@ class Engine:
             if not (exc.getSqlState() or "").startswith(_DATA_EXCEPTION):
                 raise
             raise self._expression_error(exc) from exc
-        return self._result.read(table, present), time.perf_counter() - started, count
+        executed = time.perf_counter() - started
+        return self._result.read(table, present), executed, count
 
     def _expression_error(self, exc: PySparkException) -> ExpressionError:
         """The failure of a batch's data in terms of the pipeline: Spark's query context gives

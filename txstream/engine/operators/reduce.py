@@ -48,7 +48,7 @@ _FOREVER = 2**62
 ACCUMULATOR = "__acc"  # + a number: one of the reducers' linear accumulators
 VALUE = "__v"  # a value of a column that min, max or count_distinct read
 # Within one batch's plans:
-BEFORE = "__before_"  # + an accumulator: its sum over the rows before each row of a timeline
+BEFORE = "__before_"  # + an accumulator: its sum over a timeline's rows of earlier times
 PREVIOUS = "__previous"  # the row of a group before each row of its timeline (a struct)
 CHANGES = "__changes"  # the retraction and the insertion between two rows of a timeline
 _HIT = "__hit"  # whether the batch touches a value of a group's multiset
@@ -266,7 +266,8 @@ class ReduceOp(Operator):
                                      clustered_by=keys)
         touched = batch.shared(acc_delta.select(*key_cols).distinct(), clustered_by=keys)
 
-        # Running accumulators: the state's totals at BEFORE_BATCH, then the batch's rows.
+        # Running accumulators: the state's totals at BEFORE_BATCH, then the batch's rows (in
+        # place: their sums by group and time).
         timeline = acc_delta
         base = self.acc_state.lookup(touched, keys)
         if base is not None:

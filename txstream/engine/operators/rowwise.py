@@ -67,7 +67,10 @@ class SourceOp(Operator):
         """The source's changes of a batch in the schema's types, consolidated where a reader
         needs it (`consolidate_output`: a distinct, an output): a `Changes` made with
         `Changes.of` (or cast to the schema's types here) is not known to be. A group-by or a
-        join reads them as they come (a million-row batch's consolidation took 0.3 s)."""
+        join reads them as they come (a million-row batch's consolidation took 0.3 s), and a
+        filter or a select before them evaluates its expressions on every row given, a row a
+        transaction both inserts and deletes included (the service's sources consolidate each
+        transaction: txstream.sources.pending)."""
         want = [*self.columns, TIME, DIFF]
         table = changes.table
         missing = [c for c in want if c not in table.column_names]
