@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError
 from txstream.engine import reducers as r
 from txstream.engine.operators import SourceOp, rowwise
+from txstream.engine.operators.reduce import ReduceOp
 from txstream.examples.groupby import pipeline as groupby_pipeline
 from txstream.examples.order_events import as_changes, events
 from txstream.examples.orders import pipeline as orders_pipeline
@@ -360,3 +361,15 @@ def test_a_group_by_read_by_an_output_alone_comes_as_pairs(spark: SparkSession) 
     for t in range(1, 6):
         got += process(one_by_one, table([c for c in changes if c[4] == t]))["s"].to_pylist()
     assert [tuple(r.values()) for r in got] == want
+
+
+def test_a_group_by_downstream_of_a_join_aggregates_before_its_window(spark: SparkSession
+                                                                      ) -> None:
+    """A join multiplies rows (a customer's change pairs with every order of it), so a group-by
+    downstream of one sums its rows by group and time before its window sorts them; one that
+    reads a source's rows (Pathway's group-by workload) sorts them as they come."""
+    many = {op.node.label.split(" of ")[0]: op.many_per_key
+            for op in Engine(orders_pipeline(), spark)._ops if isinstance(op, ReduceOp)}
+    assert many == {"groupby(region).reduce": True, "groupby(customer_id, name).reduce": True}
+    assert [op.many_per_key for op in Engine(groupby_pipeline(), spark)._ops
+            if isinstance(op, ReduceOp)] == [False]

@@ -103,6 +103,10 @@ class Operator(ABC):
     # consolidating (filter, negate, padding): that input needs consolidating wherever its
     # output does.
     passes_through: ClassVar[bool] = False
+    # Whether a row of input can make many rows of output (a join: a row pairs with every
+    # matching row of the other side), so that readers downstream may get many changes per
+    # key and transaction (see `many_per_key`).
+    multiplies_rows: ClassVar[bool] = False
 
     def __init__(self, spark: SparkSession, node: Node, inputs: Sequence[StructType]) -> None:
         self.spark = spark
@@ -120,6 +124,9 @@ class Operator(ABC):
         # Whether `plan` returns its changes as `pairs()` lays them out: set by the engine when
         # a pipeline's output is the one reader (txstream.engine.results).
         self.emit_pairs = False
+        # Whether an input's changes may come many per key and transaction: it is downstream of
+        # an operator that `multiplies_rows`; set by `tell_readers`.
+        self.many_per_key = False
 
     @property
     def columns(self) -> list[str]:
@@ -191,8 +198,14 @@ class Operator(ABC):
 def tell_readers(ops: Sequence[Operator], outputs: Collection[int]) -> None:
     """Tell every operator what its readers need of its output, given the DAG's operators in
     order (each after its inputs) and the ids of the pipeline's output nodes: its clustering
-    (`readers_cluster_by`) and whether it is consolidated (`consolidate_output`)."""
+    (`readers_cluster_by`) and whether it is consolidated (`consolidate_output`); and what its
+    inputs may hold (`many_per_key`)."""
     _tell_readers_clustering(ops)
+    multiplied: set[int] = set()
+    for op in ops:
+        op.many_per_key = any(node.id in multiplied for node in op.node.inputs)
+        if op.multiplies_rows or op.many_per_key:
+            multiplied.add(op.node.id)
     needed: set[int] = set(outputs)
     for op in reversed(ops):
         op.consolidate_output = op.node.id in needed

@@ -60,6 +60,7 @@ class JoinLayout:
 class JoinOp(Operator):
     node: JoinNode
     reads_unconsolidated = True
+    multiplies_rows = True
 
     def _resolve(self) -> StructType:
         self.layout = JoinLayout(self, self.input_schemas[0], self.input_schemas[1], self.node.on)
