@@ -165,9 +165,9 @@ class Engine:
         # A delta read by several operators or outputs is computed once (BatchPlan.shared).
         self._consumers = Counter(i.id for op in self._ops for i in op.node.inputs)
         self._consumers.update(out.node.id for out in pipeline.outputs.values())
-        outputs = Counter(out.node.id for out in pipeline.outputs.values())
+        outputs = {out.node.id for out in pipeline.outputs.values()}
         for op in self._ops:  # read by an output alone: as pairs, if it makes them
-            op.emit_pairs = (op.pairs() is not None and outputs[op.node.id] == 1
+            op.emit_pairs = (op.pairs() is not None and op.node.id in outputs
                              and self._consumers[op.node.id] == 1)
         self.last_batch: BatchStats | None = None
         self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
