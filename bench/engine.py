@@ -13,14 +13,20 @@
 2. state_cost: the time of one 1,000-change transaction (500 deletions of existing rows, 500
    insertions) against state of S rows, for a group-by with S/10 keys and an inner join with a
    static table of S rows, and how it grows from the smallest S to the largest;
-3. the same transaction answered by full recompute (a plain Spark group-by / join over the
-   input as of that transaction, collected), and its ratio to the incremental time.
+3. the same transaction answered by full recompute (a plain Spark group-by over the input as
+   of that transaction, collected; the join's rows counted and summed), and its ratio to the
+   incremental time.
+
+With `--workers N` the state-size part runs as the 1 GB driver of a Spark standalone cluster
+on 127.0.0.1 of N one-core workers, its engines at parallelism N (`--parallelism` sets it on
+any master).
 
 Every engine result is checked against numpy. The machine is shared: ratios measured within one
 run are what matter, so the load average at start and end is part of the output.
 
     .venv/bin/python bench/engine.py [--latency] [--throughput] [--state] (none: all three)
         [--quick] [--sizes 10k,1M,10M] [--reps 5] [--latency-sizes 20k,1M] [--no-peer]
+        [--state-workloads groupby,join] [--parallelism 1] [--workers N [--worker-memory 8g]]
     .venv/bin/python bench/engine.py --scale [bench/scale.py's arguments]
 """
 
@@ -35,10 +41,12 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -75,7 +83,7 @@ V_MOD = 10_007
 # addition: results can be compared for equality, not approximately.
 V_SCALE = 8.0
 
-LOAD_BATCH_ROWS = 2_000_000  # bounds the delta the join broadcasts while loading
+LOAD_BATCH_ROWS = 500_000  # bounds what a loading batch holds in the driver (input, output)
 QUICK_SIZES = (10_000, 100_000, 1_000_000)
 FULL_SIZES = (10_000, 1_000_000, 10_000_000)
 
@@ -346,8 +354,8 @@ def check_recompute(workload: str, result: pa.Table, truth: Truth) -> None:
         assert np.array_equal(got["n"].to_numpy(), truth.counts[live]), "recompute: counts"
         assert np.array_equal(got["s"].to_numpy(), truth.sums[live]), "recompute: sums"
     else:
-        assert result.num_rows == truth.rows, "recompute: join size"
-        assert math.isclose(pc.sum(result["w"]).as_py(), truth.w_total,
+        assert result["rows"][0].as_py() == truth.rows, "recompute: join size"
+        assert math.isclose(result["w"][0].as_py(), truth.w_total,
                             rel_tol=1e-12), "recompute: join sum of w"
 
 
@@ -360,7 +368,8 @@ def load(engine: Engine, source: str, schema_rows: Callable[[np.ndarray], dict[s
     return first_time + batches
 
 
-def state_cost(spark: SparkSession, workload: str, size: int, reps: int) -> dict[str, Any]:
+def state_cost(spark: SparkSession, workload: str, size: int, reps: int, parallelism: int = 1
+               ) -> dict[str, Any]:
     p = Pipeline()
     a = p.source("a", A_SCHEMA)
     cached: list[DataFrame] = []
@@ -376,8 +385,11 @@ def state_cost(spark: SparkSession, workload: str, size: int, reps: int) -> dict
         cached.append(b_base)
 
         def query(a_now: DataFrame) -> DataFrame:
-            return a_now.join(b_base, "k")
-    engine = Engine(p, spark)
+            # Its size and sum of w, which the check needs: collecting 10M rows would time the
+            # driver's memory, and a 1 GB driver (--workers) cannot hold them.
+            return a_now.join(b_base, "k").agg(F.count(F.lit(1)).alias("rows"),
+                                               F.sum("w").alias("w"))
+    engine = Engine(p, spark, parallelism=parallelism)
 
     start = time.perf_counter()
     next_time = 0
@@ -458,8 +470,9 @@ def engine_version() -> str:
         + dirty
 
 
-def state_costs(spark: SparkSession, sizes: list[int], reps: int) -> dict[str, Any]:
-    cost: dict[str, Any] = {"changes_per_transaction": 1_000,
+def state_costs(spark: SparkSession, sizes: list[int], reps: int, workloads: list[str],
+                parallelism: int) -> dict[str, Any]:
+    cost: dict[str, Any] = {"parallelism": parallelism, "changes_per_transaction": 1_000,
                             "change_mix": "500 deletions of existing rows, 500 insertions",
                             "groupby": "a.groupby(g).reduce(count, sum(v)), S/10 groups",
                             "join": "a inner join b on k, b static with S rows, 1 match per row",
@@ -467,15 +480,39 @@ def state_costs(spark: SparkSession, sizes: list[int], reps: int) -> dict[str, A
                             "sizes": {}}
     for size in sizes:
         cost["sizes"][str(size)] = {}
-        for workload in ("groupby", "join"):
-            cost["sizes"][str(size)][workload] = state_cost(spark, workload, size, reps)
+        for workload in workloads:
+            cost["sizes"][str(size)][workload] = state_cost(spark, workload, size, reps,
+                                                            parallelism)
             # Drops the finished engine's state frames, so Spark's cleaner frees their blocks.
             gc.collect()
     small, large = cost["sizes"][str(sizes[0])], cost["sizes"][str(sizes[-1])]
     for figure in ("incremental_s", "incremental_max_s", "recompute_s"):
         cost[f"ratio_{sizes[-1]}_over_{sizes[0]}_{figure}"] = {
-            w: round(large[w][figure] / small[w][figure], 2) for w in ("groupby", "join")}
+            w: round(large[w][figure] / small[w][figure], 2) for w in workloads}
     return cost
+
+
+def on_cluster(workers: int, memory: str) -> None:
+    """This command again, without --workers, as the driver (1 GB) of a standalone cluster
+    of `workers` one-core workers of `memory` each, at parallelism `workers`."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, os.pardir, "tests"))
+    from spark_standalone import standalone_cluster
+
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg.startswith(("--workers", "--worker-memory", "--parallelism")):
+            skip = arg in ("--workers", "--worker-memory", "--parallelism")
+            continue
+        argv.append(arg)
+    executor = f"{int(memory.rstrip('g')) * 1024 - 512}m"
+    with tempfile.TemporaryDirectory() as workdir, standalone_cluster(
+            Path(workdir), workers=workers, cores=1, memory=memory,
+            executor_memory=executor) as cluster:
+        env = cluster.driver_env()  # SPARK_DRIVER_MEMORY 1g
+        log(f"standalone cluster {cluster.master_url}: {workers} workers, executors {executor}")
+        subprocess.run([sys.executable, os.path.abspath(__file__), *argv,
+                        "--parallelism", str(workers)], env=env, check=True)
 
 
 def machine_facts(spark: SparkSession, started: datetime, load_start: tuple[float, ...],
@@ -509,6 +546,14 @@ def main() -> None:
                         help="order events behind the latency runs' state")
     parser.add_argument("--reps", type=int, default=5, help="timed transactions per size")
     parser.add_argument("--no-peer", action="store_true", help="skip the Pathway run")
+    parser.add_argument("--state-workloads", default="groupby,join",
+                        help="the state-size part's workloads")
+    parser.add_argument("--parallelism", type=int, default=1,
+                        help="the state-size part's engines' parallelism")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="run on a Spark standalone cluster on 127.0.0.1 of this many "
+                             "one-core workers (a 1 GB driver, parallelism = workers)")
+    parser.add_argument("--worker-memory", default="8g", help="each worker's memory")
     parser.add_argument("--scale", action="store_true",
                         help="instead: bench/scale.py (parallelism 1 vs 2, one vs two workers, "
                              "Flink), which takes the arguments after --scale")
@@ -518,6 +563,9 @@ def main() -> None:
             os.path.abspath(__file__)), "scale.py"), *rest])
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.workers:
+        on_cluster(args.workers, args.worker_memory)
+        return
     parts = {p for p in ("latency", "throughput", "state") if getattr(args, p)} \
         or {"latency", "throughput", "state"}
     sizes = sorted(parse_size(s) for s in args.sizes.split(",")) if args.sizes \
@@ -554,7 +602,8 @@ def main() -> None:
                 report["throughput"]["ratio_over_pathway_at_100_per_batch"] = \
                     round(ours / peer["events_per_s"], 2)
     if "state" in parts:
-        report["state_cost"] = state_costs(spark, sizes, args.reps)
+        report["state_cost"] = state_costs(spark, sizes, args.reps,
+                                           args.state_workloads.split(","), args.parallelism)
     report["machine"] = machine_facts(spark, started, load_start, engine_start)
     print(json.dumps(report, indent=2))
 

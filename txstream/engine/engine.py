@@ -27,10 +27,15 @@ spreading and would pay a stage per exchange.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -65,10 +70,10 @@ from txstream.schemas.tables import Column, ColumnType, TableSchema
 # 0.1-0.2 s of its 0.3 s of execution; generated code pays off from a few hundred rows on
 # (a 1M-event batch takes 2.8 times as long interpreted).
 INTERPRETED_ROWS = 500
-# A state run holding at least this many rows gets a hash index, so lookups probe it instead
-# of streaming it (see `txstream.engine.state`): streaming costs ~0.1 s per million rows per
-# lookup, an index one job of ~1 s per million rows when the run is made, and a copy of its
-# rows in the driver's memory.
+# A state run holding at least this many rows gets an index, so lookups probe it instead of
+# streaming it (see `txstream.engine.state`): streaming costs ~0.1 s per million rows per
+# lookup, an index one job when the run is made (its partitions sorted and written as files by
+# the executors) and a Python task in every batch that probes it.
 INDEX_ROWS = 1_000_000
 # At parallelism P > 1, a batch of fewer input rows than this is planned as at parallelism 1,
 # in one task reading every partition of state (a narrow coalesce), its new state runs only
@@ -141,7 +146,8 @@ class Engine:
 
     def __init__(self, pipeline: Pipeline, spark: SparkSession, *, parallelism: int = 1,
                  interpreted_rows: int = INTERPRETED_ROWS, index_rows: int = INDEX_ROWS,
-                 spread_rows: int = SPREAD_ROWS, state_replicas: int = 1) -> None:
+                 spread_rows: int = SPREAD_ROWS, state_replicas: int = 1,
+                 index_dir: str | None = None) -> None:
         if not pipeline.outputs:
             raise PipelineDefinitionError("the pipeline has no outputs: call pipeline.output(...)")
         if parallelism < 1:
@@ -152,6 +158,11 @@ class Engine:
         self.spread_rows = spread_rows
         self.interpreted_rows = interpreted_rows
         self.index_rows = index_rows
+        # The state indexes' files (`txstream.engine.run_index`): a directory of this engine's
+        # own, made when the first is written, under `index_dir` (TXSTREAM_INDEX_DIR, else the
+        # system's temporary directory), deleted with the engine or at exit.
+        self._index_parent = index_dir or os.environ.get("TXSTREAM_INDEX_DIR") or None
+        self._index_dir: str | None = None
         self._ops: list[Operator] = []
         by_id: dict[int, Operator] = {}
         keys: dict[int, Key] = {}  # a set of unique columns of each node, where one is known
@@ -171,7 +182,7 @@ class Engine:
                              and self._consumers[op.node.id] == 1)
         self.last_batch: BatchStats | None = None
         self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
-        self.index_bytes = 0  # driver memory the state indexes hold
+        self.index_bytes = 0  # what the state indexes' files hold
         self.outputs = {
             name: OutputTable(name, _table_schema(name, by_id[out.node.id].schema,
                                                   out.primary_key, keys[out.node.id]), out.node)
@@ -215,7 +226,7 @@ class Engine:
         weight = sum(t.num_rows for t in present.values())
         planned = self.parallelism if weight >= self.spread_rows else 1
         shape = self._shape(present, planned)
-        indexes = sum(state_shape[1] for state_shape in shape[2])
+        indexes = sum(len(s.indexed()) for s in self._states().values())
         template = self._templates.get(shape)
         recorded: Template | None = None
         if self.parallelism > 1:
@@ -302,8 +313,17 @@ class Engine:
         """Index the states' large runs, and drop the indexes of runs merged away."""
         with call_site(self.spark.sparkContext, "txstream state index"):
             for state in states:
-                state.refresh_indexes(self.index_rows)
+                state.refresh_indexes(self.index_rows, self._index_directory)
         self.index_bytes = sum(s.index_bytes for s in self._states().values())
+
+    @property
+    def _index_directory(self) -> str:
+        if self._index_dir is None:
+            if self._index_parent is not None:
+                Path(self._index_parent).mkdir(parents=True, exist_ok=True)
+            self._index_dir = tempfile.mkdtemp(prefix="txstream-index-", dir=self._index_parent)
+            weakref.finalize(self, shutil.rmtree, self._index_dir, True)
+        return self._index_dir
 
     def _build(self, changes: Mapping[str, Changes], weight: int, planned: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:

@@ -5,11 +5,11 @@ checking these two modules (and running the engine's tests), nothing else. pypro
 pyspark to the minor release they were written and tested against.
 
 What the engine builds through py4j is the leaves of a batch's plans, as Spark's own logical
-nodes. A batch's plans read four kinds of leaves: input deltas and state (an RDD of rows each, a
-`LogicalRDD`), frames computed once per batch (an `InMemoryRelation`, see `BatchPlan.shared`),
-and the hash indexes of large state runs (a `LogicalQueryStage`, see `index_node`). Each leaf
-has a key that survives Spark's copies of it (the deduplication of a self-join gives a copy
-fresh attribute ids): the id of its RDD, the name of its cached relation, or its stage's id.
+nodes. A batch's plans read three kinds of leaves: input deltas, state and the list of a
+state's index files (an RDD of rows each, a `LogicalRDD`), and frames computed once per batch
+(an `InMemoryRelation`, see `BatchPlan.shared`). Each leaf has a key that survives Spark's
+copies of it (the deduplication of a self-join gives a copy fresh attribute ids): the id of its
+RDD, or the name of its cached relation.
 `rebind` replaces leaves by key in an analyzed (or optimized) plan, keeping each occurrence's
 attributes, so the rest of the plan stays valid without being analyzed again.
 
@@ -29,11 +29,7 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
   `name()`.
 - `sql.execution.columnar.InMemoryRelation.apply(storageLevel, queryExecution, tableName)`,
   `cacheBuilder().tableName()`, `withOutput(attributes)`; `storage.StorageLevel.MEMORY_AND_DISK`.
-- `sql.execution.adaptive.LogicalQueryStage(logicalPlan, physicalPlan)`, `physicalPlan()`;
-  `sql.execution.adaptive.BroadcastQueryStageExec(id, plan, canonicalized)`;
-  `sql.execution.exchange.ReusedExchangeExec(output, exchange)`; of a
-  `sql.execution.exchange.BroadcastExchangeExec`: `executeBroadcast()` (and its `destroy()`),
-  `metrics()` (`numOutputRows`, `dataSize`), `canonicalized()`, `getClass().getSimpleName()`.
+- a partitioning's or an expression's `getClass().getSimpleName()`.
 - `SparkContext` (JVM side): `emptyRDD`, `union(Seq, ClassTag)`, `parallelize(Seq, n,
   ClassTag)`; `rdd.RDD.id()`; `rdd.SQLPartitioningAwareUnionRDD(context, Seq, n, ClassTag)`.
 - Scala and Java: `scala.collection.immutable.Nil`, `scala.collection.immutable.Map.empty()`,
@@ -131,9 +127,6 @@ class _Jvm:
     memory_and_disk: JavaObject
     dataset: JavaObject
     option: JavaObject
-    reused_exchange: JavaObject
-    broadcast_stage: JavaObject
-    query_stage: JavaObject
 
 
 @cache
@@ -160,9 +153,6 @@ def _jvm(spark: SparkSession) -> _Jvm:
         memory_and_disk=jvm.org.apache.spark.storage.StorageLevel.MEMORY_AND_DISK(),
         dataset=jvm.org.apache.spark.sql.classic.Dataset,
         option=jvm.scala.Option,
-        reused_exchange=jvm.org.apache.spark.sql.execution.exchange.ReusedExchangeExec,
-        broadcast_stage=jvm.org.apache.spark.sql.execution.adaptive.BroadcastQueryStageExec,
-        query_stage=jvm.org.apache.spark.sql.execution.adaptive.LogicalQueryStage,
     )
 
 
@@ -378,64 +368,6 @@ def with_attributes(relation: JavaObject, output: JavaObject) -> JavaObject:
     return relation.withOutput(output)
 
 
-def index_node(spark: SparkSession, output: JavaObject, rdd: JavaObject, exchange: JavaObject
-               ) -> JavaObject:
-    """A leaf reading the rows of `rdd` through `exchange`, a broadcast exchange that already
-    holds them as a hash table, with the attributes `output`.
-
-    Spark's planner turns an equi-join whose side is a `LogicalQueryStage` over a broadcast
-    stage into a broadcast hash join that probes that stage's table (what adaptive execution
-    does with a broadcast it has already run), so a join of a few keys with it costs the keys,
-    not the rows. The stage reuses the exchange under this leaf's attributes, and the exchange
-    runs its job once, whatever the number of plans that read it."""
-    j = _jvm(spark)
-    stage = j.broadcast_stage(next(_names), j.reused_exchange(output, exchange),
-                              exchange.canonicalized())
-    return j.query_stage(rdd_node(spark, output, rdd), stage)
-
-
-# --- broadcast exchanges (the state's indexes) -----------------------------------------------
-
-def broadcast_exchange(frame: DataFrame) -> JavaObject:
-    """The broadcast exchange of `frame`'s physical plan (planned here), not yet run."""
-    plan = frame._jdf.queryExecution().executedPlan()
-    exchange = _find(plan, "BroadcastExchangeExec")
-    assert exchange is not None, f"no broadcast exchange in {plan.toString()}"
-    return exchange
-
-
-def run_broadcast(exchange: JavaObject) -> tuple[int, int]:
-    """Run `exchange`'s job; the rows and bytes it holds."""
-    exchange.executeBroadcast()
-    return int(_metric(exchange, "numOutputRows")), broadcast_bytes(exchange)
-
-
-def broadcast_bytes(exchange: JavaObject) -> int:
-    """Spark's estimate of the bytes of a run exchange's hash table."""
-    return int(_metric(exchange, "dataSize"))
-
-
-def destroy_broadcast(exchange: JavaObject) -> None:
-    """Free a run exchange's broadcast now, not when the JVM's garbage collector finds it."""
-    exchange.executeBroadcast().destroy()
-
-
-def _metric(exchange: JavaObject, name: str) -> int:
-    return exchange.metrics().apply(name).value()
-
-
-def _find(plan: JavaObject, class_name: str) -> JavaObject | None:
-    """The first node of a physical plan of the class `class_name`, depth first."""
-    if plan.getClass().getSimpleName() == class_name:
-        return plan
-    children = plan.children()
-    for i in range(children.size()):
-        found = _find(children.apply(i), class_name)
-        if found is not None:
-            return found
-    return None
-
-
 # --- rebinding -------------------------------------------------------------------------------
 
 def key_of(leaf: JavaObject) -> LeafKey | None:
@@ -445,8 +377,6 @@ def key_of(leaf: JavaObject) -> LeafKey | None:
         return ("rdd", leaf.rdd().id())
     if name == "InMemoryRelation":
         return ("cached", leaf.cacheBuilder().tableName().get())
-    if name == "LogicalQueryStage":
-        return ("index", leaf.physicalPlan().id())
     return None
 
 

@@ -30,17 +30,16 @@ again (`txstream.engine.templates`). For that, every run holds its rows in the s
 (`row_type`): decimal weights sum to precision 38 at once instead of widening with each merge.
 
 A lookup streams those runs past a hash table of the batch's keys, which costs every row of
-them (at P > 1, a partition's rows per task). At parallelism 1 a large run (`index`: at
-least `index_rows` rows) therefore gets a hash index on the state's lookup columns once it is
-installed: Spark's broadcast of its rows as a hash table,
-built by one job, kept until the run is merged away, and probed by every later lookup with the
-batch's keys (`spark_internals.index_node`). A run's weight (rows of input) bounds its rows, so only
-runs that weigh `index_rows` are built; one whose build counts fewer rows (a group-by's few
-groups) is dropped at once and stays streamed. Size tiers keep the streamed runs' weight below
-about twice `index_rows`, or their rows below `index_rows` each, so a lookup costs
-O(delta + index_rows) rows, not O(state); an index holds a copy of its run's rows in the
-driver's memory, 110-120 bytes per row of a few columns. At P > 1 runs are not indexed: a
-driver-side index would put the whole state in one JVM again.
+them (at P > 1, a partition's rows per task). A large run (`index`: at least `index_rows` rows)
+therefore gets an index on the state's lookup columns once it is installed: its partitions
+sorted by a hash of those columns and written as files by the executors (one job), probed by
+binary search in every later lookup (`txstream.engine.run_index`), and deleted when the run is
+merged away. A run's weight (rows of input) bounds its rows, so only runs that weigh
+`index_rows` are built; one whose build counts fewer rows (a group-by's few groups) is dropped
+at once and stays streamed. Size tiers keep the streamed runs' weight below about twice
+`index_rows`, or their rows below `index_rows` each, so a lookup costs O(delta + index_rows)
+rows, not O(state), at any P; the driver holds a path per partition of an index, never its
+rows.
 """
 
 from __future__ import annotations
@@ -50,30 +49,37 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+import pyarrow as pa
 from py4j.java_gateway import JavaObject
 from py4j.protocol import Py4JJavaError
 from pyspark import StorageLevel
+from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructField, StructType
 
+from txstream.engine import run_index
 from txstream.engine.errors import EngineStateError
-from txstream.engine.frames import col, null_safe_on, parallelism, prefixed, semi_join, union_all
+from txstream.engine.frames import (
+    build_side,
+    col,
+    join,
+    null_safe_on,
+    parallelism,
+    prefixed,
+    semi_join,
+    union_all,
+)
+from txstream.engine.run_index import RunIndex
 from txstream.engine.spark_internals import (
     Clustering,
     attributes,
-    broadcast_bytes,
-    broadcast_exchange,
-    destroy_broadcast,
     frame_of,
-    fresh_attributes,
     hash_clusterings,
     id_of,
-    index_node,
-    rdd_leaf,
+    input_rows,
     rdd_node,
     rdd_of,
-    run_broadcast,
     union_rdd,
 )
 
@@ -164,12 +170,14 @@ class ZSetState:
         # `row_type`'s columns cast and named, made once: a cast to a type object costs about six
         # round trips to the JVM, and a batch's plans type every delta of every state.
         self._typing: dict[str, Column] = {}  # by column name, in `row_type`'s order
-        # The current version's small runs as one leaf, and its indexes' leaves.
+        # The current version's small runs as one leaf, and the list of its indexes' files.
         self._leaf: dict[int, DataFrame] = {}  # by the parallelism of the plans reading it
-        self._index_leaves: list[DataFrame] | None = None
-        self._indexes: dict[int, JavaObject] = {}  # run's RDD id -> its broadcast exchange
+        # The indexed runs it lists, by RDD id, with the leaf's session, attributes and rows.
+        self._index_files: tuple[tuple[int, ...], SparkSession, JavaObject, JavaObject] | None \
+            = None
+        self._indexes: dict[int, RunIndex] = {}  # by the run's RDD id
         self._unindexed: set[int] = set()  # runs whose build found fewer than index_rows rows
-        self.index_bytes = 0  # what the indexes hold (Spark's estimate of its hash tables)
+        self.index_bytes = 0  # what the indexes' files hold
         self._splitting: tuple[DataFrame, Column] | None = None  # see _split
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
@@ -297,15 +305,23 @@ class ZSetState:
 
     def install(self, runs: Runs) -> None:
         self.runs = runs
-        self._leaf, self._index_leaves = {}, None
+        self._leaf = {}
 
     def replicate(self, rdd_ids: set[int]) -> None:
         """Copy anew the current version's runs of those RDD ids, each block to `replicas`
         executors (one job per run): `txstream.engine.replicas` names the runs with a block on
-        fewer executors."""
-        self.install(tuple(
-            Run(self._local_checkpoint(run.frame, eager=True), run.weight)
-            if run.rdd_id in rdd_ids else run for run in self.runs))
+        fewer executors. A copy holds its run's rows: it keeps the run's index."""
+        runs = []
+        for run in self.runs:
+            if run.rdd_id in rdd_ids:
+                copy = Run(self._local_checkpoint(run.frame, eager=True), run.weight)
+                if run.rdd_id in self._indexes:
+                    self._indexes[copy.rdd_id] = self._indexes.pop(run.rdd_id)
+                if run.rdd_id in self._unindexed:
+                    self._unindexed.add(copy.rdd_id)
+                run = copy
+            runs.append(run)
+        self.install(tuple(runs))
 
     def streamed(self) -> Runs:
         """The current version's runs without an index: lookups stream their rows."""
@@ -314,9 +330,9 @@ class ZSetState:
     def indexed(self) -> Runs:
         return tuple(r for r in self.runs if r.rdd_id in self._indexes)
 
-    def shape(self) -> tuple[bool, int]:
-        """What a batch's plans depend on: whether runs are streamed, how many are indexed."""
-        return bool(self.streamed()), len(self.indexed())
+    def shape(self) -> tuple[bool, bool]:
+        """What a batch's plans depend on: whether runs are streamed, whether any is indexed."""
+        return bool(self.streamed()), bool(self.indexed())
 
     def frame(self) -> DataFrame | None:
         """The current version's streamed runs as one leaf, unconsolidated: equal keys may
@@ -329,20 +345,36 @@ class ZSetState:
             self._leaf[planned] = self.leaf(streamed[0].frame.sparkSession, streamed)
         return self._leaf[planned]
 
-    def index_frames(self) -> list[DataFrame]:
-        """One leaf per indexed run of the current version (see `index_node`)."""
-        if self._index_leaves is None:
-            self._index_leaves = []
-            for i, run in enumerate(self.indexed()):
-                spark = run.frame.sparkSession
-                output = fresh_attributes(spark, self._prototype, run.rdd)
-                self._index_leaves.append(frame_of(spark, self.index_node(i, output)))
-        return self._index_leaves
+    def index_frame(self) -> DataFrame | None:
+        """The files of the current version's indexed runs as a leaf (one row per file, see
+        `run_index.FILES_TYPE`), or None when no run is indexed."""
+        listed = self._listed()
+        if listed is None:
+            return None
+        spark, output, rows = listed
+        return frame_of(spark, rdd_node(spark, output, rows).newInstance())
 
-    def index_node(self, position: int, output: JavaObject) -> JavaObject:
-        """A leaf with the attributes `output` reading the indexed run at `position`."""
-        run = self.indexed()[position]
-        return index_node(run.frame.sparkSession, output, run.rdd, self._indexes[run.rdd_id])
+    def index_node(self, output: JavaObject) -> JavaObject:
+        """A leaf with the attributes `output` reading the files of the current indexed runs."""
+        listed = self._listed()
+        assert listed is not None, "a plan reads index files only when some exist"
+        spark, _, rows = listed
+        return rdd_node(spark, output, rows)
+
+    def _listed(self) -> tuple[SparkSession, JavaObject, JavaObject] | None:
+        """The session, attributes and rows of a leaf listing the index files of the current
+        version's indexed runs (made again when they change)."""
+        indexed = self.indexed()
+        if not indexed:
+            return None
+        ids = tuple(r.rdd_id for r in indexed)
+        if self._index_files is None or self._index_files[0] != ids:
+            spark = indexed[0].frame.sparkSession
+            paths = pa.table({run_index.PATH: pa.array(
+                [f for i in ids for f in self._indexes[i].files], pa.string())})
+            self._index_files = (ids, spark,
+                                 *input_rows(spark, paths, run_index.FILES_TYPE, columnar=False))
+        return self._index_files[1:]
 
     def _probe_keys(self, probe: DataFrame) -> DataFrame:
         """The distinct `lookup_on` values of `probe` in the state's types, as `__p_` columns."""
@@ -350,30 +382,22 @@ class ZSetState:
         return prefixed(probe.select(*[self._typing[c] for c in self.lookup_on]).distinct(),
                         "__p_")
 
-    def _index_join(self, keys: DataFrame, run: DataFrame) -> DataFrame:
-        """The rows of `run` whose lookup columns equal (nulls equal) a row of `keys`. The same
-        join builds an index (`run` a broadcast leaf) and probes it (`run` an index leaf,
-        directly under the join, where the planner recognizes it): so the hash table the
-        probe expects is the one built."""
-        assert self.lookup_on is not None
-        probe_cols = [f"__p_{c}" for c in self.lookup_on]
-        cond = null_safe_on(run, keys, self.lookup_on, probe_cols)
-        # Always true, but it reads every column of `run` and is no equality: the optimizer
-        # can neither drop a column of the index (a projection between the join and the index
-        # would hide the index from the planner) nor push the condition below the join.
-        whole = F.hash(*[run[f"`{c}`"] for c in run.columns], keys[f"`{probe_cols[0]}`"]) \
-            >= F.lit(-(2**31))
-        return keys.join(run, cond & whole, "inner") \
-            .select(*[run[f"`{c}`"] for c in run.columns])
-
     def matches(self, probe: DataFrame) -> list[DataFrame]:
-        """Per indexed run, its rows whose lookup columns equal (nulls equal) a row of
-        `probe`, unconsolidated; the streamed runs are left to the caller (`frame`)."""
-        leaves = self.index_frames()
-        if not leaves:
+        """The indexed runs' rows whose lookup columns equal (nulls equal) a row of `probe`,
+        unconsolidated (none, or one frame: at P > 1 partitioned as the state's leaves are);
+        the streamed runs are left to the caller (`frame`)."""
+        files = self.index_frame()
+        if files is None:
             return []
-        keys = self._probe_keys(probe)
-        return [self._index_join(keys, leaf).coalesce(1) for leaf in leaves]
+        assert self.lookup_on is not None and self.row_type is not None
+        keys = self._probe_keys(probe).coalesce(1)
+        probe_cols = [f"__p_{c}" for c in self.lookup_on]
+        candidates = run_index.lookups(keys, probe_cols, files, self.row_type)
+        # Both sides in one partition: the join needs no exchange.
+        found = join(candidates, build_side(keys),
+                     null_safe_on(candidates, keys, self.lookup_on, probe_cols), "inner") \
+            .select(*[candidates[f"`{c}`"] for c in self.row_type.names])
+        return [found.coalesce(1) if parallelism() == 1 else self._hashed(found)]
 
     def consolidated(self, runs: Runs) -> DataFrame | None:
         if not runs:
@@ -397,53 +421,42 @@ class ZSetState:
             return None
         return self._consolidate(union_all(parts), whole=True)
 
-    def refresh_indexes(self, index_rows: int) -> None:
-        """Index the current version's runs of at least `index_rows` rows (a Spark job each),
-        and drop the indexes of runs no longer in it. A run Spark cannot index (its rows
-        exceed what the driver may collect) stays streamed, with a warning."""
+    def refresh_indexes(self, index_rows: int, directory: str) -> None:
+        """Index the current version's runs of at least `index_rows` rows (a Spark job each,
+        writing files under `directory`), and drop the indexes of runs no longer in it. A run
+        Spark cannot index stays streamed, with a warning."""
         current = {r.rdd_id for r in self.runs}
         before = set(self._indexes)
         for rdd_id in [i for i in self._indexes if i not in current]:
-            destroy_broadcast(self._indexes.pop(rdd_id))
+            self._indexes.pop(rdd_id).drop()
         self._unindexed &= current
-        if self.lookup_on is None or self.partitions > 1:  # see the module doc
-            return
-        for run in self.runs:
-            if (run.weight < index_rows or run.rdd_id in self._indexes
-                    or run.rdd_id in self._unindexed):
-                continue
-            try:
-                exchange, rows, size = self._build_index(run)
-            except Py4JJavaError as exc:
-                log.warning("state run of %s rows of input stays unindexed, lookups stream "
-                            "it: %s", f"{run.weight:,}", str(exc.java_exception)[:300])
-                self._unindexed.add(run.rdd_id)
-                continue
-            if rows < index_rows:
-                destroy_broadcast(exchange)
-                self._unindexed.add(run.rdd_id)
-            else:
-                log.info("indexed a state run of %s rows: %.0f MiB of driver memory",
-                         f"{rows:,}", size / 2**20)
-                self._indexes[run.rdd_id] = exchange
+        if self.lookup_on is not None:
+            for run in self.runs:
+                if (run.weight >= index_rows and run.rdd_id not in self._indexes
+                        and run.rdd_id not in self._unindexed):
+                    self._index(run, index_rows, directory)
         if set(self._indexes) != before:  # runs moved between streamed and indexed
-            self.index_bytes = sum(broadcast_bytes(e) for e in self._indexes.values())
-            self._leaf, self._index_leaves = {}, None
+            self.index_bytes = sum(i.bytes for i in self._indexes.values())
+            self._leaf = {}
 
-    def _build_index(self, run: Run) -> tuple[JavaObject, int, int]:
-        """The broadcast exchange of `run`'s rows as a hash table on the lookup columns, its
-        job run, with its rows and bytes: planned as the join that probes it, with a
-        placeholder for the keys."""
-        assert self.lookup_on is not None and self.row_type is not None
-        spark = run.frame.sparkSession
-        key_type = StructType([self.row_type[c] for c in self.lookup_on])
-        placeholder = rdd_leaf(spark, attributes(spark.createDataFrame([], key_type)),
-                               union_rdd(spark, []))
-        run_leaf = rdd_leaf(spark, self._prototype, run.rdd)
-        exchange = broadcast_exchange(
-            self._index_join(self._probe_keys(placeholder), F.broadcast(run_leaf)))
-        rows, size = run_broadcast(exchange)
-        return exchange, rows, size
+    def _index(self, run: Run, index_rows: int, directory: str) -> None:
+        assert self.lookup_on is not None
+        try:
+            index = run_index.build(run.frame, self.lookup_on, directory)
+        except (Py4JJavaError, PySparkException, OSError) as exc:
+            # Only an optimization: a run that cannot be indexed (its files not written, a
+            # lost executor) is streamed, as a small one is.
+            log.warning("state run of %s rows of input stays unindexed, lookups stream it: %s",
+                        f"{run.weight:,}", str(exc)[:300])
+            self._unindexed.add(run.rdd_id)
+            return
+        if index.rows < index_rows:
+            index.drop()
+            self._unindexed.add(run.rdd_id)
+            return
+        log.info("indexed a state run of %s rows: %.0f MiB of files under %s",
+                 f"{index.rows:,}", index.bytes / 2**20, index.directory)
+        self._indexes[run.rdd_id] = index
 
     def save(self, path: str, runs: Runs) -> None:
         """Write a version's consolidated collection as Parquet under `path` (any

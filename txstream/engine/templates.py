@@ -3,10 +3,10 @@
 Building a batch's plans through the DataFrame API costs the driver about a second on the
 example pipeline (thousands of calls into the JVM, each new frame analyzed), the same every
 batch: the plans differ only in their leaves. A batch's shape (which sources have changes;
-per state, whether it has streamed runs and how many indexed ones) decides every plan, so the
+per state, whether it has streamed runs and whether indexed ones) decides every plan, so the
 first batch of a shape is built by the operators and recorded, and later batches of that shape
 rebind the recorded plans to their own leaves (`spark_internals.rebind`): the sources' changes, each
-state's streamed runs and indexes, the runs a state merges. The frames a batch materializes
+state's streamed runs and index files, the runs a state merges. The frames a batch materializes
 (shared frames, new runs) are recorded in order with the plans they come from, and are
 materialized again from those plans, rebound to the leaves before them.
 
@@ -50,9 +50,9 @@ from txstream.engine.spark_internals import (
 from txstream.engine.state import Merge, Run, StagedRuns, ZSetState
 
 # What a leaf of a recorded plan stands for: a source's changes, a state's streamed runs, the
-# runs a batch merges into a state's new run, or the index of a state's indexed run.
+# runs a batch merges into a state's new run, or the list of a state's index files.
 Role = (tuple[Literal["source"], str] | tuple[Literal["state", "merged"], ZSetState]
-        | tuple[Literal["index"], ZSetState, int])
+        | tuple[Literal["index"], ZSetState])
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,9 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
         current = state.frame()
         if current is not None:
             roles[leaf_key(current)] = ("state", state)
-        for i, index in enumerate(state.index_frames()):
-            roles[leaf_key(index)] = ("index", state, i)
+        files = state.index_frame()
+        if files is not None:
+            roles[leaf_key(files)] = ("index", state)
     for merged, state in batch.merged:
         roles[leaf_key(merged)] = ("merged", state)
     known = set(roles)
@@ -139,7 +140,7 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
     bindings: dict[LeafKey, Callable[[JavaObject], JavaObject]] = {}
     for key, role in template.roles.items():
         if role[0] == "index":
-            bindings[key] = lambda out, state=role[1], i=role[2]: state.index_node(i, out)
+            bindings[key] = role[1].index_node
         elif role[0] == "source":
             bindings[key] = reading(sources[role[1]].rdd, sources[role[1]].clustering)
         else:

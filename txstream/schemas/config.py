@@ -151,6 +151,11 @@ class PipelineConfig(BaseModel):
     # restarts from its checkpoint); 2 survives an executor's loss at the price of twice the
     # executors' memory for state and a network copy of each new run. Set 2 on a cluster.
     state_replicas: int = Field(default=1, ge=1)
+    # Where the executors write the indexes of large state runs (files sorted by key, read by
+    # every executor: txstream.engine.run_index). Default: TXSTREAM_INDEX_DIR, else the
+    # system's temporary directory, which serves local[N] and a cluster on one host; a
+    # cluster on several hosts needs a directory they all mount.
+    index_dir: str | None = None
     kafka_bootstrap_servers: str | None = None
     # TLS and SASL of every Kafka client the service creates (txstream.schemas.kafka).
     kafka_security: KafkaSecurity = KafkaSecurity()

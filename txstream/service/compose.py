@@ -40,7 +40,7 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
     parallelism = (spark.sparkContext.defaultParallelism if config.parallelism == "auto"
                    else config.parallelism)
     new_engine = partial(Engine, pipeline, spark, parallelism=parallelism,
-                         state_replicas=config.state_replicas)
+                         state_replicas=config.state_replicas, index_dir=config.index_dir)
     engine = new_engine()
     log.info("engine parallelism %d", parallelism)
     refuse(sinks_fit(config, engine.outputs))

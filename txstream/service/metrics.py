@@ -224,7 +224,7 @@ def _families(m: Metrics) -> Iterator[tuple[str, str, str, object]]:
         ("txstream_checkpoint_failures_total",
          "checkpoints that failed (retried after the next batch)", "counter", k.failures),
         ("txstream_state_index_bytes",
-         "driver memory held by the hash indexes of large state runs", "gauge",
+         "bytes of the index files of large state runs (on the executors' storage)", "gauge",
          c.state_index_bytes),
         ("txstream_live_table_bytes", "memory held by the live tables' rows and row keys",
          "gauge", d.live_table_bytes),

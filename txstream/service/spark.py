@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from typing import IO
@@ -94,6 +95,10 @@ def get_spark(master: str | None = None, app_name: str = "txstream", *,
     """
     if SparkContext._active_spark_context is None:
         started = time.monotonic()
+        # Executors run the engine's Python code (state indexes, `txstream.engine.run_index`)
+        # in workers of this interpreter unless told otherwise: PySpark's default, `python3`
+        # on the PATH, may lack the project and pyarrow.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         conf = SparkConf().setMaster(master or os.environ.get("SPARK_MASTER", DEFAULT_MASTER))
         conf.setAppName(app_name).setAll([
             *_SETTINGS.items(),
