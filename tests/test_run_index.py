@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import math
 import random
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, Pipeline
 from txstream.engine import reducers as r
-from txstream.engine.run_index import HASH, PATH, probe, write
+from txstream.engine.run_index import HASH, PATH, UNREADABLE, probe, write
 from txstream.schemas.tables import TableSchema
 
 
@@ -47,7 +48,7 @@ def test_the_probe_takes_every_row_of_each_wanted_hash_from_every_file(tmp_path:
 
 
 def test_a_missing_file_names_the_setting_to_fix(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="index_dir"):
+    with pytest.raises(OSError, match=f"{UNREADABLE}.*index_dir"):
         list(probe(iter([_requests([1], [str(tmp_path / "gone.arrow")])])))
 
 
@@ -120,7 +121,7 @@ def test_indexed_runs_find_what_streamed_runs_do(spark: SparkSession, parallelis
         if time > 1:
             assert indexed.last_batch.indexes > 0, indexed.last_batch
     states = indexed._states().values()
-    directory = Path(indexed._index_directory)
+    directory = Path(indexed._indexing.directory())
     files = {Path(f) for s in states for i in s._indexes.values() for f in i.files}
     assert files == set(directory.glob("*/*.arrow")), "files of runs merged away are left"
     assert indexed.index_bytes == sum(f.stat().st_size for f in files)
@@ -128,3 +129,23 @@ def test_indexed_runs_find_what_streamed_runs_do(spark: SparkSession, parallelis
     gc.collect()
     assert not directory.exists()
 
+
+
+def test_index_files_executors_cannot_read_turn_indexing_off(spark: SparkSession) -> None:
+    """Files gone from under the engine (as on a host that does not share `index_dir`): the
+    batch runs again streaming every run, with the same output, and indexing stays off."""
+    indexed = Engine(_pipeline(), spark, index_rows=1)
+    streamed = Engine(_pipeline(), spark)
+    rng = random.Random(3)
+    live: dict[str, dict[int, tuple[object, ...]]] = {"t": {}, "u": {}}
+    for time in range(1, 5):
+        if time == 3:
+            assert indexed.index_bytes > 0
+            for path in Path(indexed._indexing.directory()).glob("*/*.arrow"):
+                path.unlink()
+        batch = _batch(rng, live, time, 200)
+        a, b = process(indexed, batch), process(streamed, batch)
+        for name in a:
+            assert _sorted(a[name]) == _sorted(b[name]), f"{name} at {time}"
+    assert indexed.index_bytes == 0 and indexed.index_rows == sys.maxsize
+    assert indexed.last_batch is not None and indexed.last_batch.indexes == 0

@@ -28,14 +28,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
-import weakref
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from pyspark.errors import AnalysisException, PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -43,7 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from txstream.changes import Changes
-from txstream.engine import warmup
+from txstream.engine import run_index, warmup
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import PART
 from txstream.engine.errors import (
@@ -53,6 +49,7 @@ from txstream.engine.errors import (
     PipelineDefinitionError,
 )
 from txstream.engine.frames import spread, union_all
+from txstream.engine.indexing import StateIndexes
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, first_line, tell_readers
 from txstream.engine.replicas import keep_replicated
@@ -157,12 +154,9 @@ class Engine:
         self.parallelism = parallelism
         self.spread_rows = spread_rows
         self.interpreted_rows = interpreted_rows
-        self.index_rows = index_rows
-        # The state indexes' files (`txstream.engine.run_index`): a directory of this engine's
-        # own, made when the first is written, under `index_dir` (TXSTREAM_INDEX_DIR, else the
-        # system's temporary directory), deleted with the engine or at exit.
-        self._index_parent = index_dir or os.environ.get("TXSTREAM_INDEX_DIR") or None
-        self._index_dir: str | None = None
+        # Files under `index_dir` (TXSTREAM_INDEX_DIR, else the system's temporary directory).
+        self._indexing = StateIndexes(
+            index_rows, index_dir or os.environ.get("TXSTREAM_INDEX_DIR") or None)
         self._ops: list[Operator] = []
         by_id: dict[int, Operator] = {}
         keys: dict[int, Key] = {}  # a set of unique columns of each node, where one is known
@@ -182,7 +176,6 @@ class Engine:
                              and self._consumers[op.node.id] == 1)
         self.last_batch: BatchStats | None = None
         self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
-        self.index_bytes = 0  # what the state indexes' files hold
         self.outputs = {
             name: OutputTable(name, _table_schema(name, by_id[out.node.id].schema,
                                                   out.primary_key, keys[out.node.id]), out.node)
@@ -242,7 +235,14 @@ class Engine:
                 final, outputs, staged, recorded = self._build(present, weight, planned)
             rewritten = max([weight, *(s.runs[-1].weight for s in staged)])
             interpreted = rewritten < self.interpreted_rows
-            result, execution_s, count = self._execute(final, outputs, interpreted)
+            try:
+                result, execution_s, count = self._execute(final, outputs, interpreted)
+            except PySparkException as exc:
+                if run_index.UNREADABLE not in str(exc):
+                    raise
+                # The batch changed nothing: run it again, streaming every run.
+                self._indexing.stop(self._states().values(), str(exc))
+                return self.process(changes)
         for staged_runs in staged:
             staged_runs.state.install(staged_runs.runs)
         self._keep_replicated()
@@ -312,18 +312,16 @@ class Engine:
     def _index(self, states: list[ZSetState]) -> None:
         """Index the states' large runs, and drop the indexes of runs merged away."""
         with call_site(self.spark.sparkContext, "txstream state index"):
-            for state in states:
-                state.refresh_indexes(self.index_rows, self._index_directory)
-        self.index_bytes = sum(s.index_bytes for s in self._states().values())
+            self._indexing.refresh(states, self._states().values())
 
     @property
-    def _index_directory(self) -> str:
-        if self._index_dir is None:
-            if self._index_parent is not None:
-                Path(self._index_parent).mkdir(parents=True, exist_ok=True)
-            self._index_dir = tempfile.mkdtemp(prefix="txstream-index-", dir=self._index_parent)
-            weakref.finalize(self, shutil.rmtree, self._index_dir, True)
-        return self._index_dir
+    def index_rows(self) -> int:
+        return self._indexing.rows
+
+    @property
+    def index_bytes(self) -> int:
+        """What the state indexes' files hold."""
+        return self._indexing.bytes
 
     def _build(self, changes: Mapping[str, Changes], weight: int, planned: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:

@@ -33,7 +33,7 @@ and every NaN for one, as its joins and aggregates do.
 from __future__ import annotations
 
 import functools
-import logging
+import os
 import shutil
 import uuid
 from collections import OrderedDict
@@ -49,13 +49,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-log = logging.getLogger(__name__)
-
 HASH = "__hash"  # a row's hash of its lookup columns, by which index files are sorted
 PATH = "__path"  # an index file, in the rows `probe` reads
 FILES_TYPE = StructType([StructField(PATH, StringType(), True)])
 _WRITTEN = "path string, rows long, bytes long"
 _OPEN_FILES = 64
+# Begins the error of a probe that cannot read a file: the engine then stops indexing
+# (`txstream.engine.indexing`).
+UNREADABLE = "state index file not readable on this executor"
 
 
 @dataclass(frozen=True)
@@ -131,10 +132,9 @@ def _opened(path: str) -> tuple[pa.Table, np.ndarray]:
         return _open[path]
     try:
         table = pa.ipc.open_file(pa.memory_map(path)).read_all()
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(
-            f"state index file {path} is not readable on this executor: the engine's "
-            "index_dir (TXSTREAM_INDEX_DIR) must be storage every executor can read") from exc
+    except OSError as exc:
+        raise OSError(f"{UNREADABLE}: {path} ({exc}); the engine's index_dir "
+                      "(TXSTREAM_INDEX_DIR) must be storage every executor can read") from exc
     entry = table.drop_columns([HASH]), table.column(HASH).to_numpy()
     _open[path] = entry
     while len(_open) > _OPEN_FILES:
@@ -150,9 +150,14 @@ def probe(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         h, p = batch.column(HASH), batch.column(PATH)
         hashes.append(h.filter(pc.is_valid(h)))
         paths.append(p.filter(pc.is_valid(p)))
+    # Files deleted since (runs merged away) are let go, so that their space is freed.
+    for gone in [p for p in _open if not os.path.exists(p)]:
+        del _open[gone]
     if not hashes:
         return
     wanted = np.unique(pa.concat_arrays(hashes).to_numpy())
+    if not wanted.size:
+        return
     for path in pa.concat_arrays(paths).to_pylist():
         rows, sorted_hashes = _opened(path)
         first = np.searchsorted(sorted_hashes, wanted, "left")

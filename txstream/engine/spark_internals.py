@@ -320,12 +320,6 @@ def _by_columns(partitioning: JavaObject) -> list[tuple[list[str], int]]:
     return [(names, partitioning.numPartitions())]
 
 
-def fresh_attributes(spark: SparkSession, output: JavaObject, rdd: JavaObject) -> JavaObject:
-    """Attributes of the same names and types as `output`, with new ids, for a leaf of
-    `rdd`."""
-    return rdd_node(spark, output, rdd).newInstance().output()
-
-
 def rdd_leaf(spark: SparkSession, output: JavaObject, rdd: JavaObject,
              clustering: Clustering | None = None) -> DataFrame:
     """`rdd` as a frame with fresh attributes of the same names and types as `output` (its

@@ -45,7 +45,7 @@ rows.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -421,10 +421,10 @@ class ZSetState:
             return None
         return self._consolidate(union_all(parts), whole=True)
 
-    def refresh_indexes(self, index_rows: int, directory: str) -> None:
+    def refresh_indexes(self, index_rows: int, directory: Callable[[], str]) -> None:
         """Index the current version's runs of at least `index_rows` rows (a Spark job each,
-        writing files under `directory`), and drop the indexes of runs no longer in it. A run
-        Spark cannot index stays streamed, with a warning."""
+        writing files under `directory()`), and drop the indexes of runs no longer in it. A
+        run that cannot be indexed stays streamed, with a warning."""
         current = {r.rdd_id for r in self.runs}
         before = set(self._indexes)
         for rdd_id in [i for i in self._indexes if i not in current]:
@@ -439,10 +439,10 @@ class ZSetState:
             self.index_bytes = sum(i.bytes for i in self._indexes.values())
             self._leaf = {}
 
-    def _index(self, run: Run, index_rows: int, directory: str) -> None:
+    def _index(self, run: Run, index_rows: int, directory: Callable[[], str]) -> None:
         assert self.lookup_on is not None
         try:
-            index = run_index.build(run.frame, self.lookup_on, directory)
+            index = run_index.build(run.frame, self.lookup_on, directory())
         except (Py4JJavaError, PySparkException, OSError) as exc:
             # Only an optimization: a run that cannot be indexed (its files not written, a
             # lost executor) is streamed, as a small one is.
@@ -457,6 +457,14 @@ class ZSetState:
         log.info("indexed a state run of %s rows: %.0f MiB of files under %s",
                  f"{index.rows:,}", index.bytes / 2**20, index.directory)
         self._indexes[run.rdd_id] = index
+
+    def drop_indexes(self) -> None:
+        """Delete every index: lookups stream every run."""
+        for index in self._indexes.values():
+            index.drop()
+        self._indexes.clear()
+        self.index_bytes = 0
+        self._leaf = {}
 
     def save(self, path: str, runs: Runs) -> None:
         """Write a version's consolidated collection as Parquet under `path` (any

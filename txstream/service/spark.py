@@ -54,6 +54,10 @@ _SETTINGS = {
     # the JVM (four extra round trips each, a third of a batch's planning calls). Errors keep
     # their SQL context: the failing fragment of an expression's text.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
+    # Executors talk to their Python workers (a state index's probe, txstream.engine.run_index)
+    # over a Unix socket: over loopback TCP the worker's first batch came ~40 ms after the
+    # task began (Nagle's algorithm and delayed acknowledgements), in every batch probing one.
+    "spark.python.unix.domain.socket.enabled": "true",
     # Old state versions are released by the context cleaner once unreferenced.
     "spark.cleaner.periodicGC.interval": "1min",
     # A replicated state block whose executor is lost is copied again to another one, so that

@@ -97,12 +97,15 @@ class JoinOp(Operator):
         )
 
     @staticmethod
-    def _before(state: ZSetState, probe: DataFrame) -> list[DataFrame]:
-        """The state's rows that may pair with `probe`'s: its streamed runs whole, and its
-        indexed runs' rows with `probe`'s keys."""
-        frames = [state.frame(), *state.matches(probe)]
-        return [f.withColumn(TIME, F.lit(BEFORE_BATCH).cast("long")) for f in frames
-                if f is not None]
+    def _before(state: ZSetState, probe: DataFrame) -> tuple[list[DataFrame], list[DataFrame]]:
+        """The state's rows that may pair with `probe`'s: its streamed runs whole, and apart
+        its indexed runs' rows with `probe`'s keys (at P > 1 a union of the two would declare
+        no partitioning, and the join would exchange the streamed runs whole)."""
+        def before(frame: DataFrame) -> DataFrame:
+            return frame.withColumn(TIME, F.lit(BEFORE_BATCH).cast("long"))
+        whole = state.frame()
+        return ([before(whole)] if whole is not None else [],
+                [before(found) for found in state.matches(probe)])
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d_left, d_right = deltas
@@ -114,16 +117,16 @@ class JoinOp(Operator):
         d_right = batch.clustered(d_right, on) if d_right is not None else None
         terms: list[DataFrame] = []
         if d_left is not None:
-            right_all = self._before(self.right_state, d_left)
+            right_all, right_found = self._before(self.right_state, d_left)
             if d_right is not None:
                 right_all.append(d_right)
-            if right_all:
-                terms.append(self._pairs(build_side(d_left), union_all(right_all)))
+            terms += [self._pairs(build_side(d_left), union_all(side))
+                      for side in (right_all, right_found) if side]
             batch.append(self.left_state, d_left)
         if d_right is not None:
-            left_before = self._before(self.left_state, d_right)
-            if left_before:
-                terms.append(self._pairs(union_all(left_before), build_side(d_right)))
+            left_before, left_found = self._before(self.left_state, d_right)
+            terms += [self._pairs(union_all(side), build_side(d_right))
+                      for side in (left_before, left_found) if side]
             batch.append(self.right_state, d_right)
         if not terms:
             return None
