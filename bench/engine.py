@@ -26,7 +26,7 @@ run are what matter, so the load average at start and end is part of the output.
 
     .venv/bin/python bench/engine.py [--latency] [--throughput] [--state] (none: all three)
         [--quick] [--sizes 10k,1M,10M] [--reps 5] [--latency-sizes 20k,1M] [--no-peer]
-        [--state-workloads groupby,join] [--parallelism 1] [--workers N [--worker-memory 8g]]
+        [--state-workloads groupby,join] [--parallelism 1] [--workers N [--worker-gb 8]]
     .venv/bin/python bench/engine.py --scale [bench/scale.py's arguments]
 """
 
@@ -492,22 +492,22 @@ def state_costs(spark: SparkSession, sizes: list[int], reps: int, workloads: lis
     return cost
 
 
-def on_cluster(workers: int, memory: str) -> None:
+def on_cluster(workers: int, gib: int) -> None:
     """This command again, without --workers, as the driver (1 GB) of a standalone cluster
-    of `workers` one-core workers of `memory` each, at parallelism `workers`."""
+    of `workers` one-core workers of `gib` GiB each, at parallelism `workers`."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.join(here, os.pardir, "tests"))
     from spark_standalone import standalone_cluster
 
     argv, skip = [], False
     for arg in sys.argv[1:]:
-        if skip or arg.startswith(("--workers", "--worker-memory", "--parallelism")):
-            skip = arg in ("--workers", "--worker-memory", "--parallelism")
+        if skip or arg.startswith(("--workers", "--worker-gb", "--parallelism")):
+            skip = arg in ("--workers", "--worker-gb", "--parallelism")
             continue
         argv.append(arg)
-    executor = f"{int(memory.rstrip('g')) * 1024 - 512}m"
+    executor = f"{gib * 1024 - 512}m"
     with tempfile.TemporaryDirectory() as workdir, standalone_cluster(
-            Path(workdir), workers=workers, cores=1, memory=memory,
+            Path(workdir), workers=workers, cores=1, memory=f"{gib}g",
             executor_memory=executor) as cluster:
         env = cluster.driver_env()  # SPARK_DRIVER_MEMORY 1g
         log(f"standalone cluster {cluster.master_url}: {workers} workers, executors {executor}")
@@ -553,7 +553,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0,
                         help="run on a Spark standalone cluster on 127.0.0.1 of this many "
                              "one-core workers (a 1 GB driver, parallelism = workers)")
-    parser.add_argument("--worker-memory", default="8g", help="each worker's memory")
+    parser.add_argument("--worker-gb", type=int, default=8, help="each worker's memory, GiB")
     parser.add_argument("--scale", action="store_true",
                         help="instead: bench/scale.py (parallelism 1 vs 2, one vs two workers, "
                              "Flink), which takes the arguments after --scale")
@@ -564,7 +564,7 @@ def main() -> None:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.workers:
-        on_cluster(args.workers, args.worker_memory)
+        on_cluster(args.workers, args.worker_gb)
         return
     parts = {p for p in ("latency", "throughput", "state") if getattr(args, p)} \
         or {"latency", "throughput", "state"}
