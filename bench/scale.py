@@ -19,9 +19,10 @@ during the timed batches, which at P = 2 finds no idle core). Apache Flink runs 
 workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of its own,
 Flink SQL in streaming mode; its job start excluded).
 
-With `--warm-s S`, the local[2] runs are also measured on a warm JVM (`local2_warm_P1/P2`):
-scratch engines run the same batches for S seconds first, and the measured engine, new, builds
-its plans anew on a JVM whose JIT has compiled what a long-running service's has.
+With `--warm-s S`, the local[2] runs and the cluster runs are also measured on warm JVMs
+(`local2_warm_P1/P2`, `cluster_warm_1w/2w`): scratch engines run the same batches for S seconds
+first, and the measured engine, new, builds its plans anew on JVMs (driver and executors) whose
+JIT has compiled what a long-running service's have.
 
 Also lone 10-event transactions of the example pipeline (state of 20,000 order events) at
 parallelism 1 and 2 on `local[2]`: p50 of `Engine.process`.
@@ -285,10 +286,14 @@ def main() -> None:
                 for workload in workloads:
                     report[workload]["runs"][f"cluster_{workers}w"] = _driver(
                         workload, workers, args.events, cluster.driver_env())
+                    if args.warm_s:
+                        report[workload]["runs"][f"cluster_warm_{workers}w"] = _driver(
+                            workload, workers, args.events, cluster.driver_env(), args.warm_s)
         for workload in workloads:
             runs = report[workload]["runs"]
-            report[workload]["cluster_2w_over_1w"] = _ratio(runs["cluster_2w"],
-                                                            runs["cluster_1w"])
+            for kind in ("cluster", "cluster_warm")[:2 if args.warm_s else 1]:
+                report[workload][f"{kind}_2w_over_1w"] = _ratio(runs[f"{kind}_2w"],
+                                                                runs[f"{kind}_1w"])
     if not args.no_peer:
         from flink_peer import run_flink
 
