@@ -4,10 +4,13 @@ A real standalone cluster of two workers of one core each (spark_standalone.py) 
 pipeline at parallelism 2 with every state block replicated on both executors
 (`state_replicas=2`). The driver is this file run as a script (the test session already holds a
 local SparkContext): it processes a change log batch by batch, writes every output change and,
-after each batch, its progress. The test kills an executor mid-stream, waits until the worker's
-replacement has registered and a batch has copied the state to it again (the engine does so
-after a loss), kills the other one, and then checks that the driver went on without a failed
-batch and that its output is the from-scratch one: every transaction's changes exactly once.
+after each batch, its progress. Runs of `INDEX_ROWS` rows or more are indexed: their files,
+written by the executors (`txstream.engine.run_index`), outlive them, and lookups after each
+loss search them from the replacement. The test kills an executor mid-stream, waits until
+the worker's replacement has registered and a batch has copied the state to it again (the
+engine does so after a loss), kills the other one, and then checks that the driver went on
+without a failed batch and that its output is the from-scratch one: every transaction's
+changes exactly once.
 
 The two processes meet through files: the driver starts batch n only once `allowed` says n (so
 it cannot run out of batches while the test waits for a replacement executor) and reports each
@@ -45,6 +48,7 @@ WORKERS = 2  # of one core each: one executor each
 TRANSACTIONS = 200
 BATCH_TRANSACTIONS = 10  # 20 batches, each a job of many stages at parallelism 2
 FIRST_KILL = 2  # killed once this many batches are done, while the next runs
+INDEX_ROWS = 50  # the largest runs of the later batches hold more
 # Seconds for any one step: the first batch alone (plans, code generation, cold JVMs) takes
 # about a minute on a loaded machine of two cores.
 WAIT = 180.0
@@ -72,8 +76,10 @@ def drive(events: Path, output: Path, progress: Path, allowed: Path) -> None:
     spark.sparkContext.setLogLevel("WARN")
     app_id = spark.sparkContext.applicationId
     example = pipeline()
-    engine = Engine(example, spark, parallelism=2, state_replicas=2, spread_rows=0)
+    engine = Engine(example, spark, parallelism=2, state_replicas=2, spread_rows=0,
+                    index_rows=INDEX_ROWS)
     batches: list[tuple[float, float]] = []
+    indexes: list[int] = []  # indexed runs each batch's lookups searched
     _write_json(progress, {"app_id": app_id, "batches": 0})
     with events.open() as log, output.open("w") as out:
         for n, batch in enumerate(read_batches(log, example, BATCH_TRANSACTIONS), 1):
@@ -85,6 +91,8 @@ def drive(events: Path, output: Path, progress: Path, allowed: Path) -> None:
             started = time.time()
             results = engine.process(batch)
             batches.append((started, time.time()))
+            assert engine.last_batch is not None
+            indexes.append(engine.last_batch.indexes)
             out.writelines(line + "\n" for name in results
                            for _, line in change_lines(name, results[name]))
             out.flush()
@@ -92,7 +100,8 @@ def drive(events: Path, output: Path, progress: Path, allowed: Path) -> None:
                                    "replications": engine.state_replications})
     # Where the driver's block manager master says the last version's blocks are.
     runs = [run.rdd for _, state_runs in engine.version().states.values() for run in state_runs]
-    print(json.dumps({"app_id": app_id, "batches": batches,
+    print(json.dumps({"app_id": app_id, "batches": batches, "indexes": indexes,
+                      "index_rows": engine.index_rows,
                       "fewest_copies": min(fewest_copies(spark, runs))}))
     spark.stop()
 
@@ -222,6 +231,8 @@ def test_executor_loss_is_survived(spark: SparkSession, tmp_path: Path) -> None:
     batches = [tuple(b) for b in report["batches"]]
     assert len(batches) == TRANSACTIONS // BATCH_TRANSACTIONS
     assert report["fewest_copies"] == WORKERS, "a state block ended on one executor only"
+    # Indexes stayed on (an unreadable file turns them off) and were searched after both kills.
+    assert report["index_rows"] == INDEX_ROWS and report["indexes"][-1] > 0, report["indexes"]
     summary = {"kills": [{"executor": k["executor"], **_around(k["at"], batches)} for k in kills],
                "median_batch_s": round(statistics.median(e - s for s, e in batches), 2),
                "test_s": round(time.monotonic() - started, 1)}
