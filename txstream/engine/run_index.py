@@ -20,11 +20,14 @@ built and held in the driver's memory, 110-120 bytes per row, so the largest sta
 driver could hold (a 10M-row join needed a 12 GB driver). Here the driver holds a path per
 partition; the rows stay with the executors, on disk and in the OS page cache, and a file
 outlives the executor that wrote it (the run's blocks do not: see `ZSetState.replicas`). The
-files must be where every executor can read them: any local directory with `local[N]` or a
-cluster on one host, storage shared by the executors' hosts otherwise (`Engine(index_dir=)`).
+files must be where every executor reads and writes them at the same path: the system's
+temporary directory serves `local[N]` and executors on the driver's own filesystem; executors
+in other containers or hosts need a volume they all mount (`Engine(index_dir=)`,
+docs/deploying.md; what happens without one: `txstream.engine.indexing`).
 
 A file is immutable and its path unique (a new index never reuses one), so a worker may keep
-it open across tasks; the newest `_OPEN_FILES` are kept. A hash equal to a key's is a
+it open across tasks; the newest `_OPEN_FILES` are kept, and files deleted since (runs merged
+away) are let go. A hash equal to a key's is a
 candidate, never a match: the join with the keys after the probe decides, so a collision costs
 a row, never a wrong one. Keys hash as Spark compares them: its xxhash64 takes -0.0 for 0.0
 and every NaN for one, as its joins and aggregates do.
