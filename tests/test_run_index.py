@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import random
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, Pipeline
 from txstream.engine import reducers as r
+from txstream.engine.indexing import StateIndexes
 from txstream.engine.run_index import HASH, PATH, UNREADABLE, probe, write
 from txstream.schemas.tables import TableSchema
 
@@ -149,3 +153,28 @@ def test_index_files_executors_cannot_read_turn_indexing_off(spark: SparkSession
             assert _sorted(a[name]) == _sorted(b[name]), f"{name} at {time}"
     assert indexed.index_bytes == 0 and indexed.index_rows == sys.maxsize
     assert indexed.last_batch is not None and indexed.last_batch.indexes == 0
+
+
+def test_a_new_index_directory_deletes_those_of_processes_gone(tmp_path: Path) -> None:
+    """A killed engine's files are deleted by the next engine on its host: a process gone, or
+    an earlier process of this one's id (a restarted container); a live process's, another
+    host's and a directory still being made are left."""
+    host = socket.gethostname()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+
+    def made(name: str, owner: str | None) -> str:
+        directory = tmp_path / f"txstream-index-{name}"
+        (directory / "run-1").mkdir(parents=True)
+        if owner is not None:
+            (directory / "owner").write_text(owner)
+        return directory.name
+
+    made("gone", f"{host} {ended.pid} token")
+    made("earlier", f"{host} {os.getpid()} an-earlier-process")
+    kept = {made("live", f"{host} {os.getppid()} token"),
+            made("elsewhere", f"another-host {ended.pid} token"), made("unowned", None)}
+    indexes = StateIndexes(1, str(tmp_path))  # its directory lives as long as it does
+    mine = Path(indexes.directory())
+    assert {p.name for p in tmp_path.iterdir()} == kept | {mine.name}
+    assert (mine / "owner").read_text().split()[:2] == [host, str(os.getpid())]

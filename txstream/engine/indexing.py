@@ -11,9 +11,12 @@ instead of failing every batch.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import socket
 import sys
 import tempfile
+import uuid
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,11 +26,19 @@ from txstream.engine.state import ZSetState
 log = logging.getLogger(__name__)
 
 
+_PREFIX = "txstream-index-"
+_OWNER = "owner"  # in each directory: the host, process id and process token of its engine
+# Tells this process from an earlier one of the same id on the same host (a container
+# restarted in its pod gets the same host name and, often, the same process id).
+_PROCESS = uuid.uuid4().hex
+
+
 class StateIndexes:
     """Index the runs of at least `rows` rows, in a directory of this object's own under
     `parent` (else the system's temporary directory), made when the first index is written and
-    deleted with this object or at exit (not after a kill: a shared `parent` keeps the
-    `txstream-index-*` directories of killed processes)."""
+    deleted with this object or at exit. A killed process cannot delete its directory: the
+    next one made on its host deletes those of this host's processes that are gone, so a
+    service restarted after crashes does not fill the disk with indexes of states it lost."""
 
     def __init__(self, rows: int, parent: str | None) -> None:
         self.rows = rows
@@ -37,10 +48,13 @@ class StateIndexes:
 
     def directory(self) -> str:
         if self._directory is None:
-            if self._parent is not None:
-                Path(self._parent).mkdir(parents=True, exist_ok=True)
-            self._directory = tempfile.mkdtemp(prefix="txstream-index-", dir=self._parent)
+            parent = Path(self._parent or tempfile.gettempdir())
+            parent.mkdir(parents=True, exist_ok=True)
+            _sweep(parent)
+            self._directory = tempfile.mkdtemp(prefix=_PREFIX, dir=parent)
             weakref.finalize(self, shutil.rmtree, self._directory, True)
+            (Path(self._directory) / _OWNER).write_text(
+                f"{socket.gethostname()} {os.getpid()} {_PROCESS}")
         return self._directory
 
     def refresh(self, states: Iterable[ZSetState], every: Iterable[ZSetState]) -> None:
@@ -59,3 +73,30 @@ class StateIndexes:
         for state in states:
             state.drop_indexes()
         self.bytes = 0
+
+
+def _sweep(parent: Path) -> None:
+    """Delete the index directories under `parent` whose owner ran on this host and is gone.
+    Others are left: another host's (its processes are not ours to see), and one without an
+    owner yet (being made)."""
+    host = socket.gethostname()
+    for directory in parent.glob(f"{_PREFIX}*"):
+        try:
+            owner_host, pid, token = (directory / _OWNER).read_text().split()
+        except (OSError, ValueError):
+            continue
+        gone = (token != _PROCESS if int(pid) == os.getpid() else not _alive(int(pid)))
+        if owner_host == host and gone:
+            log.info("deleting the state indexes of process %s, which is gone: %s", pid,
+                     directory)
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
