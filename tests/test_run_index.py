@@ -128,7 +128,8 @@ def test_indexed_runs_find_what_streamed_runs_do(spark: SparkSession, parallelis
     directory = Path(indexed._indexing.directory())
     files = {Path(f) for s in states for i in s._indexes.values() for f in i.files}
     assert files == set(directory.glob("*/*.arrow")), "files of runs merged away are left"
-    assert indexed.index_bytes == sum(f.stat().st_size for f in files)
+    # The rows' files and their hashes' (`*.hashes.npy`).
+    assert indexed.index_bytes == sum(f.stat().st_size for f in directory.glob("*/*"))
     del indexed, states
     gc.collect()
     assert not directory.exists()

@@ -5,13 +5,14 @@ partition, searched by binary search.
       | __hash = xxhash64 of the lookup columns; sorted by it within each partition
       v
     `build`: each executor writes its partitions as Arrow IPC files  <directory>/part-<i>-<id>.arrow
+             and their sorted hashes as arrays      <directory>/part-<i>-<id>.hashes.npy
              (one Spark job; the driver gets their paths, rows and bytes)
 
     a batch's lookup (`lookups`), one task:
       the probe's distinct keys, hashed --+
       the state's index files (a leaf) ---+--> `probe` in a Python worker: per file, memory-mapped
-                                               once per worker, the keys' hashes searched in its
-                                               sorted __hash column, the rows of equal hashes
+                                               once per worker with its hashes, the keys' hashes
+                                               searched in those, the rows of equal hashes
                                                taken --> candidates
       candidates joined with the keys (nulls equal): the run rows of those keys
 
@@ -96,21 +97,32 @@ def build(run: DataFrame, lookup: Sequence[str], parent: str) -> RunIndex:
 
 def write(directory: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Executor side of `build`: a partition's sorted batches into one file (none for an
-    empty partition); yields its path, rows and bytes. A retried task writes a file of its
-    own, which only the driver's list names."""
+    empty partition), their hashes apart, as one array (`_hashes_of`), so that a probe maps
+    them instead of copying them out of the file's batches; yields its path, rows and bytes
+    (both files'). A retried task writes files of its own, which only the driver's list
+    names."""
     context = TaskContext.get()
     part = context.partitionId() if context is not None else 0
     path = Path(directory) / f"part-{part:05d}-{uuid.uuid4().hex[:8]}.arrow"
-    writer, rows = None, 0
+    writer, hashes = None, []
     for batch in batches:
+        rows = batch.drop_columns([HASH])
         if writer is None:
-            writer = pa.ipc.new_file(str(path), batch.schema)
-        writer.write_batch(batch)
-        rows += batch.num_rows
+            writer = pa.ipc.new_file(str(path), rows.schema)
+        writer.write_batch(rows)
+        hashes.append(batch.column(HASH).to_numpy())
     if writer is not None:
         writer.close()
+        sorted_hashes = np.concatenate(hashes)
+        np.save(_hashes_of(str(path)), sorted_hashes)
+        size = path.stat().st_size + Path(_hashes_of(str(path))).stat().st_size
         yield pa.RecordBatch.from_pydict(
-            {"path": [str(path)], "rows": [rows], "bytes": [path.stat().st_size]})
+            {"path": [str(path)], "rows": [len(sorted_hashes)], "bytes": [size]})
+
+
+def _hashes_of(path: str) -> str:
+    """The file of the sorted hashes of the index file at `path`."""
+    return path.removesuffix(".arrow") + ".hashes.npy"
 
 
 def lookups(keys: DataFrame, key_columns: Sequence[str], files: DataFrame,
@@ -124,8 +136,8 @@ def lookups(keys: DataFrame, key_columns: Sequence[str], files: DataFrame,
     return requests.unionByName(listed).coalesce(1).mapInArrow(probe, row_type)
 
 
-# Executor side: index files open in this Python worker, newest last, by path: the rows
-# without their hash, and the sorted hashes.
+# Executor side: index files open in this Python worker, newest last, by path: the rows and
+# their sorted hashes, both memory-mapped (in the page cache, not the worker's heap).
 _open: OrderedDict[str, tuple[pa.Table, np.ndarray]] = OrderedDict()
 
 
@@ -134,11 +146,11 @@ def _opened(path: str) -> tuple[pa.Table, np.ndarray]:
         _open.move_to_end(path)
         return _open[path]
     try:
-        table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+        entry = (pa.ipc.open_file(pa.memory_map(path)).read_all(),
+                 np.load(_hashes_of(path), mmap_mode="r"))
     except OSError as exc:
         raise OSError(f"{UNREADABLE}: {path} ({exc}); the engine's index_dir "
                       "(TXSTREAM_INDEX_DIR) must be storage every executor can read") from exc
-    entry = table.drop_columns([HASH]), table.column(HASH).to_numpy()
     _open[path] = entry
     while len(_open) > _OPEN_FILES:
         _open.popitem(last=False)
