@@ -312,7 +312,7 @@ class Engine:
     def _index(self, states: list[ZSetState]) -> None:
         """Index the states' large runs, and drop the indexes of runs merged away."""
         with call_site(self.spark.sparkContext, "txstream state index"):
-            self._indexing.refresh(states, self._states().values())
+            self._indexing.refresh(states)
 
     @property
     def index_rows(self) -> int:
@@ -321,7 +321,7 @@ class Engine:
     @property
     def index_bytes(self) -> int:
         """What the state indexes' files hold."""
-        return self._indexing.bytes
+        return sum(s.index_bytes for s in self._states().values())
 
     def _build(self, changes: Mapping[str, Changes], weight: int, planned: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:

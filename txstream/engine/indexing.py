@@ -44,7 +44,6 @@ class StateIndexes:
         self.rows = rows
         self._parent = parent
         self._directory: str | None = None
-        self.bytes = 0  # what the current indexes' files hold
 
     def directory(self) -> str:
         if self._directory is None:
@@ -57,12 +56,10 @@ class StateIndexes:
                 f"{socket.gethostname()} {os.getpid()} {_PROCESS}")
         return self._directory
 
-    def refresh(self, states: Iterable[ZSetState], every: Iterable[ZSetState]) -> None:
-        """Index `states`' large runs and drop the indexes of their runs merged away; `every`:
-        all the engine's states, whose indexes' bytes are counted."""
+    def refresh(self, states: Iterable[ZSetState]) -> None:
+        """Index `states`' large runs and drop the indexes of their runs merged away."""
         for state in states:
             state.refresh_indexes(self.rows, self.directory)
-        self.bytes = sum(s.index_bytes for s in every)
 
     def stop(self, states: Iterable[ZSetState], why: str) -> None:
         """Index no more, and drop every index: an executor could not read one (`why`)."""
@@ -72,7 +69,6 @@ class StateIndexes:
         self.rows = sys.maxsize
         for state in states:
             state.drop_indexes()
-        self.bytes = 0
 
 
 def _sweep(parent: Path) -> None:

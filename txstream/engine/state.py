@@ -177,7 +177,6 @@ class ZSetState:
             = None
         self._indexes: dict[int, RunIndex] = {}  # by the run's RDD id
         self._unindexed: set[int] = set()  # runs whose build found fewer than index_rows rows
-        self.index_bytes = 0  # what the indexes' files hold
         self._splitting: tuple[DataFrame, Column] | None = None  # see _split
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
@@ -330,6 +329,11 @@ class ZSetState:
     def indexed(self) -> Runs:
         return tuple(r for r in self.runs if r.rdd_id in self._indexes)
 
+    @property
+    def index_bytes(self) -> int:
+        """What the files of the current version's indexes hold."""
+        return sum(self._indexes[r.rdd_id].bytes for r in self.indexed())
+
     def shape(self) -> tuple[bool, bool]:
         """What a batch's plans depend on: whether runs are streamed, whether any is indexed."""
         return bool(self.streamed()), bool(self.indexed())
@@ -436,7 +440,6 @@ class ZSetState:
                         and run.rdd_id not in self._unindexed):
                     self._index(run, index_rows, directory)
         if set(self._indexes) != before:  # runs moved between streamed and indexed
-            self.index_bytes = sum(i.bytes for i in self._indexes.values())
             self._leaf = {}
 
     def _index(self, run: Run, index_rows: int, directory: Callable[[], str]) -> None:
@@ -463,7 +466,6 @@ class ZSetState:
         for index in self._indexes.values():
             index.drop()
         self._indexes.clear()
-        self.index_bytes = 0
         self._leaf = {}
 
     def save(self, path: str, runs: Runs) -> None:
