@@ -114,8 +114,9 @@ def write(directory: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Reco
     if writer is not None:
         writer.close()
         sorted_hashes = np.concatenate(hashes)
-        np.save(_hashes_of(str(path)), sorted_hashes)
-        size = path.stat().st_size + Path(_hashes_of(str(path))).stat().st_size
+        hashes_path = Path(_hashes_of(str(path)))
+        np.save(hashes_path, sorted_hashes)
+        size = path.stat().st_size + hashes_path.stat().st_size
         yield pa.RecordBatch.from_pydict(
             {"path": [str(path)], "rows": [len(sorted_hashes)], "bytes": [size]})
 
