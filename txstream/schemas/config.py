@@ -153,8 +153,9 @@ class PipelineConfig(BaseModel):
     state_replicas: int = Field(default=1, ge=1)
     # Where the executors write the indexes of large state runs (files sorted by key, read by
     # every executor: txstream.engine.run_index). Default: TXSTREAM_INDEX_DIR, else the
-    # system's temporary directory, which serves local[N] and a cluster on one host; a
-    # cluster on several hosts needs a directory they all mount.
+    # system's temporary directory, which serves local[N] and executors on the driver's own
+    # filesystem; executors in other containers or hosts need a volume they all mount
+    # (docs/deploying.md, "State indexes").
     index_dir: str | None = None
     kafka_bootstrap_servers: str | None = None
     # TLS and SASL of every Kafka client the service creates (txstream.schemas.kafka).
