@@ -83,6 +83,8 @@ V_MOD = 10_007
 # addition: results can be compared for equality, not approximately.
 V_SCALE = 8.0
 
+# Set in the environment of the driver `on_cluster` runs.
+_ON_CLUSTER = "TXSTREAM_BENCH_ON_CLUSTER"
 LOAD_BATCH_ROWS = 500_000  # bounds what a loading batch holds in the driver (input, output)
 QUICK_SIZES = (10_000, 100_000, 1_000_000)
 FULL_SIZES = (10_000, 1_000_000, 10_000_000)
@@ -493,26 +495,20 @@ def state_costs(spark: SparkSession, sizes: list[int], reps: int, workloads: lis
 
 
 def on_cluster(workers: int, gib: int) -> None:
-    """This command again, without --workers, as the driver (1 GB) of a standalone cluster
-    of `workers` one-core workers of `gib` GiB each, at parallelism `workers`."""
+    """This command again, as the driver (1 GB) of a standalone cluster of `workers` one-core
+    workers of `gib` GiB each (`_ON_CLUSTER` tells the driver it is the one)."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.join(here, os.pardir, "tests"))
     from spark_standalone import standalone_cluster
 
-    argv, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip or arg.startswith(("--workers", "--worker-gb", "--parallelism")):
-            skip = arg in ("--workers", "--worker-gb", "--parallelism")
-            continue
-        argv.append(arg)
     executor = f"{gib * 1024 - 512}m"
     with tempfile.TemporaryDirectory() as workdir, standalone_cluster(
             Path(workdir), workers=workers, cores=1, memory=f"{gib}g",
             executor_memory=executor) as cluster:
-        env = cluster.driver_env()  # SPARK_DRIVER_MEMORY 1g
+        env = {**cluster.driver_env(), _ON_CLUSTER: "1"}  # SPARK_DRIVER_MEMORY 1g
         log(f"standalone cluster {cluster.master_url}: {workers} workers, executors {executor}")
-        subprocess.run([sys.executable, os.path.abspath(__file__), *argv,
-                        "--parallelism", str(workers)], env=env, check=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env,
+                       check=True)
 
 
 def machine_facts(spark: SparkSession, started: datetime, load_start: tuple[float, ...],
@@ -563,7 +559,7 @@ def main() -> None:
             os.path.abspath(__file__)), "scale.py"), *rest])
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if args.workers:
+    if args.workers and not os.environ.get(_ON_CLUSTER):
         on_cluster(args.workers, args.worker_gb)
         return
     parts = {p for p in ("latency", "throughput", "state") if getattr(args, p)} \
@@ -603,7 +599,8 @@ def main() -> None:
                     round(ours / peer["events_per_s"], 2)
     if "state" in parts:
         report["state_cost"] = state_costs(spark, sizes, args.reps,
-                                           args.state_workloads.split(","), args.parallelism)
+                                           args.state_workloads.split(","),
+                                           args.workers or args.parallelism)
     report["machine"] = machine_facts(spark, started, load_start, engine_start)
     print(json.dumps(report, indent=2))
 

@@ -291,7 +291,7 @@ def main() -> None:
                             workload, workers, args.events, cluster.driver_env(), args.warm_s)
         for workload in workloads:
             runs = report[workload]["runs"]
-            for kind in ("cluster", "cluster_warm")[:2 if args.warm_s else 1]:
+            for kind in ("cluster", "cluster_warm") if args.warm_s else ("cluster",):
                 report[workload][f"{kind}_2w_over_1w"] = _ratio(runs[f"{kind}_2w"],
                                                                 runs[f"{kind}_1w"])
     if not args.no_peer:
