@@ -21,8 +21,7 @@ import uuid
 import pyarrow as pa
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from support.orders import write_config
-from support.runner import OrderProducer
+from support.orders import OrderProducer, write_config
 from support.service_process import ServiceProcess, metric, scrape
 from test_postgres_outputs import outputs
 from test_writer_fencing import lease, wait_to_take

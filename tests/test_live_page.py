@@ -18,8 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from support.chromium import Browser
-from support.orders import expected_tables
-from support.runner import Background, OrderProducer, example_config
+from support.orders import OrderProducer, expected_tables
+from support.runner import Background, example_config
 
 from txstream.changes import DIFF, TIME
 from txstream.schemas.config import SinkConfig

@@ -1,6 +1,7 @@
 """Crash recovery: `txstream run` in a subprocess over 50,000 events, killed with SIGKILL at
 chosen points (mid sink write, mid checkpoint, right after a checkpoint, before the offset
-commit, right after logging a batch) and at random moments, restarted each time, then stopped
+commit, right after logging a batch) and at random moments while it works through 10,000 more
+produced before each such life, restarted each time, then stopped
 with SIGTERM. The PostgreSQL snapshots and the saved live table must equal a from-scratch
 computation of the inputs, the append stream must integrate to the same table, and no
 transaction number may have been given to different content.
@@ -24,7 +25,7 @@ import yaml
 from support.orders import (
     OUTPUT_COLUMNS,
     expected_tables,
-    produce_orders,
+    OrderProducer,
     snapshot_tables,
     write_config,
 )
@@ -38,6 +39,9 @@ from support.service_process import (  # noqa: F401 (test_debezium_transactions 
 from txstream.service.embedded.postgres import free_port
 
 EVENTS = 50_000
+# Produced before each life killed at a random moment: a batch to replay, compute, write and
+# checkpoint, for the kill to land in (the first 50,000 are done by then).
+LIFE_EVENTS = 10_000
 
 
 def logged_transactions(location: Path) -> dict[int, str]:
@@ -54,7 +58,8 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
     topics = {"customers": f"{topic_name}-customers", "orders": f"{topic_name}-orders"}
     kafka.create_topic(topics["customers"], 1)
     kafka.create_topic(topics["orders"], 3)
-    world = produce_orders(kafka.bootstrap_servers, topics, EVENTS, seed=11)
+    producer = OrderProducer(kafka.bootstrap_servers, topics, seed=11, customers=200)
+    producer.send(EVENTS)
     port = free_port()
     group = f"g-{topic_name}"
     checkpoints = tmp_path / "checkpoints"
@@ -75,14 +80,16 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
     # transaction (every output table and the progress row; offsets not committed), the first
     # checkpoint (data written, manifest not), after the sinks of the second batch (offsets
     # not committed), right after the next checkpoint (the live table saved before it).
-    # Then kills at random moments after a restore: during a replay, a batch, a PostgreSQL
-    # write or a checkpoint, wherever they fall.
+    # Then kills at random moments after a restore, with a new backlog: during a replay, a
+    # batch, a PostgreSQL write or a checkpoint, wherever they fall.
     lives: list[str | float] = ["sink_write:1", "checkpoint:1", "commit:2", "checkpointed:1",
-                                rng.uniform(0, 40), rng.uniform(0, 40)]
+                                rng.uniform(0, 20), rng.uniform(0, 20)]
     history: dict[int, str] = {}
     log_path = tmp_path / "txstream.log"
     for life in lives:
         crash = {"TXSTREAM_CRASH_AT": life} if isinstance(life, str) else {}
+        if isinstance(life, float):
+            producer.send(LIFE_EVENTS)
         service = ServiceProcess(config, {**env, **crash}, log_path, warm_up=True)
         if isinstance(life, float):
             service.wait_for_log("resuming after transaction", timeout=600)
@@ -106,7 +113,7 @@ def test_kill_9_at_random_points_then_snapshot_equals_from_scratch(
     for number, identity in logged_transactions(checkpoints / group).items():
         assert history.setdefault(number, identity) == identity
 
-    want = expected_tables(world)
+    want = expected_tables(producer.world)
     got = snapshot_tables(postgres.url, pg_schema)
     live = pq.read_table(checkpoints / group / "live" / "customer_stats.parquet")
     got["customer_stats (live)"] = {tuple(r.values()) for r in live.select(

@@ -27,8 +27,8 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 from pydantic import SecretStr
-from support.orders import expected_tables
-from support.runner import Background, OrderProducer, assert_snapshots, example_config
+from support.orders import OrderProducer, expected_tables
+from support.runner import Background, assert_snapshots, example_config
 from support.service_process import ROOT, metric, scrape
 
 from txstream.client import LiveClient

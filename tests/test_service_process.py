@@ -14,8 +14,7 @@ import psycopg
 import yaml
 from confluent_kafka import Producer
 from psycopg import sql
-from support.orders import write_config
-from support.runner import OrderProducer
+from support.orders import OrderProducer, write_config
 from support.service_process import ROOT, ServiceProcess, metric, scrape
 
 from txstream.service.embedded.postgres import free_port

@@ -17,8 +17,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from support.orders import expected_tables, snapshot_tables, write_config
-from support.runner import OrderProducer
+from support.orders import OrderProducer, expected_tables, snapshot_tables, write_config
 from support.service_process import ServiceProcess, metric, scrape
 
 from txstream.service.embedded.postgres import PostgresEndpoint, free_port

@@ -6,7 +6,8 @@ pipeline, leaving the restored state alone (`PipelineRunner`, `compose.open_runn
 from __future__ import annotations
 
 import pytest
-from support.runner import Background, OrderProducer, assert_snapshots, example_config
+from support.orders import OrderProducer
+from support.runner import Background, assert_snapshots, example_config
 
 from txstream.schemas.config import PipelineConfig
 from txstream.service.compose import open_runner

@@ -1,6 +1,6 @@
-"""The example pipeline (`txstream.examples.orders`) in tests: its events produced to Kafka,
-its configuration file, and its outputs computed from scratch in plain Python to compare
-with what the sinks hold."""
+"""The example pipeline (`txstream.examples.orders`) in tests: its events produced to Kafka
+(`OrderProducer`), its configuration file, and its outputs computed from scratch in plain
+Python to compare with what the sinks hold."""
 
 from __future__ import annotations
 
@@ -16,21 +16,27 @@ from confluent_kafka import Producer
 from txstream.examples.order_events import OrderWorld, encode, events
 
 
-def produce_orders(bootstrap: str, topics: dict[str, str], count: int, seed: int) -> OrderWorld:
-    """`count` events of the example (customers, orders created, updated, moved, deleted)."""
-    world = OrderWorld()
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50,
-                         "enable.idempotence": True})
-    stream = events(random.Random(seed), customers=200)
-    for i in range(count):
-        event = next(stream)
-        key, value = encode(event)
-        producer.produce(topics[event[0]], key=key, value=value)
-        world.apply(event)
-        if i % 5000 == 4999:
-            producer.poll(0)
-    assert producer.flush(60) == 0
-    return world
+class OrderProducer:
+    """Order events in sequence (of `customers` customers, from `seed`), produced as they are
+    sent, with the from-scratch world they leave."""
+
+    def __init__(self, bootstrap: str, topics: dict[str, str], *, seed: int = 3,
+                 customers: int = 30) -> None:
+        self.world = OrderWorld()
+        self._topics = topics
+        self._stream = events(random.Random(seed), customers=customers)
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+
+    def send(self, count: int, flush: bool = True) -> None:
+        for i in range(count):
+            event = next(self._stream)
+            key, value = encode(event)
+            self._producer.produce(self._topics[event[0]], key=key, value=value)
+            self.world.apply(event)
+            if i % 5000 == 4999:  # delivery reports, so the local queue never fills
+                self._producer.poll(0)
+        if flush:
+            assert self._producer.flush(120) == 0
 
 
 def expected_tables(world: OrderWorld) -> dict[str, set[tuple[Any, ...]]]:

@@ -1,20 +1,17 @@
-"""The example pipeline run in-process: its configuration (`example_config`), its events
-(`OrderProducer`), a runner in a background thread (`Background`), and its snapshots checked
-against a from-scratch computation (`assert_snapshots`)."""
+"""The example pipeline run in-process: its configuration (`example_config`), a runner in a
+background thread (`Background`), and its snapshots checked against a from-scratch computation
+(`assert_snapshots`). Its events come from `support.orders.OrderProducer`."""
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
-
 from support.orders import expected_tables, snapshot_tables
-from txstream.examples.order_events import OrderWorld, encode, events
+from txstream.examples.order_events import OrderWorld
 from txstream.examples.orders import OUTPUTS, kafka_sources
 from txstream.schemas.config import PipelineConfig, SinkConfig
 from txstream.schemas.sources import BatchPolicy
@@ -35,25 +32,6 @@ def example_config(bootstrap: str, database_url: str, schema: str, topics: dict[
         database_url=database_url, checkpoint_dir=str(checkpoint_dir),
         retry_initial_backoff_s=0.2, retry_max_backoff_s=1.0, status_interval_s=1.0,
         **{"warm_up_rows": 0, **extra})
-
-
-class OrderProducer:
-    """Order events in sequence, with the from-scratch world they leave."""
-
-    def __init__(self, bootstrap: str, topics: dict[str, str]) -> None:
-        self.world = OrderWorld()
-        self._topics = topics
-        self._stream = events(random.Random(3), customers=30)
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-
-    def send(self, count: int, flush: bool = True) -> None:
-        for _ in range(count):
-            event = next(self._stream)
-            key, value = encode(event)
-            self._producer.produce(self._topics[event[0]], key=key, value=value)
-            self.world.apply(event)
-        if flush:
-            assert self._producer.flush(120) == 0
 
 
 class Background:
