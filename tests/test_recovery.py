@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 import yaml
 from support.orders import (
     OUTPUT_COLUMNS,
-    expected_tables,
     OrderProducer,
+    expected_tables,
     snapshot_tables,
     write_config,
 )
