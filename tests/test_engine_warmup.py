@@ -4,6 +4,7 @@ engine computes, and the first real batch reuses the plans it recorded."""
 from __future__ import annotations
 
 import random
+import threading
 from decimal import Decimal
 
 import numpy as np
@@ -110,3 +111,39 @@ def test_a_warm_up_closed_after_its_first_batch_leaves_the_engine_fresh(
         assert all(ours[name].equals(theirs[name]) for name in ours), f"batch {i}"
     with pytest.raises(EngineStateError, match="fresh engine"):
         warmed.warming_up(600)  # refused at once, not at the first step
+
+
+def test_a_warm_up_step_cancelled_during_its_job_ends_the_warm_up(
+        spark: SparkSession, caplog: pytest.LogCaptureFixture) -> None:
+    """The service cancels a made-up batch when a real one is ready (`WarmUp.cancel`, from a
+    thread of its own, again and again until the step returns): here once the step's Spark job
+    runs. The job is cancelled, the warm-up ends, and the engine is fresh again and computes
+    what a fresh one does."""
+    warmed = Engine(orders_pipeline(), spark)
+    steps = warmed.warming_up(600)
+    tracker = spark.sparkContext.statusTracker()
+    returned = threading.Event()
+    cancelled_during = []
+
+    def cancel_once_a_job_runs() -> None:
+        while not returned.wait(0.01):
+            jobs = tracker.getActiveJobsIds()
+            if jobs:
+                cancelled_during.extend(jobs)
+                steps.cancel()
+
+    canceller = threading.Thread(target=cancel_once_a_job_runs)
+    canceller.start()
+    try:
+        with caplog.at_level("INFO", logger="txstream.engine.warmup"):
+            assert next(steps, None) is None, "the cancelled step ends the warm-up"
+    finally:
+        returned.set()
+        canceller.join()
+    assert cancelled_during and steps.cut_short
+    assert "warm-up cut short" in caplog.text and "warm-up failed" not in caplog.text
+    assert warmed.fresh and warmed.totals.jobs == 0
+    fresh = Engine(orders_pipeline(), spark)
+    for i, batch in enumerate(_stream(5)):
+        ours, theirs = process(warmed, batch), process(fresh, batch)
+        assert all(ours[name].equals(theirs[name]) for name in ours), f"batch {i}"

@@ -30,7 +30,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pyspark.errors import AnalysisException, PySparkException
@@ -284,7 +284,7 @@ class Engine:
             pass
         return time.perf_counter() - started
 
-    def warming_up(self, rows: int) -> Iterator[int]:
+    def warming_up(self, rows: int) -> warmup.WarmUp:
         """Run made-up changes through the pipeline, one batch per step, then forget them:
         Spark plans, compiles and JIT-compiles the pipeline's plans now, not on the first real
         batches (see `txstream.engine.warmup`). Three batches of every source: `rows`
@@ -294,11 +294,12 @@ class Engine:
         closed: both empty its state again. The plans it recorded (for batches with changes of
         every source, into empty and non-empty state) stay until `load_state` replaces the
         state; the compiled code stays in any case, for every engine of the JVM. It never
-        fails: it is only an optimization, and what went wrong is logged."""
+        fails: it is only an optimization, and what went wrong is logged. Another thread may
+        cut a step short (`WarmUp.cancel`)."""
         if not self.fresh:
             raise EngineStateError("warm_up: only a fresh engine warms up, before it loads "
                                    "state or processes a batch")
-        return warmup.steps(self, rows)
+        return warmup.WarmUp(self, rows)
 
     def forget(self) -> None:
         """Back to fresh: empty state, no batch run (for the warm-up: the plans it recorded

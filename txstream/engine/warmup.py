@@ -11,7 +11,9 @@ one. Booleans alternate: a join on a boolean column matches half the rows with h
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -28,7 +30,8 @@ if TYPE_CHECKING:  # the engine imports this module
 
 log = logging.getLogger(__name__)
 
-WARM_UP_BATCHES = 3  # the steps of `steps`
+WARM_UP_BATCHES = 3  # the steps of a `WarmUp`
+_tags = itertools.count(1)  # a job tag per warm-up, unique in the process
 
 _MAKERS: dict[str, Callable[[np.ndarray], pa.Array]] = {
     "bigint": lambda ids: pa.array(ids, pa.int64()),
@@ -69,10 +72,41 @@ def synthetic_changes(schema: TableSchema, ids: np.ndarray, times: tuple[int, in
     return Changes(pa.Table.from_arrays(columns, schema=schema.arrow_schema(with_changes=True)))
 
 
-def steps(engine: Engine, rows: int) -> Iterator[int]:
-    """The `WARM_UP_BATCHES` batches of `Engine.warming_up` (see there), one per step, then
-    `engine.forget()`, also when the steps are closed early or a batch fails. Nothing at all
-    for an engine no longer fresh when the first step is taken (its state is real)."""
+class WarmUp(Iterator[int]):
+    """The steps of `Engine.warming_up`: an iterator of the made-up batches done, one per step,
+    which `close` ends between two steps and `cancel`, from another thread, during one. A step
+    on a cold JVM takes seconds (planning, then a Spark job), which a real batch arriving
+    meanwhile would otherwise wait out: `cancel` cancels the step's Spark jobs (its own job
+    tag), the step ends, and the warm-up with it (`cut_short`). A step still planning submits
+    its job afterwards: the caller cancels again until the step has returned."""
+
+    def __init__(self, engine: Engine, rows: int) -> None:
+        self._spark = engine.spark
+        self._tag = f"txstream-warm-up-{next(_tags)}"
+        self._cancelled = threading.Event()
+        self._steps = _steps(engine, rows, self._tag, self._cancelled)
+
+    def __next__(self) -> int:
+        return next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self._spark.sparkContext.cancelJobsWithTag(self._tag)
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether `cancel` was called."""
+        return self._cancelled.is_set()
+
+
+def _steps(engine: Engine, rows: int, tag: str, cancelled: threading.Event) -> Iterator[int]:
+    """The `WARM_UP_BATCHES` batches of `Engine.warming_up` (see there), one per step, their
+    Spark jobs tagged `tag`, then `engine.forget()`, also when the steps are closed early, a
+    batch fails or `cancelled` is set. Nothing at all for an engine no longer fresh when the
+    first step is taken (its state is real)."""
     if not engine.fresh:
         log.warning("warm-up skipped: the engine took real state before its first step")
         return
@@ -87,16 +121,28 @@ def steps(engine: Engine, rows: int) -> Iterator[int]:
             [synthetic_changes(schema, *part).table for part in parts]), schema.names)
             for name, schema in schemas.items()}
 
+    context = engine.spark.sparkContext
     try:
         for done, parts in enumerate((batches[:1], batches[1:3], batches[3:]), start=1):
-            engine.process(changes(parts))
+            if cancelled.is_set():
+                return
+            # A thread's tags mark the jobs it submits (PySpark pins each Python thread to a
+            # JVM thread of its own).
+            context.addJobTag(tag)
+            try:
+                engine.process(changes(parts))
+            finally:
+                context.removeJobTag(tag)
             yield done
     except ExpressionError as exc:
         # Made-up values may fail an expression real data never fails (a cast of text): what
         # ran so far is warm, and the real batches plan the rest.
         log.info("warm-up stopped early: %s", first_line(exc))
     except Exception as exc:  # an optimization must not stop the start
-        log.warning("warm-up failed, the service starts without it (the first batches plan "
-                    "and compile their code): %s", first_line(exc))
+        if cancelled.is_set():
+            log.info("warm-up cut short: its made-up batch's job was cancelled")
+        else:
+            log.warning("warm-up failed, the service starts without it (the first batches "
+                        "plan and compile their code): %s", first_line(exc))
     finally:
         engine.forget()

@@ -6,12 +6,12 @@ Spark nor Kafka."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from functools import partial
 
 from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, Pipeline
+from txstream.engine.warmup import WarmUp
 from txstream.schemas.config import ConfigError, PipelineConfig
 from txstream.service.checkpoint import CheckpointStore, PipelineIdentity
 from txstream.service.health import Readiness
@@ -45,7 +45,7 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
     log.info("engine parallelism %d", parallelism)
     refuse(sinks_fit(config, engine.outputs))
 
-    def warming_up() -> Iterator[int]:
+    def warming_up() -> WarmUp:
         # Of the engine itself while it is fresh: the plans it records then serve the first
         # real batches. After a restore, of a scratch engine of the pipeline: the code Spark
         # compiled and the JIT's work are the JVM's, whichever engine caused them.

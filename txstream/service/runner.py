@@ -47,12 +47,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
 from txstream.engine.errors import ExpressionError
-from txstream.engine.warmup import WARM_UP_BATCHES
+from txstream.engine.warmup import WARM_UP_BATCHES, WarmUp
 from txstream.schemas.config import PipelineConfig
 from txstream.service.checkpointing import Checkpointing
 from txstream.service.health import Readiness
@@ -122,7 +122,7 @@ class PipelineRunner:
     def __init__(self, config: PipelineConfig, *, engine: Engine, checkpoints: CheckpointStore,
                  metrics: Metrics | None = None, readiness: Readiness | None = None,
                  live: LiveTables | None = None, fence: WriterEpoch | None = None,
-                 warm_up: Callable[[], Iterator[int]] | None = None) -> None:
+                 warm_up: Callable[[], WarmUp] | None = None) -> None:
         """`engine` and `checkpoints`: the pipeline's compute and state storage, composed by
         `txstream.service.compose.open_runner`. `metrics` and `readiness`: given when an HTTP
         endpoint serves them from before the runner exists (restoring and connecting take a
@@ -131,7 +131,8 @@ class PipelineRunner:
         PostgreSQL). The runner takes the checkpoint location's epoch itself
         (`CheckpointStore.take_epoch`). `warm_up`: the steps of the engine's warm-up
         (`Engine.warming_up`), begun by the first `run` and taken while there is nothing else
-        to do (no batch ready, the input caught up); a batch to compute ends the warm-up."""
+        to do (no batch ready, the input caught up); a batch to compute ends the warm-up, and
+        so does a stop, also during a step (`_step_giving_way`)."""
         self.config = config
         self.live = live
         self.engine = engine
@@ -186,7 +187,7 @@ class PipelineRunner:
             InputReports(self.metrics.source, self.readiness, KafkaInput.name)))
         self._stages = Stages(config.batch_transactions, serving=False)
         self._warm_up = warm_up  # begun (called) at the first idle moment of a run
-        self._warming: Iterator[int] | None = None
+        self._warming: WarmUp | None = None
         self._idle_checked = 0.0
 
     def _startup_problems(self, resuming: bool, checkpointed: int) -> list[Problem]:
@@ -273,13 +274,34 @@ class PipelineRunner:
                 log.warning("no warm-up: %s", exc)
                 return
         started = time.monotonic()
-        done = next(self._warming, None)
+        done = self._step_giving_way(self._warming)
         if done is None:
+            log.info("warm-up %s", "cut short by a batch to compute, or a stop"
+                     if self._warming.cut_short else "done")
             self._warming = None
-            log.info("warm-up done")
         else:
             log.info("warm-up: made-up batch %d of %d in %.1f s, while idle", done,
                      WARM_UP_BATCHES, time.monotonic() - started)
+
+    def _step_giving_way(self, warming: WarmUp) -> int | None:
+        """The warm-up's next step, cancelled as soon as a batch is ready or a stop is
+        requested: a made-up batch takes seconds on a cold JVM, which the first real
+        transaction would otherwise wait out. Cancelled again every 50 ms until it returns,
+        since a step still planning submits its Spark job afterwards."""
+        returned = threading.Event()
+
+        def watch() -> None:
+            while not returned.wait(0.05):
+                if self._stop.is_set() or self._stages.has_ready():
+                    warming.cancel()
+
+        watcher = threading.Thread(target=watch, name="warm-up-watch", daemon=True)
+        watcher.start()
+        try:
+            return next(warming, None)
+        finally:
+            returned.set()
+            watcher.join()
 
     def _end_warm_up(self, why_none: str) -> None:
         """Before a batch, and when `run` returns: the warm-up ends (a warm-up of this engine

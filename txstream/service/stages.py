@@ -174,6 +174,11 @@ class Stages:
             self._room.notify_all()
         return TransactionBatch.join(taken)
 
+    def has_ready(self) -> bool:
+        """Whether a transaction is ready for compute."""
+        with self._room:
+            return bool(self._ready)
+
     # compute -> deliver
 
     def hand_over(self, computed: Computed) -> None:
