@@ -118,9 +118,10 @@ def test_a_warm_up_step_cancelled_during_its_job_ends_the_warm_up(
     """The service cancels a made-up batch when a real one is ready (`WarmUp.cancel`, from a
     thread of its own, again and again until the step returns): here once the step's Spark job
     runs. The job is cancelled, the warm-up ends, and the engine is fresh again and computes
-    what a fresh one does."""
+    what a fresh one does. The made-up batch is large, so that its job runs for a second or
+    more, even on a warm JVM, while the cancel arrives within milliseconds."""
     warmed = Engine(orders_pipeline(), spark)
-    steps = warmed.warming_up(600)
+    steps = warmed.warming_up(100_000)
     tracker = spark.sparkContext.statusTracker()
     returned = threading.Event()
     cancelled_during = []

@@ -1,10 +1,10 @@
 """Crash recovery: `txstream run` in a subprocess over 50,000 events, killed with SIGKILL at
 chosen points (mid sink write, mid checkpoint, right after a checkpoint, before the offset
-commit, right after logging a batch) and at random moments while it works through 10,000 more
-produced before each such life, restarted each time, then stopped
-with SIGTERM. The PostgreSQL snapshots and the saved live table must equal a from-scratch
-computation of the inputs, the append stream must integrate to the same table, and no
-transaction number may have been given to different content.
+commit, right after logging a batch), then at random moments while it works through 10,000 more
+events produced before each such life, restarted each time, then stopped with SIGTERM. The
+PostgreSQL snapshots and the saved live table must equal a from-scratch computation of the
+inputs, the append stream must integrate to the same table, and no transaction number may have
+been given to different content.
 
 Real parts only: the broker process and PostgreSQL of the session fixtures, Spark in the
 subprocess. The helpers are in tests/support.

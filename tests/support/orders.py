@@ -25,7 +25,10 @@ class OrderProducer:
         self.world = OrderWorld()
         self._topics = topics
         self._stream = events(random.Random(seed), customers=customers)
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        # Idempotent: a retried send is neither duplicated nor reordered, so the topics hold
+        # exactly the events `world` applied, in its order.
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                                   "enable.idempotence": True})
 
     def send(self, count: int, flush: bool = True) -> None:
         for i in range(count):

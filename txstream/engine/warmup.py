@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -102,7 +102,8 @@ class WarmUp(Iterator[int]):
         return self._cancelled.is_set()
 
 
-def _steps(engine: Engine, rows: int, tag: str, cancelled: threading.Event) -> Iterator[int]:
+def _steps(engine: Engine, rows: int, tag: str, cancelled: threading.Event
+           ) -> Generator[int, None, None]:
     """The `WARM_UP_BATCHES` batches of `Engine.warming_up` (see there), one per step, their
     Spark jobs tagged `tag`, then `engine.forget()`, also when the steps are closed early, a
     batch fails or `cancelled` is set. Nothing at all for an engine no longer fresh when the
@@ -140,7 +141,8 @@ def _steps(engine: Engine, rows: int, tag: str, cancelled: threading.Event) -> I
         log.info("warm-up stopped early: %s", first_line(exc))
     except Exception as exc:  # an optimization must not stop the start
         if cancelled.is_set():
-            log.info("warm-up cut short: its made-up batch's job was cancelled")
+            log.info("warm-up cut short: its made-up batch's job was cancelled (%s)",
+                     first_line(exc))
         else:
             log.warning("warm-up failed, the service starts without it (the first batches "
                         "plan and compile their code): %s", first_line(exc))

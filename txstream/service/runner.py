@@ -284,15 +284,16 @@ class PipelineRunner:
                      WARM_UP_BATCHES, time.monotonic() - started)
 
     def _step_giving_way(self, warming: WarmUp) -> int | None:
-        """The warm-up's next step, cancelled as soon as a batch is ready or a stop is
-        requested: a made-up batch takes seconds on a cold JVM, which the first real
+        """The warm-up's next step, cancelled as soon as a batch is ready, a stop is requested
+        or a stage failed: a made-up batch takes seconds on a cold JVM, which the first real
         transaction would otherwise wait out. Cancelled again every 50 ms until it returns,
         since a step still planning submits its Spark job afterwards."""
         returned = threading.Event()
 
         def watch() -> None:
             while not returned.wait(0.05):
-                if self._stop.is_set() or self._stages.has_ready():
+                if self._stop.is_set() or self._stages.has_ready() \
+                        or self._stages.failure is not None:
                     warming.cancel()
 
         watcher = threading.Thread(target=watch, name="warm-up-watch", daemon=True)
