@@ -37,7 +37,8 @@ demo-stop: $(STAMP)
 
 # Two pytest workers (pytest-xdist), each with its own PostgreSQL, broker and SparkSession: most
 # of the suite waits on subprocesses and brokers, so two overlap (on the 2-core machine the
-# suite took 24-25.5 min instead of 31.5). TEST_WORKERS=0 runs it in one process.
+# suite took 24-25.5 min instead of 31.5). Three took longer than two (19:53 against 15:52): the
+# service and cluster tests then slow each other down. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
