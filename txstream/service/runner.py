@@ -276,7 +276,7 @@ class PipelineRunner:
         started = time.monotonic()
         done = self._step_giving_way(self._warming)
         if done is None:
-            log.info("warm-up %s", "cut short by a batch to compute, or a stop"
+            log.info("warm-up %s", "cut short by a batch to compute, a stop or a failed stage"
                      if self._warming.cut_short else "done")
             self._warming = None
         else:
