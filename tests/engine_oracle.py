@@ -23,7 +23,8 @@ from pyspark.sql import SparkSession
 from txstream.changes import Changes as ChangeTable
 from txstream.engine import Engine, Pipeline, Table
 from txstream.engine import reducers as r
-from txstream.engine.engine import INDEX_ROWS, INTERPRETED_ROWS, SPREAD_ROWS
+from txstream.engine.codegen import INTERPRETED_ROWS
+from txstream.engine.engine import INDEX_ROWS, SPREAD_ROWS
 from txstream.engine.reducers import Reducer
 from txstream.schemas.tables import ColumnType, TableSchema
 
@@ -521,7 +522,8 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
     With batches of one transaction, some batches must reuse the plans of an earlier one of
     the same shape (`BatchStats.rebound`), so that both ways of planning are checked. Those
     batches evaluate expressions interpreted, as small batches do; larger batches with
-    generated code, whatever their size (`Engine.interpreted_rows`): both ways are checked.
+    generated code, whatever their size and even as the first batch of a JVM
+    (`Engine.interpreted_rows`, `Engine.cold_interpreted_rows`): both ways are checked.
 
     Batches of several transactions index every state run (`Engine.index_rows`), so later
     batches' lookups probe indexes as they do in a large state; batches of one transaction
@@ -534,6 +536,7 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
     (`Engine.spread_rows`)."""
     engine = Engine(pipeline, spark, parallelism=parallelism,
                     interpreted_rows=INTERPRETED_ROWS if batch_size == 1 else 0,
+                    cold_interpreted_rows=0,
                     index_rows=INDEX_ROWS if batch_size == 1 else 1,
                     spread_rows=SPREAD_ROWS if batch_size == 1 else 0)
     rebound = probed = 0

@@ -15,7 +15,7 @@ import pytest
 from engine_oracle import process
 from pyspark.sql import SparkSession
 
-from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError
+from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError, codegen
 from txstream.engine import reducers as r
 from txstream.engine.operators import SourceOp, rowwise
 from txstream.engine.operators.reduce import ReduceOp
@@ -44,6 +44,27 @@ def test_a_lone_transaction_of_the_example_runs_one_spark_job(spark: SparkSessio
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     assert sc.statusTracker().getJobIdsForGroup("test-outside-the-engine") == []
+
+
+def test_a_jvms_first_batch_that_would_generate_code_is_interpreted_when_small(
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cold JVM compiling generated code costs more than it saves (txstream.engine.codegen):
+    the first batch of `interpreted_rows` or more is interpreted below `cold_interpreted_rows`,
+    the next generates code; a larger first batch generates code at once."""
+    monkeypatch.setattr(codegen, "_past_first", set())  # as in a new JVM
+    stream = events(random.Random(5), 50)
+    rows: dict[str, dict[int, dict[str, object]]] = {}
+    engine = Engine(orders_pipeline(), spark, cold_interpreted_rows=3_000)
+    process(engine, as_changes([next(stream) for _ in range(2)], rows, 1))
+    assert engine.last_batch is not None and engine.last_batch.interpreted  # fewer than 500
+    for time, interpreted in [(2, True), (3, False), (4, False)]:
+        process(engine, as_changes([next(stream) for _ in range(1_000)], rows, time))
+        assert engine.last_batch.interpreted == interpreted, time
+    monkeypatch.setattr(codegen, "_past_first", set())
+    engine = Engine(orders_pipeline(), spark, cold_interpreted_rows=3_000)
+    stream = events(random.Random(6), 50)
+    process(engine, as_changes([next(stream) for _ in range(4_000)], {}, 1))
+    assert engine.last_batch is not None and not engine.last_batch.interpreted
 
 
 def _cached_rdds(spark: SparkSession) -> int:

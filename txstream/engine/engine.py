@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from txstream.changes import Changes
-from txstream.engine import run_index, warmup
+from txstream.engine import codegen, run_index, warmup
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import PART
 from txstream.engine.errors import (
@@ -61,12 +61,6 @@ from txstream.engine.table import Node, Pipeline
 from txstream.engine.templates import Template, instantiate, record
 from txstream.schemas.tables import Column, ColumnType, TableSchema
 
-# A batch that rewrites fewer rows than this (input plus the state runs it merges) evaluates its
-# expressions interpreted. Spark otherwise canonicalizes and looks up the generated code of
-# every projection and predicate of the plan in each task, which costs a lone transaction
-# 0.1-0.2 s of its 0.3 s of execution; generated code pays off from a few hundred rows on
-# (a 1M-event batch takes 2.8 times as long interpreted).
-INTERPRETED_ROWS = 500
 # A state run holding at least this many rows gets an index, so lookups probe it instead of
 # streaming it (see `txstream.engine.state`): streaming costs ~0.1 s per million rows per
 # lookup, an index one job when the run is made (its partitions sorted and written as files by
@@ -90,7 +84,7 @@ class BatchStats:
     include the indexes'), and the Spark jobs and stages that ran; `rebound` when its plans
     came from the template of an earlier batch of the same shape (see
     `txstream.engine.templates`); `interpreted` when its expressions were (see
-    INTERPRETED_ROWS)."""
+    `txstream.engine.codegen`)."""
 
     planning_s: float
     execution_s: float
@@ -142,9 +136,10 @@ class Engine:
     """Runs one pipeline. Not thread-safe: one batch at a time, in transaction order."""
 
     def __init__(self, pipeline: Pipeline, spark: SparkSession, *, parallelism: int = 1,
-                 interpreted_rows: int = INTERPRETED_ROWS, index_rows: int = INDEX_ROWS,
-                 spread_rows: int = SPREAD_ROWS, state_replicas: int = 1,
-                 index_dir: str | None = None) -> None:
+                 interpreted_rows: int = codegen.INTERPRETED_ROWS,
+                 cold_interpreted_rows: int = codegen.COLD_INTERPRETED_ROWS,
+                 index_rows: int = INDEX_ROWS, spread_rows: int = SPREAD_ROWS,
+                 state_replicas: int = 1, index_dir: str | None = None) -> None:
         if not pipeline.outputs:
             raise PipelineDefinitionError("the pipeline has no outputs: call pipeline.output(...)")
         if parallelism < 1:
@@ -154,6 +149,7 @@ class Engine:
         self.parallelism = parallelism
         self.spread_rows = spread_rows
         self.interpreted_rows = interpreted_rows
+        self.cold_interpreted_rows = cold_interpreted_rows
         # Files under `index_dir` (TXSTREAM_INDEX_DIR, else the system's temporary directory).
         self._indexing = StateIndexes(
             index_rows, index_dir or os.environ.get("TXSTREAM_INDEX_DIR") or None)
@@ -234,7 +230,8 @@ class Engine:
             else:
                 final, outputs, staged, recorded = self._build(present, weight, planned)
             rewritten = max([weight, *(s.runs[-1].weight for s in staged)])
-            interpreted = rewritten < self.interpreted_rows
+            interpreted = codegen.interpreted(self.spark, rewritten, self.interpreted_rows,
+                                              self.cold_interpreted_rows)
             try:
                 result, execution_s, count = self._execute(final, outputs, interpreted)
             except PySparkException as exc:
@@ -374,13 +371,11 @@ class Engine:
     def _execute(self, final: DataFrame | None, present: tuple[str, ...], interpreted: bool
                  ) -> tuple[dict[str, Changes], float, JobCount]:
         """Compute the batch's frame with one Spark action (its expressions `interpreted`, see
-        INTERPRETED_ROWS); every output's changes."""
+        `txstream.engine.codegen`); every output's changes."""
         if final is None:
             return self._result.read(None, ()), 0.0, JobCount(0, 0)
         plan_now(final)  # so that the execution is timed alone
-        # A session setting, read when the job starts: set for every batch, whichever engine.
-        self.spark.conf.set("spark.sql.codegen.factoryMode",
-                            "NO_CODEGEN" if interpreted else "FALLBACK")
+        codegen.evaluate(self.spark, interpreted)
         # Spark cuts the lineage of the first checkpointed frames it meets, not of the runs
         # below them: those would drag every earlier batch's lineage along.
         self.spark.sparkContext.setLocalProperty(
