@@ -40,10 +40,16 @@ demo-stop: $(STAMP)
 # suite took 24-25.5 min instead of 31.5). Three took longer than two (19:53 against 15:52): the
 # service and cluster tests then slow each other down. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
+# Every JVM the tests start (their SparkSessions, the services' drivers, the standalone clusters'
+# masters, workers and executors) compiles with C1 only: they live for seconds to minutes, and on
+# two cores C2's compiler threads took CPU from their work (test_recovery alone: 108 s against
+# 134 s). Production keeps the JVM's default tiers, whose C2 code a long-running service needs.
+TEST_JAVA_OPTIONS ?= -XX:TieredStopAtLevel=1
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest --numprocesses $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	JAVA_TOOL_OPTIONS="$(TEST_JAVA_OPTIONS) $$JAVA_TOOL_OPTIONS" \
+	  $(BIN)/python -m pytest --numprocesses $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
