@@ -60,6 +60,11 @@ def test_a_jvms_first_batch_that_would_generate_code_is_interpreted_when_small(
     for time, interpreted in [(2, True), (3, False), (4, False)]:
         process(engine, as_changes([next(stream) for _ in range(1_000)], rows, time))
         assert engine.last_batch.interpreted == interpreted, time
+    # Per JVM, not per engine: another engine's first batch generates code.
+    other = Engine(orders_pipeline(), spark, cold_interpreted_rows=3_000)
+    stream = events(random.Random(7), 50)
+    process(other, as_changes([next(stream) for _ in range(1_000)], {}, 1))
+    assert other.last_batch is not None and not other.last_batch.interpreted
     monkeypatch.setattr(codegen, "_past_first", set())
     engine = Engine(orders_pipeline(), spark, cold_interpreted_rows=3_000)
     stream = events(random.Random(6), 50)

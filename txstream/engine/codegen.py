@@ -12,16 +12,19 @@ of its 0.3 s of execution.
 
 On a cold JVM generating the code costs more than it saves: Janino compiles a few hundred
 classes, itself not yet compiled by the JIT. Measured on the development machine (2 cores), the
-example pipeline's first batch in a new JVM, alternated runs: 20,000 events in two transactions
-took 8.1-8.9 s interpreted against 12.1-12.5 s with generated code; 50,000 events 8.6-10.7 s
-against 9.6-12.1 s; 100,000 events, and one transaction of 10,000, about as long either way
-(the next batch then paid the compilation, about a second). In the service
-(`bench/startup.py`), a start's first batch of 10,000-20,000 events executed in 2.3-3.4 s
-interpreted against 3.7-4.7 s with generated code. So the first batch that would generate code
+example pipeline's first batch in a new JVM, alternated runs (rows as the engine counts them,
+about 1.5 per event): 29,500 rows (20,000 events in two transactions) took 8.1-8.9 s
+interpreted against 12.1-12.5 s with generated code; 74,000 rows 9.4-10.7 s against 11.7-12.1
+s; 148,000 rows, and 14,600 in one transaction, about as long either way (the next batch then
+paid the compilation, 0.4-2.9 s). In the service (`bench/startup.py`, one run each), a start's
+first batch of 11,500-31,000 rows executed in 2.3-3.4 s interpreted against 3.7-4.7 s with
+generated code. So the first batch that would generate code
 in a JVM (a restart's, where a backlog is waiting: the one that decides when its first
-transaction is committed) runs interpreted when it is small, and the next one compiles; a
-warm-up (`txstream.engine.warmup`) compiles in its second batch. Generated code is cached by
-the JVM, for every engine in it.
+transaction is committed) runs interpreted when it is small, and the next one compiles. A
+warm-up (`txstream.engine.warmup`) generates code from its first batch on: it is there to pay
+the compilation while the service is idle. Generated code is cached by the JVM, for every
+engine in it. On a cluster Janino compiles in the executors, and a replacement executor starts
+cold, which this driver-side rule does not see.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from pyspark.sql import SparkSession
 INTERPRETED_ROWS = 500
 COLD_INTERPRETED_ROWS = 50_000
 
-# The JVMs (py4j's views of them, by id) in which a batch of `interpreted_rows` or more has run:
-# only the first of those is `cold`.
-_past_first: set[int] = set()
+# The JVMs (py4j's views of them) past their first batch of `interpreted_rows` rows or more: one
+# such batch ran in them, or a warm-up began (`compile_now`).
+_past_first: set[object] = set()
 
 
 def interpreted(spark: SparkSession, rewritten: int, interpreted_rows: int, cold_rows: int
@@ -42,10 +45,21 @@ def interpreted(spark: SparkSession, rewritten: int, interpreted_rows: int, cold
     doc)."""
     if rewritten < interpreted_rows:
         return True
-    jvm = id(spark._jvm)
-    cold = jvm not in _past_first
-    _past_first.add(jvm)
-    return cold and rewritten < cold_rows
+    return spark.sparkContext._jvm not in _past_first and rewritten < cold_rows
+
+
+def ran(spark: SparkSession, rewritten: int, interpreted_rows: int) -> None:
+    """Record that a batch rewriting `rewritten` rows ran: one of `interpreted_rows` or more puts
+    the JVM past its first (one that failed, say one retried or split, does not)."""
+    if rewritten >= interpreted_rows:
+        _past_first.add(spark.sparkContext._jvm)
+
+
+def compile_now(spark: SparkSession) -> None:
+    """Generate code from the next batch on, as in a JVM past its first batch: a warm-up is there
+    to pay the compilation while the service is idle, so that the real batches after it, even
+    one that cuts it short, find the JVM as warm as it can make it."""
+    _past_first.add(spark.sparkContext._jvm)
 
 
 def evaluate(spark: SparkSession, interpreted: bool) -> None:

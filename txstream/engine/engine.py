@@ -234,6 +234,7 @@ class Engine:
                                               self.cold_interpreted_rows)
             try:
                 result, execution_s, count = self._execute(final, outputs, interpreted)
+                codegen.ran(self.spark, rewritten, self.interpreted_rows)
             except PySparkException as exc:
                 if run_index.UNREADABLE not in str(exc):
                     raise

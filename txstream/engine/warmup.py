@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from txstream.changes import Changes, consolidate
+from txstream.engine import codegen
 from txstream.engine.errors import ExpressionError
 from txstream.engine.operators.base import first_line
 from txstream.schemas.tables import ColumnType, TableSchema
@@ -111,6 +112,7 @@ def _steps(engine: Engine, rows: int, tag: str, cancelled: threading.Event
     if not engine.fresh:
         log.warning("warm-up skipped: the engine took real state before its first step")
         return
+    codegen.compile_now(engine.spark)
     half = rows // 2
     batches = [(np.arange(rows), (1, 5), 1),
                (np.arange(half), (6, 10), -1), (np.arange(rows, rows + half), (6, 10), 1),

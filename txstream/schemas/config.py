@@ -138,7 +138,8 @@ class PipelineConfig(BaseModel):
     # forgets them, so that batches after an idle start do not pay Spark's planning and code
     # compilation on a cold JVM (seconds). A batch to compute ends the warm-up: a backlog at
     # start warms the JVM itself. Above 500 rows a batch runs generated code, so that is
-    # compiled too; more rows hardly change the warm-up's effect. 0: no warm-up.
+    # compiled too (from the warm-up's first batch on, txstream.engine.codegen); more rows
+    # hardly change the warm-up's effect. 0: no warm-up.
     warm_up_rows: int = Field(default=5_000, ge=0)
     # Partitions of the engine's state and of a batch's exchanged deltas: the cores a large
     # batch spreads over (txstream.engine.engine). "auto": the Spark session's default
