@@ -16,15 +16,18 @@ example pipeline's first batch in a new JVM, alternated runs (rows as the engine
 about 1.5 per event): 29,500 rows (20,000 events in two transactions) took 8.1-8.9 s
 interpreted against 12.1-12.5 s with generated code; 74,000 rows 9.4-10.7 s against 11.7-12.1
 s; 148,000 rows, and 14,600 in one transaction, about as long either way (the next batch then
-paid the compilation, 0.4-2.9 s). In the service (`bench/startup.py`, one run each), a start's
-first batch of 11,500-31,000 rows executed in 2.3-3.4 s interpreted against 3.7-4.7 s with
-generated code. So the first batch that would generate code
-in a JVM (a restart's, where a backlog is waiting: the one that decides when its first
-transaction is committed) runs interpreted when it is small, and the next one compiles. A
-warm-up (`txstream.engine.warmup`) generates code from its first batch on: it is there to pay
-the compilation while the service is idle. Generated code is cached by the JVM, for every
-engine in it. On a cluster Janino compiles in the executors, and a replacement executor starts
-cold, which this driver-side rule does not see.
+paid the compilation, 0.4-2.9 s). In the service (`bench/startup.py`, a backlog of 20,000
+events), a start's first batch of 11,500-31,000 rows executed in 2.3-3.4 s interpreted against
+3.7-4.7 s with generated code (one run each), and the first commit came 9.0-9.2 s after the
+Spark session against 10.1-11.5 s at a cold start, 13.0-14.0 s against 15.7-16.5 s at a restart
+(two alternated runs each). So the first batch that would generate code in a JVM (a restart's,
+where a backlog is waiting: the one that decides when its first transaction is committed) runs
+interpreted when it is small (below 50,000 rows: the gain was still there at 74,000 and gone at
+148,000), and the next one compiles. A warm-up (`txstream.engine.warmup`)
+generates code from its first batch on: it is there to pay the compilation while the service
+is idle. Generated code is cached by the JVM, for every engine in it. On a cluster Janino
+compiles in the executors, and a replacement executor starts cold, which this driver-side rule
+does not see.
 """
 
 from __future__ import annotations
