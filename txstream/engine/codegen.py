@@ -23,11 +23,10 @@ Spark session against 10.1-11.5 s at a cold start, 13.0-14.0 s against 15.7-16.5
 (two alternated runs each). So the first batch that would generate code in a JVM (a restart's,
 where a backlog is waiting: the one that decides when its first transaction is committed) runs
 interpreted when it is small (below 50,000 rows: the gain was still there at 74,000 and gone at
-148,000), and the next one compiles. A warm-up (`txstream.engine.warmup`)
-generates code from its first batch on: it is there to pay the compilation while the service
-is idle. Generated code is cached by the JVM, for every engine in it. On a cluster Janino
-compiles in the executors, and a replacement executor starts cold, which this driver-side rule
-does not see.
+148,000), and the next one compiles. A warm-up (`txstream.engine.warmup`) generates code from
+its first batch on: it is there to pay the compilation while the service is idle. Generated code
+is cached by the JVM, for every engine in it. On a cluster Janino compiles in the executors, and
+a replacement executor starts cold, which this driver-side rule does not see.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def ran(spark: SparkSession, rewritten: int, interpreted_rows: int) -> None:
     """Record that a batch rewriting `rewritten` rows ran: one of `interpreted_rows` or more puts
     the JVM past its first (one that failed, say one retried or split, does not)."""
     if rewritten >= interpreted_rows:
-        _past_first.add(spark.sparkContext._jvm)
+        compile_now(spark)
 
 
 def compile_now(spark: SparkSession) -> None:
