@@ -19,9 +19,10 @@ from txstream.engine.consolidation import consolidate
 from txstream.engine.frames import col
 from txstream.engine.spark_internals import (
     Clustering,
-    cached_reader,
     cached_relation,
+    cached_rows,
     frame_of,
+    rdd_leaf,
 )
 from txstream.engine.state import Run, StagedRuns, ZSetState
 
@@ -149,9 +150,10 @@ class BatchPlan:
             wanted = (tuple(names.index(c) for c in clustered_by), self.parallelism)
         # Declared only as Spark's plan of it is partitioned: `keeps` may have been told of a
         # clustering Spark's planner did not keep.
-        read, clustering = cached_reader(self.spark, relation, wanted)
-        node = read(relation.output())
-        leaf = frame_of(self.spark, node.newInstance() if clustering is not None else node)
+        rows = cached_rows(self.spark, relation, wanted)
+        clustering = wanted if rows is not None else None
+        leaf = (rdd_leaf(self.spark, relation.output(), rows, clustering) if rows is not None
+                else frame_of(self.spark, relation))
         self.materialized.append(Materialization("shared", frame, leaf, clustering=clustering))
         if clustered_by is not None:  # the caller's word: see `clustered`
             self._clustered[id(leaf)] = (leaf, tuple(clustered_by))

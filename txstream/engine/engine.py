@@ -7,7 +7,7 @@ action: the outputs, tagged and unioned, are collected as Arrow, and the same jo
 staged state runs (lazy local checkpoints it reads but filters out). Only then are the new state
 versions installed, so a failed batch leaves the engine as it was. The first phase runs the
 operators only for the first batch of each shape; later batches of that shape rebind its
-recorded plans to their own inputs and state (`txstream.engine.templates`).
+recorded physical plans to their own inputs and state (`txstream.engine.templates`).
 
 A pipeline runs at a parallelism P. At P = 1 every frame of a batch lives in a single Spark
 partition: deltas enter through a narrow `coalesce(1)` and state runs are built from them, so

@@ -4,49 +4,52 @@ classes stable neither in name nor in signature across minor releases, so upgrad
 checking these two modules (and running the engine's tests), nothing else. pyproject.toml pins
 pyspark to the minor release they were written and tested against.
 
-What the engine builds through py4j is the leaves of a batch's plans, as Spark's own logical
-nodes. A batch's plans read three kinds of leaves: input deltas, state and the list of a
-state's index files (an RDD of rows each, a `LogicalRDD`), and frames computed once per batch
-(an `InMemoryRelation`, see `BatchPlan.shared`). Each leaf has a key that survives Spark's
-copies of it (the deduplication of a self-join gives a copy fresh attribute ids): the id of its
-RDD, or the name of its cached relation.
-`rebind` replaces leaves by key in an analyzed (or optimized) plan, keeping each occurrence's
-attributes, so the rest of the plan stays valid without being analyzed again.
+What the engine builds through py4j is the leaves of a batch's plans, as Spark's own nodes. A
+batch's plans read three kinds of leaves: input deltas, state and the list of a state's index
+files (an RDD of rows each: a `LogicalRDD`, scanned by an `RDDScanExec`), and frames computed
+once per batch (an `InMemoryRelation`, scanned by an `InMemoryTableScanExec`, see
+`BatchPlan.shared`). Each leaf has a key that survives Spark's copies of it (the deduplication
+of a self-join gives a copy fresh attribute ids): the id of its RDD, or the name of its cached
+relation. `rebind_physical` replaces the scans of a physical plan by key, keeping each
+occurrence's attributes, and `frame_over` hands the result to Spark as a frame to run.
 
 The internal API used, by class (org.apache.spark unless Scala or Java):
 
 - `sql.classic.Dataset.ofRows(session, plan)`, and pyspark's `sql.classic.dataframe.DataFrame`
   (`ClassicDataFrame`) over it: a frame over a plan built here (`frame_of`).
-- `DataFrame._jdf.queryExecution()`: `.analyzed()`, `.optimizedPlan()`, `.executedPlan()`.
-- `sql.catalyst.plans.logical.LogicalPlan` (any node): `nodeName()`, `output()`, `child()`,
-  `children()`, `apply(i)`, `deterministic()`, `collectLeaves()`, `transformUp(partial
-  function)` (given an immutable Scala `Map` as the partial function), `setAnalyzed()`,
-  `newInstance()` (of a leaf); `sql.catalyst.plans.logical.LocalRelation.data()`.
+- `DataFrame._jdf.queryExecution()`: `.analyzed()`, `.sparkPlan()`, `.executedPlan()`,
+  `.toRdd()`.
+- `sql.catalyst.plans.logical.LogicalPlan` and `sql.execution.SparkPlan` (any node):
+  `nodeName()`, `output()`, `child()`, `apply(i)`, `deterministic()`, `collectLeaves()`,
+  `transformUp(partial function)` (given an immutable Scala `Map` as the partial function),
+  `setAnalyzed()`, `newInstance()` (of a leaf); `sql.catalyst.plans.logical.LocalRelation
+  .data()`; `outputPartitioning()`.
 - `sql.execution.LogicalRDD(output, rdd, outputPartitioning, outputOrdering, isStreaming,
-  stats, session, originStats, originConstraints, stream)`: its ten-argument constructor,
-  `rdd()`, `outputPartitioning()`; `sql.catalyst.plans.physical.UnknownPartitioning(n)`,
-  `HashPartitioning(expressions, n)` (`expressions()`, `numPartitions()`); an attribute's
-  `name()`.
+  stats, session, originStats, originConstraints, stream)`, `rdd()`;
+  `sql.execution.RDDScanExec(output, rdd, name, outputPartitioning, outputOrdering, stream)`,
+  `rdd()`; `sql.execution.ProjectExec(projectList, child)`;
+  `sql.execution.adaptive.LogicalQueryStage(logicalPlan, physicalPlan)`.
+- `sql.catalyst.plans.physical.UnknownPartitioning(n)`, `HashPartitioning(expressions, n)`
+  (`expressions()`, `numPartitions()`), `PartitioningCollection(partitionings)`
+  (`partitionings()`); `CreateStruct.apply(expressions)`; an attribute's `name()`; a
+  partitioning's or an expression's `getClass().getSimpleName()`.
 - `sql.execution.columnar.InMemoryRelation.apply(storageLevel, queryExecution, tableName)`,
-  `cacheBuilder().tableName()`, `withOutput(attributes)`; `storage.StorageLevel.MEMORY_AND_DISK`.
-- a partitioning's or an expression's `getClass().getSimpleName()`.
+  `cacheBuilder().tableName()`, `withOutput(attributes)`, `cachedPlan()`;
+  `InMemoryTableScanExec(attributes, predicates, relation)`, `relation()`;
+  `storage.StorageLevel.MEMORY_AND_DISK`.
 - `SparkContext` (JVM side): `emptyRDD`, `union(Seq, ClassTag)`, `parallelize(Seq, n,
-  ClassTag)`; `rdd.RDD.id()`; `rdd.SQLPartitioningAwareUnionRDD(context, Seq, n, ClassTag)`.
+  ClassTag)`; `rdd.RDD.id()`, `getNumPartitions()`, `coalesce(n, shuffle, partitionCoalescer,
+  ordering)`, `count()`; `rdd.SQLPartitioningAwareUnionRDD(context, Seq, n, ClassTag)`.
 - Scala and Java: `scala.collection.immutable.Nil`, `scala.collection.immutable.Map.empty()`,
   `scala.Option` (`empty()`, `apply`), `scala.reflect.ClassTag.AnyRef()`,
   `scala.jdk.javaapi.CollectionConverters.asScala`, `java.util.ArrayList`.
-- `rdd.RDD.getNumPartitions()`, `coalesce(n, shuffle, partitionCoalescer, ordering)`,
-  `count()`;
-  `QueryExecution.toRdd()`; `InMemoryRelation.cachedPlan()` and a physical plan's
-  `outputPartitioning()`; `PartitioningCollection(partitionings)`, `partitionings()`;
-  `CreateStruct.apply(expressions)`.
 - The session setting `spark.sql.execution.arrow.localRelationThreshold` (see `input_rows`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -71,10 +74,6 @@ def frame_of(spark: SparkSession, plan: JavaObject) -> DataFrame:
 
 def analyzed(frame: DataFrame) -> JavaObject:
     return frame._jdf.queryExecution().analyzed()
-
-
-def optimized(frame: DataFrame) -> JavaObject:
-    return frame._jdf.queryExecution().optimizedPlan()
 
 
 def plan_now(frame: DataFrame) -> None:
@@ -112,7 +111,7 @@ class _Jvm:
     session: JavaObject
     context: JavaObject
     logical_rdd: JavaObject
-    unknown: JavaObject
+    unknown: JavaObject  # UnknownPartitioning(0)
     hash_partitioning: JavaObject
     partitionings: JavaObject  # PartitioningCollection
     create_struct: JavaObject
@@ -127,6 +126,10 @@ class _Jvm:
     memory_and_disk: JavaObject
     dataset: JavaObject
     option: JavaObject
+    rdd_scan: JavaObject  # RDDScanExec
+    in_memory_scan: JavaObject  # InMemoryTableScanExec
+    project: JavaObject  # ProjectExec
+    query_stage: JavaObject  # LogicalQueryStage
 
 
 @cache
@@ -137,7 +140,7 @@ def _jvm(spark: SparkSession) -> _Jvm:
         session=spark._jsparkSession,
         context=spark._jsparkSession.sparkContext(),
         logical_rdd=jvm.org.apache.spark.sql.execution.LogicalRDD,
-        unknown=jvm.org.apache.spark.sql.catalyst.plans.physical.UnknownPartitioning,
+        unknown=jvm.org.apache.spark.sql.catalyst.plans.physical.UnknownPartitioning(0),
         hash_partitioning=jvm.org.apache.spark.sql.catalyst.plans.physical.HashPartitioning,
         partitionings=jvm.org.apache.spark.sql.catalyst.plans.physical.PartitioningCollection,
         create_struct=_module(spark, "org.apache.spark.sql.catalyst.expressions.CreateStruct"),
@@ -153,6 +156,10 @@ def _jvm(spark: SparkSession) -> _Jvm:
         memory_and_disk=jvm.org.apache.spark.storage.StorageLevel.MEMORY_AND_DISK(),
         dataset=jvm.org.apache.spark.sql.classic.Dataset,
         option=jvm.scala.Option,
+        rdd_scan=jvm.org.apache.spark.sql.execution.RDDScanExec,
+        in_memory_scan=jvm.org.apache.spark.sql.execution.columnar.InMemoryTableScanExec,
+        project=jvm.org.apache.spark.sql.execution.ProjectExec,
+        query_stage=jvm.org.apache.spark.sql.execution.adaptive.LogicalQueryStage,
     )
 
 
@@ -265,6 +272,26 @@ _declared: dict[tuple[int, str, Clustering], JavaObject] = {}
 _DECLARED = 4096
 
 
+def _partitioning(spark: SparkSession, output: JavaObject, clustering: Clustering | None
+                  ) -> JavaObject:
+    """The partitioning a leaf over `output` declares (see `rdd_node`)."""
+    j = _jvm(spark)
+    if clustering is None:
+        return j.unknown
+    key = (id(spark._jvm), output._target_id, clustering)
+    partitioning = _declared.get(key)
+    if partitioning is None:
+        positions, partitions = clustering
+        columns = _seq(spark, [output.apply(i) for i in positions])
+        partitioning = j.partitionings(_seq(spark, [
+            j.hash_partitioning(columns, partitions),
+            j.hash_partitioning(_seq(spark, [j.create_struct.apply(columns)]), partitions)]))
+        if len(_declared) >= _DECLARED:
+            _declared.clear()
+        _declared[key] = partitioning
+    return partitioning
+
+
 def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
              clustering: Clustering | None = None) -> JavaObject:
     """A `LogicalRDD` reading `rdd` with the attributes `output`. Its partitioning is unknown
@@ -278,21 +305,16 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
     serves joins on the struct, which match nulls to nulls where a join by the columns would
     need `<=>`, which Spark plans on other expressions and so exchanges this side."""
     j = _jvm(spark)
-    partitioning = j.unknown(0)
-    if clustering is not None:
-        key = (id(spark._jvm), output._target_id, clustering)
-        partitioning = _declared.get(key)
-        if partitioning is None:
-            positions, partitions = clustering
-            columns = _seq(spark, [output.apply(i) for i in positions])
-            partitioning = j.partitionings(_seq(spark, [
-                j.hash_partitioning(columns, partitions),
-                j.hash_partitioning(_seq(spark, [j.create_struct.apply(columns)]), partitions)]))
-            if len(_declared) >= _DECLARED:
-                _declared.clear()
-            _declared[key] = partitioning
-    return j.logical_rdd(output, rdd, partitioning, j.nil, False, j.none, j.session, j.none,
-                         j.none, False)
+    return j.logical_rdd(output, rdd, _partitioning(spark, output, clustering), j.nil, False,
+                         j.none, j.session, j.none, j.none, False)
+
+
+def rdd_scan(spark: SparkSession, output: JavaObject, rdd: JavaObject,
+             clustering: Clustering | None = None) -> JavaObject:
+    """The physical leaf Spark plans for `rdd_node(spark, output, rdd, clustering)`."""
+    j = _jvm(spark)
+    return j.rdd_scan(output, rdd, "ExistingRDD", _partitioning(spark, output, clustering),
+                      j.nil, j.none)
 
 
 def hash_clusterings(frame: DataFrame) -> list[tuple[list[str], int]]:
@@ -341,36 +363,35 @@ def cached_relation(frame: DataFrame) -> JavaObject:
                                       j.option.apply(f"txstream-{next(_names)}"))
 
 
-def cached_reader(spark: SparkSession, relation: JavaObject, clustering: Clustering | None
-                  ) -> tuple[Replacement, Clustering | None]:
-    """How a leaf reads a cached relation under given attributes, and the clustering it
-    declares: its rows (the RDD of its scan, which fills the cache when a job first reads it)
-    through a `LogicalRDD` declaring `clustering`, when the physical plan the relation computes
-    is hash-partitioned so (by the columns at those positions of its output, into that many
-    partitions); else the relation itself, which reports its plan's partitioning."""
-    if clustering is not None:
-        output = relation.output()
-        names = [output.apply(i).name() for i in clustering[0]]
-        if (names, clustering[1]) in _by_columns(relation.cachedPlan().outputPartitioning()):
-            rows = frame_of(spark, relation)._jdf.queryExecution().toRdd()
-            return (lambda out: rdd_node(spark, out, rows, clustering)), clustering
-    return (lambda out: with_attributes(relation, out)), None
-
-
-def with_attributes(relation: JavaObject, output: JavaObject) -> JavaObject:
-    """A cached relation read under the attributes `output`."""
-    return relation.withOutput(output)
+def cached_rows(spark: SparkSession, relation: JavaObject, clustering: Clustering | None
+                ) -> JavaObject | None:
+    """The rows of a cached relation (the RDD of its scan, which fills the cache when a job
+    first reads it) when the physical plan the relation computes is hash-partitioned as
+    `clustering` says (by the columns at those positions of its output, into that many
+    partitions): a leaf over them then declares that partitioning (`rdd_node`). None
+    otherwise: readers read the relation itself, which reports its plan's partitioning."""
+    if clustering is None:
+        return None
+    output = relation.output()
+    names = [output.apply(i).name() for i in clustering[0]]
+    if (names, clustering[1]) not in _by_columns(relation.cachedPlan().outputPartitioning()):
+        return None
+    return frame_of(spark, relation)._jdf.queryExecution().toRdd()
 
 
 # --- rebinding -------------------------------------------------------------------------------
 
 def key_of(leaf: JavaObject) -> LeafKey | None:
-    """The key of a leaf `rebind` can replace; None for others (constant relations)."""
+    """The key of a leaf `rebind_physical` can replace, logical or physical (by the names
+    Spark gives the nodes it plans for those: a `LogicalRDD` is scanned as "ExistingRDD"); None
+    for others."""
     name = leaf.nodeName()
-    if name == "LogicalRDD":
+    if name == "LogicalRDD" or name.startswith("Scan ExistingRDD"):
         return ("rdd", leaf.rdd().id())
     if name == "InMemoryRelation":
         return ("cached", leaf.cacheBuilder().tableName().get())
+    if name.startswith("Scan In-memory table"):
+        return ("cached", leaf.relation().cacheBuilder().tableName().get())
     return None
 
 
@@ -392,32 +413,87 @@ def leaves(plan: JavaObject) -> list[JavaObject]:
 
 @dataclass(frozen=True)
 class Occurrence:
-    """One leaf of a recorded plan: its node, its key, and its attributes."""
+    """One leaf of a recorded plan: its node, its key, and its attributes; a physical scan of
+    a cached relation also has the relation's attributes (`columns`), of which it reads
+    `output`."""
 
     node: JavaObject
     key: LeafKey
     output: JavaObject
+    columns: JavaObject | None = None
 
 
-def occurrences(plan: JavaObject) -> list[Occurrence]:
+# The names of physical leaves of no data of a batch's: a constant relation's, `spark.range`'s.
+_CONSTANT_SCANS = frozenset({"LocalTableScan", "Range"})
+
+
+def scans(plan: JavaObject) -> list[Occurrence] | None:
+    """The leaves of the physical `plan` that `rebind_physical` can replace; None when it has a
+    leaf of another kind than those and constants: a leaf the engine did not make, which a
+    template could not rebind."""
     found = []
     for leaf in leaves(plan):
+        name = leaf.nodeName()
         key = key_of(leaf)
-        if key is not None:
-            found.append(Occurrence(leaf, key, leaf.output()))
+        if key is None:
+            if name not in _CONSTANT_SCANS:
+                return None
+            continue
+        found.append(Occurrence(leaf, key, leaf.output(),
+                                leaf.relation().output() if key[0] == "cached" else None))
     return found
 
 
-Replacement = Callable[[JavaObject], JavaObject]  # a leaf's attributes -> the node to put there
+Replacement = Callable[[Occurrence], JavaObject]  # a leaf -> the node to put there
 
 
-def rebind(spark: SparkSession, plan: JavaObject, found: Sequence[Occurrence],
-           bindings: Mapping[LeafKey, Replacement]) -> JavaObject:
-    """`plan` with each occurrence in `found` replaced through `bindings` (every key must be
-    bound), marked analyzed: its nodes were, and the new leaves keep the attributes."""
+def rebind_physical(spark: SparkSession, plan: JavaObject,
+                    pairs: Iterable[tuple[JavaObject, JavaObject]]) -> JavaObject:
+    """The physical `plan` (before preparation: no exchange yet) with each leaf equal to the
+    first of a pair replaced by the second. The nodes above a new leaf are copies (Spark's
+    transform), so nothing of an earlier execution (a shuffle, metrics) carries over."""
     replace = _jvm(spark).empty_map
-    for occ in found:
-        replace = replace.updated(occ.node, bindings[occ.key](occ.output))
-    rebound = plan.transformUp(replace)
-    rebound.setAnalyzed()
-    return rebound
+    for old, new in pairs:
+        replace = replace.updated(old, new)
+    return plan.transformUp(replace)
+
+
+def physical_plan(frame: DataFrame) -> JavaObject:
+    """The physical plan Spark's planner made of `frame`, before its preparation (exchanges)."""
+    return frame._jdf.queryExecution().sparkPlan()
+
+
+def frame_over(spark: SparkSession, logical: JavaObject, physical: JavaObject) -> DataFrame:
+    """A frame whose physical plan is `physical`, taken as it is: Spark's planner plans a
+    `LogicalQueryStage` (what adaptive execution wraps its finished stages in) as its physical
+    plan, so the frame's optimization and planning are those of one leaf; `logical`, a leaf of
+    `physical`'s attributes, gives them. Spark still prepares `physical` for execution
+    (exchanges where partitionings do not meet) as it does every plan."""
+    stage = _jvm(spark).query_stage(logical, physical)
+    stage.setAnalyzed()  # a leaf of resolved attributes: nothing for the analyzer to do
+    return frame_of(spark, stage)
+
+
+def rows_scan(spark: SparkSession, rdd: JavaObject, clustering: Clustering | None = None
+              ) -> Replacement:
+    """A physical scan of `rdd` (rows) in place of a recorded leaf: with the leaf's attributes,
+    or, for a recorded scan of a cached relation, the relation's columns projected to those it
+    read."""
+    j = _jvm(spark)
+
+    def scan(occ: Occurrence) -> JavaObject:
+        if occ.columns is None:
+            return rdd_scan(spark, occ.output, rdd, clustering)
+        return j.project(occ.output, rdd_scan(spark, occ.columns, rdd, clustering))
+    return scan
+
+
+def cached_scan(spark: SparkSession, relation: JavaObject) -> Replacement:
+    """A physical scan of the cached `relation` in place of a recorded leaf, under the
+    recorded attributes."""
+    j = _jvm(spark)
+
+    def scan(occ: Occurrence) -> JavaObject:
+        columns = occ.columns if occ.columns is not None else occ.output
+        return j.in_memory_scan(occ.output, j.nil, relation.withOutput(columns))
+    return scan

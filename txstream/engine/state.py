@@ -73,6 +73,7 @@ from txstream.engine.frames import (
 from txstream.engine.run_index import RunIndex
 from txstream.engine.spark_internals import (
     Clustering,
+    Replacement,
     attributes,
     frame_of,
     hash_clusterings,
@@ -80,6 +81,7 @@ from txstream.engine.spark_internals import (
     input_rows,
     rdd_node,
     rdd_of,
+    rows_scan,
     union_rdd,
 )
 
@@ -205,18 +207,24 @@ class ZSetState:
         assert self.row_type is not None
         return tuple(self.row_type.names.index(c) for c in self.partition_on), self.partitions
 
-    def node(self, spark: SparkSession, output: JavaObject, runs: Runs) -> JavaObject:
-        """A leaf node with the attributes `output` reading the rows of `runs`, unconsolidated:
-        at P > 1 partition i of every run in partition i, and declared so."""
+    def _rows(self, spark: SparkSession, runs: Runs) -> tuple[JavaObject, Clustering | None]:
+        """The rows of `runs` as one RDD, unconsolidated (at P > 1 partition i of every run in
+        partition i), and the clustering a leaf over it declares."""
         clustering = self._clustering()
         rdd = union_rdd(spark, [r.rdd for r in runs], clustering[1] if clustering else 0)
-        return rdd_node(spark, output, rdd, clustering)
+        return rdd, clustering
+
+    def scan(self, spark: SparkSession, runs: Runs) -> Replacement:
+        """A physical leaf reading the rows of `runs` in place of a recorded one (a
+        template's)."""
+        return rows_scan(spark, *self._rows(spark, runs))
 
     def leaf(self, spark: SparkSession, runs: Runs) -> DataFrame:
         """The rows of `runs` (none: no rows) as one leaf, unconsolidated: in the runs' P
         partitions, or in one for a batch planned in one (see `txstream.engine.engine`)."""
         assert self._prototype is not None, "typed() fixes the row type before any leaf"
-        leaf = frame_of(spark, self.node(spark, self._prototype, runs).newInstance())
+        node = rdd_node(spark, self._prototype, *self._rows(spark, runs))
+        leaf = frame_of(spark, node.newInstance())
         return leaf.coalesce(1) if parallelism() == 1 else leaf
 
     def checkpoint(self, source: DataFrame) -> DataFrame:
@@ -358,12 +366,13 @@ class ZSetState:
         spark, output, rows = listed
         return frame_of(spark, rdd_node(spark, output, rows).newInstance())
 
-    def index_node(self, output: JavaObject) -> JavaObject:
-        """A leaf with the attributes `output` reading the files of the current indexed runs."""
+    def index_scan(self) -> Replacement:
+        """A physical leaf reading the files of the current indexed runs in place of a
+        recorded one (a template's)."""
         listed = self._listed()
         assert listed is not None, "a plan reads index files only when some exist"
         spark, _, rows = listed
-        return rdd_node(spark, output, rows)
+        return rows_scan(spark, rows)
 
     def _listed(self) -> tuple[SparkSession, JavaObject, JavaObject] | None:
         """The session, attributes and rows of a leaf listing the index files of the current
