@@ -19,6 +19,7 @@ from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitio
 from txstream.engine import reducers as r
 from txstream.engine.operators import SourceOp, rowwise
 from txstream.engine.operators.reduce import ReduceOp
+from txstream.engine.spark_internals import leaves
 from txstream.examples.groupby import pipeline as groupby_pipeline
 from txstream.examples.order_events import as_changes, events
 from txstream.examples.orders import pipeline as orders_pipeline
@@ -101,6 +102,31 @@ def test_lone_transactions_keep_no_earlier_batch_in_memory(spark: SparkSession) 
         process(engine, as_changes([next(stream) for _ in range(10)], rows, t))
     after = _cached_rdds(spark)
     assert after < before + 200, f"{after - before} more cached RDDs after 40 batches"
+
+
+def test_templates_hold_no_batch_of_data(spark: SparkSession) -> None:
+    """A template's physical plans read placeholders only, and so do the logical plans their
+    nodes link to (Spark's planner tags each physical node with the logical one it came from):
+    a template made from a batch's own plans would keep that batch's state runs and inputs
+    alive for as long as the template lives."""
+    engine = Engine(orders_pipeline(), spark)
+    stream = events(random.Random(5), 50)
+    rows: dict[str, dict[int, dict[str, object]]] = {}
+    process(engine, as_changes([next(stream) for _ in range(500)], rows, 1))
+    for t in range(2, 5):
+        process(engine, as_changes([next(stream) for _ in range(10)], rows, t))
+    assert engine.last_batch is not None and engine.last_batch.rebound
+    template = next(t for t in engine._templates.values() if t.final.physical is not None)
+    checked = 0
+    for plan in [*(s.plan.physical for s in template.steps), template.final.physical]:
+        nodes = [plan.apply(i) for i in range(plan.numberedTreeString().count("\n"))]
+        links = [n.logicalLink() for n in nodes if n is not None]
+        for node in [*nodes, *(link.get() for link in links if link.isDefined())]:
+            for leaf in leaves(node):
+                if leaf.nodeName() == "LogicalRDD" or leaf.nodeName().startswith("Scan Exist"):
+                    checked += 1
+                    assert leaf.rdd().getNumPartitions() == 0, leaf.toString()
+    assert checked > 0
 
 
 def test_lookups_probe_the_index_of_a_large_run(spark: SparkSession) -> None:

@@ -58,7 +58,7 @@ from txstream.engine.spark_internals import materialize, plan_now, rdd_leaf, rdd
 from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import Run, Runs, StagedRuns, ZSetState
 from txstream.engine.table import Node, Pipeline
-from txstream.engine.templates import Template, instantiate, record
+from txstream.engine.templates import Template, instantiate, ready, record
 from txstream.schemas.tables import Column, ColumnType, TableSchema
 
 # A state run holding at least this many rows gets an index, so lookups probe it instead of
@@ -223,6 +223,9 @@ class Engine:
             # state it meets has (a session setting, so set for every batch, whichever engine).
             self.spark.conf.set("spark.sql.shuffle.partitions", str(self.parallelism))
         with call_site(self.spark.sparkContext, "txstream engine batch"), spread(planned):
+            if template is not None and not ready(self.spark, template):
+                del self._templates[shape]  # built by the operators, as every batch of its shape
+                template = None
             if template is not None:
                 rows = {name: self.sources[name].rows(t, planned) for name, t in present.items()}
                 final, staged = instantiate(self.spark, template, rows, weight)

@@ -10,8 +10,9 @@ files (an RDD of rows each: a `LogicalRDD`, scanned by an `RDDScanExec`), and fr
 once per batch (an `InMemoryRelation`, scanned by an `InMemoryTableScanExec`, see
 `BatchPlan.shared`). Each leaf has a key that survives Spark's copies of it (the deduplication
 of a self-join gives a copy fresh attribute ids): the id of its RDD, or the name of its cached
-relation. `rebind_physical` replaces the scans of a physical plan by key, keeping each
-occurrence's attributes, and `frame_over` hands the result to Spark as a frame to run.
+relation. `rebind` replaces leaves by key in a logical plan and `replace_leaves` the scans of a
+physical one, keeping each occurrence's attributes; `frame_over` hands a physical plan to Spark
+as a frame to run.
 
 The internal API used, by class (org.apache.spark unless Scala or Java):
 
@@ -27,7 +28,7 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
 - `sql.execution.LogicalRDD(output, rdd, outputPartitioning, outputOrdering, isStreaming,
   stats, session, originStats, originConstraints, stream)`, `rdd()`;
   `sql.execution.RDDScanExec(output, rdd, name, outputPartitioning, outputOrdering, stream)`,
-  `rdd()`; `sql.execution.ProjectExec(projectList, child)`;
+  `rdd()`;
   `sql.execution.adaptive.LogicalQueryStage(logicalPlan, physicalPlan)`.
 - `sql.catalyst.plans.physical.UnknownPartitioning(n)`, `HashPartitioning(expressions, n)`
   (`expressions()`, `numPartitions()`), `PartitioningCollection(partitionings)`
@@ -49,7 +50,7 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -61,6 +62,9 @@ from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.types import StructType
 
 LeafKey = tuple[str, int | str]
+# The name Spark's planner gives the scan of a `LogicalRDD` (its node's name: "Scan " + this,
+# then the RDD's name if it has one).
+_EXISTING_RDD = "ExistingRDD"
 _names = itertools.count(1)
 # Below this size, createDataFrame converts Arrow data to rows on the driver.
 _LOCAL_RELATION_BYTES = "spark.sql.execution.arrow.localRelationThreshold"
@@ -128,7 +132,6 @@ class _Jvm:
     option: JavaObject
     rdd_scan: JavaObject  # RDDScanExec
     in_memory_scan: JavaObject  # InMemoryTableScanExec
-    project: JavaObject  # ProjectExec
     query_stage: JavaObject  # LogicalQueryStage
 
 
@@ -158,7 +161,6 @@ def _jvm(spark: SparkSession) -> _Jvm:
         option=jvm.scala.Option,
         rdd_scan=jvm.org.apache.spark.sql.execution.RDDScanExec,
         in_memory_scan=jvm.org.apache.spark.sql.execution.columnar.InMemoryTableScanExec,
-        project=jvm.org.apache.spark.sql.execution.ProjectExec,
         query_stage=jvm.org.apache.spark.sql.execution.adaptive.LogicalQueryStage,
     )
 
@@ -264,10 +266,10 @@ def materialize(spark: SparkSession, rdds: Sequence[JavaObject]) -> None:
 
 Clustering = tuple[tuple[int, ...], int]  # positions of the hashed columns, partition count
 
-# The partitionings `rdd_node` declared, by (the gateway, the JVM object of its attributes,
-# clustering): a template rebinds the same leaves every batch, and each declaration is about
-# twenty calls into the JVM. py4j never reuses an object id within one gateway; the cache is
-# emptied whole when full, which only costs building them again.
+# The partitionings leaves declared (`_partitioning`), by (the gateway, the JVM object of their
+# attributes, clustering): a template rebinds the same leaves every batch, and each
+# declaration is about twenty calls into the JVM. py4j never reuses an object id within one
+# gateway; the cache is emptied whole when full, which only costs building them again.
 _declared: dict[tuple[int, str, Clustering], JavaObject] = {}
 _DECLARED = 4096
 
@@ -313,7 +315,7 @@ def rdd_scan(spark: SparkSession, output: JavaObject, rdd: JavaObject,
              clustering: Clustering | None = None) -> JavaObject:
     """The physical leaf Spark plans for `rdd_node(spark, output, rdd, clustering)`."""
     j = _jvm(spark)
-    return j.rdd_scan(output, rdd, "ExistingRDD", _partitioning(spark, output, clustering),
+    return j.rdd_scan(output, rdd, _EXISTING_RDD, _partitioning(spark, output, clustering),
                       j.nil, j.none)
 
 
@@ -382,15 +384,14 @@ def cached_rows(spark: SparkSession, relation: JavaObject, clustering: Clusterin
 # --- rebinding -------------------------------------------------------------------------------
 
 def key_of(leaf: JavaObject) -> LeafKey | None:
-    """The key of a leaf `rebind_physical` can replace, logical or physical (by the names
-    Spark gives the nodes it plans for those: a `LogicalRDD` is scanned as "ExistingRDD"); None
-    for others."""
+    """The key of a leaf `rebind` or `replace_leaves` can replace, logical or physical (by the
+    names Spark gives the nodes it plans for those); None for others."""
     name = leaf.nodeName()
-    if name == "LogicalRDD" or name.startswith("Scan ExistingRDD"):
+    if name == "LogicalRDD" or name.startswith(f"Scan {_EXISTING_RDD}"):  # an RDDScanExec
         return ("rdd", leaf.rdd().id())
     if name == "InMemoryRelation":
         return ("cached", leaf.cacheBuilder().tableName().get())
-    if name.startswith("Scan In-memory table"):
+    if name.startswith("Scan In-memory table"):  # an InMemoryTableScanExec
         return ("cached", leaf.relation().cacheBuilder().tableName().get())
     return None
 
@@ -413,49 +414,57 @@ def leaves(plan: JavaObject) -> list[JavaObject]:
 
 @dataclass(frozen=True)
 class Occurrence:
-    """One leaf of a recorded plan: its node, its key, and its attributes; a physical scan of
-    a cached relation also has the relation's attributes (`columns`), of which it reads
-    `output`."""
+    """One leaf of a recorded plan: its node, its key, and its attributes."""
 
     node: JavaObject
     key: LeafKey
     output: JavaObject
-    columns: JavaObject | None = None
 
 
 # The names of physical leaves of no data of a batch's: a constant relation's, `spark.range`'s.
 _CONSTANT_SCANS = frozenset({"LocalTableScan", "Range"})
 
 
-def scans(plan: JavaObject) -> list[Occurrence] | None:
-    """The leaves of the physical `plan` that `rebind_physical` can replace; None when it has a
-    leaf of another kind than those and constants: a leaf the engine did not make, which a
-    template could not rebind."""
+def occurrences(plan: JavaObject, physical: bool = False) -> list[Occurrence] | None:
+    """The leaves of `plan` that `rebind` (or `replace_leaves`) can replace. Of a `physical`
+    plan, None when it has a leaf of another kind than those and constants: a leaf the engine
+    did not make, which a template could not rebind."""
     found = []
     for leaf in leaves(plan):
-        name = leaf.nodeName()
         key = key_of(leaf)
-        if key is None:
-            if name not in _CONSTANT_SCANS:
-                return None
-            continue
-        found.append(Occurrence(leaf, key, leaf.output(),
-                                leaf.relation().output() if key[0] == "cached" else None))
+        if key is not None:
+            found.append(Occurrence(leaf, key, leaf.output()))
+        elif physical and leaf.nodeName() not in _CONSTANT_SCANS:
+            return None
     return found
 
 
 Replacement = Callable[[Occurrence], JavaObject]  # a leaf -> the node to put there
 
 
-def rebind_physical(spark: SparkSession, plan: JavaObject,
-                    pairs: Iterable[tuple[JavaObject, JavaObject]]) -> JavaObject:
-    """The physical `plan` (before preparation: no exchange yet) with each leaf equal to the
-    first of a pair replaced by the second. The nodes above a new leaf are copies (Spark's
-    transform), so nothing of an earlier execution (a shuffle, metrics) carries over."""
+def replace_leaves(spark: SparkSession, plan: JavaObject,
+                   pairs: Iterable[tuple[JavaObject, JavaObject]]) -> JavaObject:
+    """`plan` with each leaf equal to the first of a pair replaced by the second. The nodes
+    above a new leaf are copies (Spark's transform), so nothing of an execution of a physical
+    plan (a shuffle, metrics) carries over to the next."""
     replace = _jvm(spark).empty_map
     for old, new in pairs:
         replace = replace.updated(old, new)
     return plan.transformUp(replace)
+
+
+def rebind(spark: SparkSession, plan: JavaObject, found: Sequence[Occurrence],
+           bindings: Mapping[LeafKey, Replacement]) -> JavaObject:
+    """The logical `plan` with each occurrence in `found` replaced through `bindings` (every
+    key must be bound), marked analyzed: its nodes were, and the new leaves keep the
+    attributes."""
+    rebound = replace_leaves(spark, plan, [(o.node, bindings[o.key](o)) for o in found])
+    rebound.setAnalyzed()
+    return rebound
+
+
+def optimized(frame: DataFrame) -> JavaObject:
+    return frame._jdf.queryExecution().optimizedPlan()
 
 
 def physical_plan(frame: DataFrame) -> JavaObject:
@@ -476,24 +485,12 @@ def frame_over(spark: SparkSession, logical: JavaObject, physical: JavaObject) -
 
 def rows_scan(spark: SparkSession, rdd: JavaObject, clustering: Clustering | None = None
               ) -> Replacement:
-    """A physical scan of `rdd` (rows) in place of a recorded leaf: with the leaf's attributes,
-    or, for a recorded scan of a cached relation, the relation's columns projected to those it
-    read."""
-    j = _jvm(spark)
-
-    def scan(occ: Occurrence) -> JavaObject:
-        if occ.columns is None:
-            return rdd_scan(spark, occ.output, rdd, clustering)
-        return j.project(occ.output, rdd_scan(spark, occ.columns, rdd, clustering))
-    return scan
+    """A physical scan of `rdd` (rows) in place of a recorded leaf, with its attributes."""
+    return lambda occ: rdd_scan(spark, occ.output, rdd, clustering)
 
 
 def cached_scan(spark: SparkSession, relation: JavaObject) -> Replacement:
-    """A physical scan of the cached `relation` in place of a recorded leaf, under the
-    recorded attributes."""
+    """A physical scan of the cached `relation` in place of a recorded leaf, under its
+    attributes."""
     j = _jvm(spark)
-
-    def scan(occ: Occurrence) -> JavaObject:
-        columns = occ.columns if occ.columns is not None else occ.output
-        return j.in_memory_scan(occ.output, j.nil, relation.withOutput(columns))
-    return scan
+    return lambda occ: j.in_memory_scan(occ.output, j.nil, relation.withOutput(occ.output))

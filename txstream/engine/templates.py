@@ -1,29 +1,32 @@
-"""Plan templates: a batch's physical plans, made once per shape, rebound to each later batch's
-leaves.
+"""Plan templates: a batch's plans, built once per shape, planned once, rebound to each later
+batch's leaves.
 
 Building a batch's plans through the DataFrame API costs the driver about a second on the
 example pipeline (thousands of calls into the JVM, each new frame analyzed), and optimizing and
 planning them a tenth more, the same every batch: the plans differ only in their leaves. A
 batch's shape (which sources have changes; per state, whether it has streamed runs and whether
 indexed ones) decides every plan, so the first batch of a shape is built by the operators and
-its physical plans are recorded (as Spark's planner made them, before the exchanges its
-preparation adds), and later batches of that shape rebind the recorded plans' scans to their
-own leaves (`spark_internals.rebind_physical`): the sources' changes, each state's streamed runs
-and index files, the runs a state merges. The frames a batch materializes (shared frames, new
-runs) are recorded in order with the plans they come from, and are materialized again from
-those plans, rebound to the leaves before them.
+its optimized plans are recorded, their leaves replaced by placeholders (empty RDDs). The first
+batch rebound to the template has Spark plan those once (`ready`); it and every later batch of
+the shape rebind the physical plans' scans to their own leaves: the sources' changes, each
+state's streamed runs and index files, the runs a state merges. The frames a batch
+materializes (shared frames, new runs) are recorded in order with the plans they come from,
+and are materialized again from those plans, rebound to the leaves before them.
 
 A rebound plan reaches Spark as a frame whose planner takes it as it is
-(`spark_internals.frame_over`): neither the optimizer nor the planner runs on it again (Spark
-still prepares it for execution, adding exchanges, as every plan), which saved a lone
-transaction of the example pipeline 0.04-0.05 s of its 0.28-0.33 s of planning. The plans are
-those of the shape's first batch, whose leaves declare the same partitionings as any later
-batch's, and Spark's planner chooses no join or aggregate by the size of a leaf here (no
-broadcasts; a delta is the hash side of its joins by hint, `frames.build_side`).
+(`spark_internals.frame_over`): the optimizer and the planner do not run on it again, only
+Spark's preparation for execution (the exchanges its partitionings need, as for every plan),
+which saved a lone transaction of the example pipeline 0.04-0.05 s of its 0.28-0.33 s of
+planning. Spark's planner chooses no join or aggregate by the size of a leaf here (no
+broadcasts; a delta is the hash side of its joins by hint, `frames.build_side`), so plans made
+over placeholders are those it makes over a batch's leaves. With adaptive execution on (not
+the service's session), no template is recorded.
 
-A recorded plan holds placeholders (empty RDDs), never a batch's data, so a template keeps no
-state version alive. A plan with a scan the template could not rebind (a leaf the engine did
-not make) is not recorded: its shape is then built by the operators every batch.
+A template holds placeholders, never a batch's data, so it keeps no state version alive: the
+physical plans are made from the placeholders' plans, not from the batch that recorded them,
+since Spark's planner links every physical node to the logical one it came from. A plan with a
+leaf the template could not rebind (one the engine did not make) is not used: its shape is
+then built by the operators every batch.
 """
 
 from __future__ import annotations
@@ -35,27 +38,28 @@ from typing import Literal
 from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 
-from txstream.engine.batch import BatchPlan, Materialization
+from txstream.engine.batch import BatchPlan
 from txstream.engine.spark_internals import (
     Clustering,
     LeafKey,
     Occurrence,
     Replacement,
     SourceRows,
-    attributes,
     cached_relation,
     cached_rows,
     cached_scan,
+    frame_of,
     frame_over,
     id_of,
     leaf_key,
+    occurrences,
+    optimized,
     physical_plan,
     rdd_node,
     rdd_of,
-    rdd_scan,
-    rebind_physical,
+    rebind,
+    replace_leaves,
     rows_scan,
-    scans,
     union_rdd,
 )
 from txstream.engine.state import Merge, Run, StagedRuns, ZSetState
@@ -66,14 +70,14 @@ Role = (tuple[Literal["source"], str] | tuple[Literal["state", "merged"], ZSetSt
         | tuple[Literal["index"], ZSetState])
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Plan:
-    """A recorded physical plan, its leaves `found`, and a leaf of its attributes (`logical`,
-    see `frame_over`)."""
+    """A recorded plan: optimized, over placeholders (`logical`), and the physical plan Spark
+    made of that (`physical`, with its scans `found`), once a batch has been rebound to it."""
 
     logical: JavaObject
-    physical: JavaObject
-    found: list[Occurrence]
+    physical: JavaObject | None = None
+    found: list[Occurrence] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,10 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
            states: Sequence[ZSetState], final: DataFrame, outputs: Sequence[str]
            ) -> Template | None:
     """The template of a batch just built (before its state is installed), or None when a
-    plan reads a leaf the template could not rebind."""
+    plan reads a leaf the template could not rebind, or adaptive execution would re-plan the
+    recorded plans (see the module doc)."""
+    if spark.conf.get("spark.sql.adaptive.enabled", "true") == "true":
+        return None
     roles: dict[LeafKey, Role] = {leaf_key(f): ("source", name) for name, f in sources.items()}
     for state in states:
         current = state.frame()
@@ -109,47 +116,52 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
     for merged, state in batch.merged:
         roles[leaf_key(merged)] = ("merged", state)
     known = set(roles)
-    frames: list[tuple[Materialization | None, DataFrame]] = []
-    for m in batch.materialized:
-        frames.append((m, m.source))
-        known.add(leaf_key(m.leaf))
-    frames.append((None, final))
-    # The physical plans the batch made (or makes now: the final frame's, which its action
-    # then runs), with their leaves.
     made = []
-    for m, frame in frames:
-        physical = physical_plan(frame)
-        found = scans(physical)
-        if found is None or any(o.key not in known for o in found):
+    for m in [*batch.materialized, None]:
+        plan = optimized(final if m is None else m.source)
+        found = occurrences(plan)
+        assert found is not None  # a logical plan's
+        if any(o.key not in known for o in found):
             return None
-        # The attributes of the frame as analyzed: those of its checkpoint or relation (a
-        # physical plan can say some are never null where the analyzed plan does not).
-        made.append((m, attributes(frame), physical, found))
+        key = None if m is None else leaf_key(m.leaf)
+        if key is not None:
+            known.add(key)
+        made.append((m, plan, found, key))
     # Placeholders for every leaf: the template holds no data.
     empty = {key: union_rdd(spark, []) for key in known}
+    placeholders: dict[LeafKey, Replacement] = {
+        key: (lambda occ, rdd=rdd: rdd_node(spark, occ.output, rdd)) for key, rdd in empty.items()}
     renamed = {key: ("rdd", id_of(rdd)) for key, rdd in empty.items()}
-    nothing = union_rdd(spark, [])
-
-    def neutral(output: JavaObject, physical: JavaObject, found: list[Occurrence]) -> _Plan:
-        placed = [Occurrence(rdd_scan(spark, o.output, empty[o.key]), renamed[o.key], o.output,
-                             o.columns) for o in found]
-        pairs = [(o.node, p.node) for o, p in zip(found, placed, strict=True)]
-        return _Plan(rdd_node(spark, output, nothing), rebind_physical(spark, physical, pairs),
-                     placed)
-
-    steps = [_Step(m.kind, neutral(output, physical, found), renamed[leaf_key(m.leaf)],
-                   m.state, m.clustering)
-             for m, output, physical, found in made if m is not None]
-    _, output, physical, found = made[-1]
+    steps = [_Step(m.kind, _Plan(rebind(spark, plan, found, placeholders)), renamed[key],
+                   m.state, m.clustering) for m, plan, found, key in made if m is not None]
+    _, plan, found, _ = made[-1]
     return Template({renamed[k]: role for k, role in roles.items()}, steps,
-                    neutral(output, physical, found), tuple(outputs))
+                    _Plan(rebind(spark, plan, found, placeholders)), tuple(outputs))
+
+
+def ready(spark: SparkSession, template: Template) -> bool:
+    """Whether the template's physical plans are made (now, at the first batch rebound to it,
+    so that the shape's first batch pays only its own planning): planned by Spark from the
+    recorded plans, whose leaves are placeholders, so that no physical node links to a
+    batch's data. False when one has a leaf the template could not rebind: its shape is then
+    built by the operators."""
+    known = {*template.roles, *(s.key for s in template.steps)}
+    for plan in [*(s.plan for s in template.steps), template.final]:
+        if plan.physical is None:
+            physical = physical_plan(frame_of(spark, plan.logical))
+            found = occurrences(physical, physical=True)
+            if found is None or any(o.key not in known for o in found):
+                return False
+            plan.physical, plan.found = physical, found
+    return True
 
 
 def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, SourceRows],
                 weight: int) -> tuple[DataFrame, list[StagedRuns]]:
     """The batch's final frame and staged runs, for `sources` (name -> its changes) and a
-    batch of `weight` input rows, from the template of its shape: each recorded physical plan
-    over this batch's leaves (`frame_over`), neither optimized nor planned again."""
+    batch of `weight` input rows, from the template of its shape (`ready`): each recorded
+    physical plan over this batch's leaves (`frame_over`), neither optimized nor planned
+    again."""
     merges: dict[int, Merge] = {}
 
     def merge_of(state: ZSetState) -> Merge:
@@ -169,8 +181,9 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
             bindings[key] = state.scan(spark, runs)
 
     def frame(plan: _Plan) -> DataFrame:
+        assert plan.physical is not None and plan.found is not None, "ready() first"
         pairs = [(o.node, bindings[o.key](o)) for o in plan.found]
-        return frame_over(spark, plan.logical, rebind_physical(spark, plan.physical, pairs))
+        return frame_over(spark, plan.logical, replace_leaves(spark, plan.physical, pairs))
 
     staged = []
     for step in template.steps:
