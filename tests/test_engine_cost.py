@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import random
+from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from time import sleep
 
@@ -21,7 +22,7 @@ from txstream.engine.operators import SourceOp, rowwise
 from txstream.engine.operators.reduce import ReduceOp
 from txstream.engine.spark_internals import leaves
 from txstream.examples.groupby import pipeline as groupby_pipeline
-from txstream.examples.order_events import as_changes, events
+from txstream.examples.order_events import Event, as_changes, events
 from txstream.examples.orders import pipeline as orders_pipeline
 from txstream.schemas.tables import TableSchema
 
@@ -88,15 +89,23 @@ def _cached_rdds(spark: SparkSession) -> int:
     return counts[-1]
 
 
+def _example_after(spark: SparkSession, seed: int, first: int, lone: int
+                   ) -> tuple[Engine, Iterator[Event], dict[str, dict[int, dict[str, object]]]]:
+    """The example pipeline's engine after a first batch of `first` order events and `lone`
+    10-event transactions (times 1 to `lone` + 1); the event stream and rows, to go on."""
+    engine = Engine(orders_pipeline(), spark)
+    stream = events(random.Random(seed), 50)
+    rows: dict[str, dict[int, dict[str, object]]] = {}
+    process(engine, as_changes([next(stream) for _ in range(first)], rows, 1))
+    for t in range(2, lone + 2):
+        process(engine, as_changes([next(stream) for _ in range(10)], rows, t))
+    return engine, stream, rows
+
+
 def test_lone_transactions_keep_no_earlier_batch_in_memory(spark: SparkSession) -> None:
     """What a batch caches is freed once no state version needs it: a run that kept its plan
     alive would keep every earlier batch's frames, a dozen cached RDDs per batch."""
-    engine = Engine(orders_pipeline(), spark)
-    stream = events(random.Random(3), 50)
-    rows: dict[str, dict[int, dict[str, object]]] = {}
-    process(engine, as_changes([next(stream) for _ in range(2_000)], rows, 1))
-    for t in range(2, 12):
-        process(engine, as_changes([next(stream) for _ in range(10)], rows, t))
+    engine, stream, rows = _example_after(spark, 3, 2_000, 10)
     before = _cached_rdds(spark)
     for t in range(12, 52):
         process(engine, as_changes([next(stream) for _ in range(10)], rows, t))
@@ -109,12 +118,7 @@ def test_templates_hold_no_batch_of_data(spark: SparkSession) -> None:
     nodes link to (Spark's planner tags each physical node with the logical one it came from):
     a template made from a batch's own plans would keep that batch's state runs and inputs
     alive for as long as the template lives."""
-    engine = Engine(orders_pipeline(), spark)
-    stream = events(random.Random(5), 50)
-    rows: dict[str, dict[int, dict[str, object]]] = {}
-    process(engine, as_changes([next(stream) for _ in range(500)], rows, 1))
-    for t in range(2, 5):
-        process(engine, as_changes([next(stream) for _ in range(10)], rows, t))
+    engine, _, _ = _example_after(spark, 5, 500, 3)
     assert engine.last_batch is not None and engine.last_batch.rebound
     template = next(t for t in engine._templates.values() if t.final.physical is not None)
     checked = 0
