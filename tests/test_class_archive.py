@@ -40,6 +40,33 @@ def test_the_archive_is_keyed_by_spark_and_the_java_binary(fake_java: Path) -> N
     assert class_archive.java_options() == ""
 
 
+def test_archives_no_installation_can_use_are_swept(fake_java: Path, tmp_path: Path) -> None:
+    """Other Spark versions' archives, and this version's whose SPARK_HOME is gone (a removed
+    checkout), are deleted; another existing installation's stays, as does one that names no
+    SPARK_HOME (written before archives did)."""
+    path = class_archive.archive_path()
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    version = f"spark-{pyspark.__version__}-"
+
+    def archive(name: str, home: Path | None) -> Path:
+        made = path.parent / name
+        made.write_bytes(b"archive")
+        if home is not None:
+            (path.parent / f"{name}.home").write_text(f"{home}\n")
+        return made
+
+    mine = archive(path.name, tmp_path)
+    older = archive("spark-3.5.0-0123456789abcdef.jsa", tmp_path)
+    removed = archive(f"{version}1111111111111111.jsa", tmp_path / "gone")
+    other = archive(f"{version}2222222222222222.jsa", tmp_path)
+    unnamed = archive(f"{version}3333333333333333.jsa", None)
+    assert sorted(class_archive.sweep(path)) == sorted([older, removed])
+    assert sorted(path.parent.iterdir()) == sorted([
+        mine, path.parent / f"{mine.name}.home", other, path.parent / f"{other.name}.home",
+        unnamed])
+
+
 def test_the_environment_names_another_archive_or_none(
         fake_java: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(class_archive.ENV, str(tmp_path / "mine.jsa"))

@@ -14,14 +14,16 @@ parsed and verified, and later JVMs map it. Measured on the development machine 
 the Spark session's start 11.6 -> 6.2 s, the example pipeline's engine 3.3 -> 2.1 s; a
 restart, a takeover and every test that starts the service pay that less.
 
-The archive is only valid for the JVM and the jars that wrote it: its name holds Spark's
-version and a digest of the `java` binary and SPARK_HOME, and the JVM itself checks it and
-ignores one that does not match (`-Xshare:auto`, the default), so a stale archive costs only
-its benefit. The image carries none: whether the Helm chart's driver could map one is not
-verified (its `SPARK_CONF_DIR`, a directory holding `spark-defaults.conf`, is on the class
-path, which class-data sharing checks), and an archive is ~160 MiB. The archive is written once
-per installation (`make install`); `TXSTREAM_CLASS_ARCHIVE` names another file, or `off`. It
-is passed as `spark.driver.defaultJavaOptions`, which Spark puts before
+The archive is only valid for the JVM and the jars that wrote it: its name holds Spark's version
+and a digest of the `java` binary and SPARK_HOME, and the JVM itself checks it and ignores one
+that does not match (`-Xshare:auto`, the default), so a stale archive costs only its benefit.
+The image carries none: whether the Helm chart's driver could map one is not verified (its
+`SPARK_CONF_DIR`, a directory holding `spark-defaults.conf`, is on the class path, which
+class-data sharing checks), and an archive is ~160 MiB. The archive is written once per
+installation (`make install`), with a file beside it naming its SPARK_HOME, and writing it
+deletes the archives of other Spark versions and of installations since removed (`sweep`: a
+deleted checkout's would otherwise stay); `TXSTREAM_CLASS_ARCHIVE` names another file, or `off`.
+It is passed as `spark.driver.defaultJavaOptions`, which Spark puts before
 `spark.driver.extraJavaOptions`: JVM options of a user's own belong in the latter (a
 `defaultJavaOptions` of theirs in spark-defaults.conf is overridden while an archive exists).
 """
@@ -68,12 +70,37 @@ def archive_path() -> Path | None:
     if java is None:
         return None
     stat = java.stat()
-    spark_home = os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent)
     digest = hashlib.sha256(
-        f"{java}:{stat.st_size}:{stat.st_mtime_ns}:{Path(spark_home).resolve()}".encode()
+        f"{java}:{stat.st_size}:{stat.st_mtime_ns}:{_spark_home()}".encode()
     ).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "txstream" / f"spark-{pyspark.__version__}-{digest}.jsa"
+
+
+def _spark_home() -> Path:
+    return Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent).resolve()
+
+
+def _owner(archive: Path) -> Path:
+    """The file beside an archive naming the SPARK_HOME it was written for."""
+    return archive.with_name(archive.name + ".home")
+
+
+def sweep(archive: Path) -> list[Path]:
+    """Delete the archives beside `archive` that no installation can use any more (~160 MiB
+    each): those of other Spark versions, and those whose SPARK_HOME is gone (a checkout or
+    virtualenv removed). Others of this version may be another installation's, which exists;
+    one written before archives named their SPARK_HOME is kept. The archives deleted."""
+    deleted = []
+    for old in archive.parent.glob("spark-*.jsa"):
+        owner = _owner(old)
+        home_gone = owner.is_file() and not Path(owner.read_text().strip()).exists()
+        if old != archive and (home_gone or
+                               not old.name.startswith(f"spark-{pyspark.__version__}-")):
+            old.unlink(missing_ok=True)
+            owner.unlink(missing_ok=True)
+            deleted.append(old)
+    return deleted
 
 
 def java_options() -> str:
@@ -86,8 +113,8 @@ def java_options() -> str:
 
 
 def prepare(timeout_s: float = 300.0) -> Path:
-    """Write this installation's archive, and delete the archives of other Spark versions
-    beside it; its path. Starts, uses and ends a Spark JVM of its own, so call it in
+    """Write this installation's archive, and delete those beside it no installation can use
+    (`sweep`); its path. Starts, uses and ends a Spark JVM of its own, so call it in
     a process that has started none."""
     # Here, not at the top: every Spark session's start imports this module for its options,
     # and needs neither the engine nor the example pipeline (nor can import `get_spark`'s
@@ -129,11 +156,8 @@ def prepare(timeout_s: float = 300.0) -> Path:
         raise ClassArchiveError(f"the JVM exited with {code} and wrote no archive to "
                                 f"{partial}; see its output above (logger `spark`)")
     partial.replace(path)
-    # Archives of other Spark versions in the same place: ~160 MiB each, never used again
-    # (those of this version may be another installation's, with its own SPARK_HOME).
-    for old in path.parent.glob("spark-*.jsa"):
-        if not old.name.startswith(f"spark-{pyspark.__version__}-"):
-            old.unlink(missing_ok=True)
+    _owner(path).write_text(f"{_spark_home()}\n")
+    sweep(path)
     log.info("class archive written to %s (%.0f MiB) in %.0f s", path,
              path.stat().st_size / 2**20, time.monotonic() - started)
     return path
