@@ -425,18 +425,22 @@ class Occurrence:
 _CONSTANT_SCANS = frozenset({"LocalTableScan", "Range"})
 
 
-def occurrences(plan: JavaObject, physical: bool = False) -> list[Occurrence] | None:
-    """The leaves of `plan` that `rebind` (or `replace_leaves`) can replace. Of a `physical`
-    plan, None when it has a leaf of another kind than those and constants: a leaf the engine
-    did not make, which a template could not rebind."""
-    found = []
-    for leaf in leaves(plan):
-        key = key_of(leaf)
-        if key is not None:
-            found.append(Occurrence(leaf, key, leaf.output()))
-        elif physical and leaf.nodeName() not in _CONSTANT_SCANS:
-            return None
-    return found
+def _keyed(plan: JavaObject) -> list[tuple[JavaObject, LeafKey | None]]:
+    return [(leaf, key_of(leaf)) for leaf in leaves(plan)]
+
+
+def occurrences(plan: JavaObject) -> list[Occurrence]:
+    """The leaves of `plan` that `rebind` (or `replace_leaves`) can replace."""
+    return [Occurrence(leaf, key, leaf.output()) for leaf, key in _keyed(plan) if key is not None]
+
+
+def scans(plan: JavaObject) -> list[Occurrence] | None:
+    """The scans of the physical `plan` that `replace_leaves` can replace; None when it has
+    another leaf than those and constants (one the engine did not make: none to rebind)."""
+    keyed = _keyed(plan)
+    if any(key is None and leaf.nodeName() not in _CONSTANT_SCANS for leaf, key in keyed):
+        return None
+    return [Occurrence(leaf, key, leaf.output()) for leaf, key in keyed if key is not None]
 
 
 Replacement = Callable[[Occurrence], JavaObject]  # a leaf -> the node to put there

@@ -60,6 +60,7 @@ from txstream.engine.spark_internals import (
     rebind,
     replace_leaves,
     rows_scan,
+    scans,
     union_rdd,
 )
 from txstream.engine.state import Merge, Run, StagedRuns, ZSetState
@@ -120,7 +121,6 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
     for m in [*batch.materialized, None]:
         plan = optimized(final if m is None else m.source)
         found = occurrences(plan)
-        assert found is not None  # a logical plan's
         if any(o.key not in known for o in found):
             return None
         key = None if m is None else leaf_key(m.leaf)
@@ -149,7 +149,7 @@ def ready(spark: SparkSession, template: Template) -> bool:
     for plan in [*(s.plan for s in template.steps), template.final]:
         if plan.physical is None:
             physical = physical_plan(frame_of(spark, plan.logical))
-            found = occurrences(physical, physical=True)
+            found = scans(physical)
             if found is None or any(o.key not in known for o in found):
                 return False
             plan.physical, plan.found = physical, found
