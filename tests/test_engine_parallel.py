@@ -209,21 +209,39 @@ def test_a_group_by_over_a_join_on_some_of_its_keys(spark: SparkSession) -> None
     assert set(_misplaced(two).values()) == {0}
 
 
-def _rows_exchanged(spark: SparkSession, run: Callable[[], object]) -> int:
-    """Rows that the stages `run()` starts write to shuffles (Spark's status store, read once
-    its listener bus has delivered every event)."""
+def _new_stages(spark: SparkSession, run: Callable[[], object]) -> dict[int, tuple[int, int]]:
+    """Stage id -> (tasks, rows written to shuffles) of the stages `run()` starts (Spark's
+    status store, read once its listener bus has delivered every event)."""
     context = spark.sparkContext._jsc.sc()  # type: ignore[union-attr]
     no_quantiles = spark.sparkContext._gateway.new_array(spark._jvm.double, 0)  # type: ignore
 
-    def written() -> dict[int, int]:
+    def stages() -> dict[int, tuple[int, int]]:
         context.listenerBus().waitUntilEmpty(10_000)
-        stages = context.statusStore().stageList(None, False, False, no_quantiles, None)
-        return {stages.apply(i).stageId(): stages.apply(i).shuffleWriteRecords()
-                for i in range(stages.size())}
+        found = context.statusStore().stageList(None, False, False, no_quantiles, None)
+        return {found.apply(i).stageId(): (found.apply(i).numTasks(),
+                                           found.apply(i).shuffleWriteRecords())
+                for i in range(found.size())}
 
-    before = written()
+    before = stages()
     run()
-    return sum(rows for stage, rows in written().items() if stage not in before)
+    return {stage: info for stage, info in stages().items() if stage not in before}
+
+
+def _rows_exchanged(spark: SparkSession, run: Callable[[], object]) -> int:
+    """Rows that the stages `run()` starts write to shuffles."""
+    return sum(rows for _, rows in _new_stages(spark, run).values())
+
+
+def test_a_spread_batch_ends_in_p_tasks(spark: SparkSession) -> None:
+    """The last stage of a spread batch's job (it unions every output and staged run, P
+    partitions each) runs P tasks, not one per partition of every part: each task
+    deserializes the job's plan."""
+    engine = Engine(pipeline(), spark, parallelism=2, spread_rows=0)
+    stages = _new_stages(spark, lambda: process(engine, {"customers": CUSTOMERS,
+                                                         "orders": FIRST}))
+    assert engine.last_batch is not None and engine.last_batch.jobs == 1
+    assert len(stages) > 1
+    assert stages[max(stages)][0] == 2
 
 
 def test_an_outer_join_grouped_by_more_keys_moves_accumulators_not_pairs(
