@@ -48,7 +48,7 @@ from txstream.engine.errors import (
     ExpressionError,
     PipelineDefinitionError,
 )
-from txstream.engine.frames import parallelism, spread, union_all
+from txstream.engine.frames import spread, union_all
 from txstream.engine.indexing import StateIndexes
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, first_line, tell_readers
@@ -371,12 +371,13 @@ class Engine:
             parts.append(hidden.where(F.spark_partition_id() < 0)
                          .select(*self._result.columns(None)))
         final = union_all(parts)
-        if parallelism() > 1:
+        if batch.parallelism > 1:
             # The union has every partition of every part (P per output and per hidden frame),
             # each a task that deserializes the job's plan: 30 tasks at P = 2 for the example
-            # pipeline, a fifth of its executors' time. Nothing reads the result's
-            # partitioning, so a narrow coalesce makes them P.
-            final = final.coalesce(parallelism())
+            # pipeline, about a seventh of its executors' time. Nothing reads the result's
+            # partitioning, so a narrow coalesce makes them P; a task then computes several
+            # parts, as at P = 1 its one task computes all of them.
+            final = final.coalesce(batch.parallelism)
         return final, present
 
     def _execute(self, final: DataFrame | None, present: tuple[str, ...], interpreted: bool

@@ -18,7 +18,8 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
 
 - `sql.classic.Dataset.ofRows(session, plan)`, and pyspark's `sql.classic.dataframe.DataFrame`
   (`ClassicDataFrame`) over it: a frame over a plan built here (`frame_of`).
-- `DataFrame._jdf.queryExecution()`: `.analyzed()`, `.sparkPlan()`, `.executedPlan()`.
+- `DataFrame._jdf.queryExecution()`: `.analyzed()`, `.optimizedPlan()`, `.sparkPlan()`,
+  `.executedPlan()`.
 - `sql.catalyst.plans.logical.LogicalPlan` and `sql.execution.SparkPlan` (any node):
   `nodeName()`, `output()`, `child()`, `apply(i)`, `deterministic()`, `collectLeaves()`,
   `transformUp(partial function)` (given an immutable Scala `Map` as the partial function),
@@ -368,17 +369,16 @@ def cached_rows(spark: SparkSession, relation: JavaObject, clustering: Clusterin
                 ) -> JavaObject | None:
     """The rows of a cached relation (the RDD of the scan Spark plans for it, made directly:
     planning a frame over it took 13 ms; it fills the cache when a job first reads it) when
-    the physical plan the relation computes is hash-partitioned as `clustering` says (by the
-    columns at those positions of its output, into that many partitions): a leaf over them
-    then declares that partitioning (`rdd_node`). None otherwise: readers read the relation
-    itself, which reports its plan's partitioning."""
+    the physical plan it computes is hash-partitioned as `clustering` says (by the columns at
+    those positions of its output, into that many partitions): a leaf over them then declares
+    that partitioning (`rdd_node`). None otherwise: readers read the relation itself."""
     if clustering is None:
         return None
-    output = relation.output()
+    j, output = _jvm(spark), relation.output()
     names = [output.apply(i).name() for i in clustering[0]]
     if (names, clustering[1]) not in _by_columns(relation.cachedPlan().outputPartitioning()):
         return None
-    return _jvm(spark).in_memory_scan(output, _jvm(spark).nil, relation).execute()
+    return j.in_memory_scan(output, j.nil, relation).execute()
 
 
 # --- rebinding -------------------------------------------------------------------------------
