@@ -20,7 +20,7 @@ from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitio
 from txstream.engine import reducers as r
 from txstream.engine.operators import SourceOp, rowwise
 from txstream.engine.operators.reduce import ReduceOp
-from txstream.engine.spark_internals import leaves
+from txstream.engine.spark_internals import key_of, leaves
 from txstream.examples.groupby import pipeline as groupby_pipeline
 from txstream.examples.order_events import Event, as_changes, events
 from txstream.examples.orders import pipeline as orders_pipeline
@@ -127,7 +127,8 @@ def test_templates_hold_no_batch_of_data(spark: SparkSession) -> None:
         links = [n.logicalLink() for n in nodes if n is not None]
         for node in [*nodes, *(link.get() for link in links if link.isDefined())]:
             for leaf in leaves(node):
-                if leaf.nodeName() == "LogicalRDD" or leaf.nodeName().startswith("Scan Exist"):
+                key = key_of(leaf)
+                if key is not None and key[0] == "rdd":  # a LogicalRDD or its scan
                     checked += 1
                     assert leaf.rdd().getNumPartitions() == 0, leaf.toString()
     assert checked > 0
