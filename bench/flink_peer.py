@@ -156,9 +156,11 @@ def write_orders(directory: Path, events: int, parts: int) -> None:
 # --- running the peer -------------------------------------------------------------------
 
 
-def run_flink(workload: str, parallelism: int, events: int) -> dict[str, Any]:
+def run_flink(workload: str, parallelism: int, events: int, warm_s: float = 0
+              ) -> dict[str, Any]:
     """`workload` ("groupby" or "orders") over `events` events, run by Flink at
-    `parallelism`: the peer script's JSON report, or {"peer": "flink", "skipped": reason}."""
+    `parallelism` (after `warm_s` seconds of the same job run untimed in its JVM): the peer
+    script's JSON report, or {"peer": "flink", "skipped": reason}."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}, expected one of {WORKLOADS}")
     try:
@@ -174,7 +176,8 @@ def run_flink(workload: str, parallelism: int, events: int) -> dict[str, Any]:
         # Flink's progress and logs pass through to our stderr; the report is stdout's last line.
         done = subprocess.run(
             [str(python), str(PEER), "--workload", workload, "--input", tmp,
-             "--events", str(events), "--parallelism", str(parallelism)],
+             "--events", str(events), "--parallelism", str(parallelism),
+             "--warm-s", str(warm_s)],
             stdout=subprocess.PIPE, text=True, check=False)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:

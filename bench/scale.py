@@ -17,7 +17,8 @@ collected; `driver_jit_cpu_s` is the CPU time the driver JVM's JIT compilers too
 (in local mode the executor's too: a fresh JVM compiles for minutes, about half a core here
 during the timed batches, which at P = 2 finds no idle core). Apache Flink runs the same
 workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of its own,
-Flink SQL in streaming mode; its job start excluded).
+Flink SQL in streaming mode; its job start excluded), and with `--warm-s` on a warm JVM too
+(`flink_warm_P1/P2`: the same job run untimed for as many seconds first, in the same JVM).
 
 With `--warm-s S`, the local[2] runs and the cluster runs are also measured on warm JVMs
 (`local2_warm_P1/P2`, `cluster_warm_1w/2w`): scratch engines run the same batches for S seconds
@@ -247,8 +248,9 @@ def main() -> None:
                         help="skip the local[2] runs and the lone transactions")
     parser.add_argument("--no-peer", action="store_true", help="skip the Flink runs")
     parser.add_argument("--warm-s", type=float, default=0,
-                        help="also measure the local[2] runs on a warm JVM: scratch engines "
-                             "run the workload for this many seconds first (local2_warm_P1/P2)")
+                        help="also measure on warm JVMs: scratch engines run the workload "
+                             "for this many seconds first (local2_warm_P1/P2, cluster_warm_1w/2w)"
+                             ", and so does Flink's job (flink_warm_P1/P2)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # a driver process: see `_driver`
     parser.add_argument("--parallelism", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -305,6 +307,11 @@ def main() -> None:
                 report[workload]["runs"][f"flink_P{p}"] = peer
                 report[workload][f"local2_P{p}_over_flink_P{p}"] = _ratio(
                     report[workload]["runs"].get(f"local2_P{p}", {}), peer)
+                if args.warm_s:
+                    peer = run_flink(workload, p, args.events, args.warm_s)
+                    report[workload]["runs"][f"flink_warm_P{p}"] = peer
+                    report[workload][f"local2_warm_P{p}_over_flink_warm_P{p}"] = _ratio(
+                        report[workload]["runs"].get(f"local2_warm_P{p}", {}), peer)
     report["load_average"] = {"start": load_start, "end": os.getloadavg()}
     print(json.dumps(report, indent=2))
 

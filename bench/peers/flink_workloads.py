@@ -5,7 +5,7 @@ Java 17 on the PATH); bench/flink_peer.py creates that venv, writes the CSV inpu
 script with the venv's interpreter:
 
     <flink-venv>/bin/python bench/peers/flink_workloads.py --workload groupby|orders
-        --input DIR --events N [--parallelism P]
+        --input DIR --events N [--parallelism P] [--warm-s S]
 
 Both workloads are one Flink SQL job in streaming mode on a local mini-cluster (PyFlink's local
 executor starts one for the job, with P task slots), `parallelism.default` = P, reading CSV
@@ -55,6 +55,14 @@ and the py4j gateway, creating the environment), `submit_s` (the DDL, planning a
 the SQL, translating it to a job graph, starting the mini-cluster and submitting the job: until
 `StatementSet.execute()` returns) and `deploy_s` (scheduling the job and deploying its tasks).
 Python's interpreter start and imports and writing the input (by the caller) are in neither.
+
+With `--warm-s S` the same workload first runs as one job after another, untimed, in the same
+TableEnvironment and JVM, until S seconds have passed since the environment was created; then
+the timed job runs on a JVM whose JIT has compiled Flink's runtime, as a long-running cluster's
+has (a job's generated code is its own, compiled for every job, as in any cluster). This is
+how bench/scale.py's warm txstream figures are taken, so that both systems are measured warm.
+`job_start_s` and `start` are then the timed job's, from its submission on (no `jvm_s`), and
+the report adds `warm_up_s` and `warm_up_jobs`.
 """
 
 from __future__ import annotations
@@ -140,12 +148,13 @@ def input_rows(workload: str, input_dir: Path) -> int:
                for name in TABLES[workload] for path in (input_dir / name).glob("*.csv"))
 
 
-def archived_job(archive: Path, timeout_s: float = 60.0) -> dict[str, Any]:
-    """The REST answers the mini-cluster archived for the (only) job, by path. The Dispatcher
-    writes the archive when the job terminates, possibly just after `wait()` returns."""
+def archived_job(archive: Path, job_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The REST answers the mini-cluster archived for the job `job_id`, by path. The
+    Dispatcher writes the archive when the job terminates, possibly just after `wait()`
+    returns."""
     deadline = time.monotonic() + timeout_s
     while True:
-        files = [p for p in archive.rglob("*") if p.is_file() and p.parent.name == "jobs"]
+        files = [p for p in archive.rglob(job_id) if p.is_file() and p.parent.name == "jobs"]
         if files:
             try:
                 entries = json.loads(files[0].read_text())["archive"]
@@ -170,10 +179,19 @@ def job_timestamps(job: dict[str, Any]) -> tuple[float, float, float]:
     return min(running) / 1e3, max(running) / 1e3, info["timestamps"]["FINISHED"] / 1e3
 
 
-def run(workload: str, parallelism: int, events: int, input_dir: Path) -> dict[str, Any]:
+def submit(env: TableEnvironment, inserts: tuple[str, ...]) -> Any:
+    """The workload's job, submitted (its `TableResult`)."""
+    job = env.create_statement_set()
+    for insert in inserts:
+        job.add_insert_sql(insert)
+    return job.execute()
+
+
+def run(workload: str, parallelism: int, events: int, input_dir: Path, warm_s: float = 0
+        ) -> dict[str, Any]:
     rows = input_rows(workload, input_dir)
     log(f"flink {FLINK_VERSION}: {workload}, {events:,} events ({rows:,} input rows), "
-        f"P={parallelism}")
+        f"P={parallelism}{f', after {warm_s:.0f} s of warm-up' if warm_s else ''}")
     with tempfile.TemporaryDirectory(prefix="flink-archive-") as archive:
         conf = Configuration()
         conf.set_string("parallelism.default", str(parallelism))
@@ -185,25 +203,30 @@ def run(workload: str, parallelism: int, events: int, input_dir: Path) -> dict[s
         ddl, inserts = statements(workload, input_dir)
         for statement in ddl:
             env.execute_sql(statement)
-        job = env.create_statement_set()
-        for insert in inserts:
-            job.add_insert_sql(insert)
-        result = job.execute()
+        warm_jobs = 0
+        while time.time() - created < warm_s:
+            submit(env, inserts).wait()
+            warm_jobs += 1
+        begun = time.time() if warm_s else t0  # the timed job's start
+        result = submit(env, inserts)
         submitted = time.time()
         log(f"job submitted after {submitted - t0:.1f} s")
         result.wait()
         log(f"job finished after {time.time() - t0:.1f} s")
-        first_running, last_running, finished = job_timestamps(archived_job(Path(archive)))
+        first_running, last_running, finished = job_timestamps(archived_job(
+            Path(archive), str(result.get_job_client().get_job_id())))
     seconds = finished - first_running
     log(f"processing {seconds:.2f} s: {events / seconds:,.0f} events/s; "
-        f"job start {first_running - t0:.1f} s")
+        f"job start {first_running - begun:.1f} s")
+    start = {"jvm_s": round(created - t0, 3)} if not warm_s else {}
+    warm = {"warm_up_s": round(begun - created, 1), "warm_up_jobs": warm_jobs} if warm_s else {}
     return {"peer": "flink", "version": FLINK_VERSION, "workload": workload,
             "parallelism": parallelism, "events": events, "input_rows": rows,
             "seconds": round(seconds, 3), "events_per_s": round(events / seconds),
-            "job_start_s": round(first_running - t0, 3),
-            "start": {"jvm_s": round(created - t0, 3), "submit_s": round(submitted - created, 3),
+            "job_start_s": round(first_running - begun, 3),
+            "start": {**start, "submit_s": round(submitted - (created if not warm_s else begun), 3),
                       "deploy_s": round(first_running - submitted, 3)},
-            "tasks_running_s": round(last_running - first_running, 3)}
+            "tasks_running_s": round(last_running - first_running, 3), **warm}
 
 
 def main() -> None:
@@ -214,12 +237,16 @@ def main() -> None:
     parser.add_argument("--events", type=int, required=True,
                         help="events the input holds (events/s counts these, not CSV lines)")
     parser.add_argument("--parallelism", type=int, default=1)
+    parser.add_argument("--warm-s", type=float, default=0,
+                        help="first run the same job again and again for this many seconds, "
+                             "in the same JVM, untimed")
     args = parser.parse_args()
     # Whatever the JVM or Flink print goes to stderr; the JSON line to the real stdout.
     sys.stdout.flush()
     out_fd = os.dup(1)
     os.dup2(2, 1)
-    report = run(args.workload, args.parallelism, args.events, args.input.absolute())
+    report = run(args.workload, args.parallelism, args.events, args.input.absolute(),
+                 args.warm_s)
     os.write(out_fd, (json.dumps(report) + "\n").encode())
 
 
