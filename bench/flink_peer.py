@@ -2,12 +2,14 @@
 pipeline run by Flink SQL (bench/peers/flink_workloads.py, whose doc says what runs and what
 is timed), in a virtualenv of its own.
 
-`run_flink(workload, parallelism, events)` makes sure the venv exists (created beside
+`run_flink(workload, parallelism, events[, warm_s])` makes sure the venv exists (created beside
 Pathway's, ~/.cache/txstream/peers/flink-venv, with `apache-flink==2.3.0` from PyPI, which
 bundles Flink's jars; progress to stderr), writes the workload's CSV input to a temporary
 directory, runs the peer script with the venv's interpreter and returns its JSON report. When
 the venv cannot be made or the run fails it returns {"peer": "flink", "skipped": reason}, as
-bench/engine.py's Pathway peer does, so that a benchmark goes on without it.
+bench/engine.py's Pathway peer does, so that a benchmark goes on without it. With `warm_s` the
+job is first run untimed for that long in the same JVM (bench/scale.py --warm-s; this script's
+own command line measures cold JVMs only).
 
     .venv/bin/python bench/flink_peer.py [--events N] [--orders-events N] [--parallelism 1,2]
 

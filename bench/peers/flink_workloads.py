@@ -40,29 +40,32 @@ Output: one JSON line, the last on stdout (Flink's own output goes to stderr):
 
     {"peer": "flink", "version": "2.3.0", "workload": ..., "parallelism": P, "events": N,
      "input_rows": ..., "seconds": ..., "events_per_s": ..., "job_start_s": ..., "start": {...},
-     "tasks_running_s": ...}
+     "tasks_running_s": ...[, "warm_up_s": ..., "warm_up_jobs": ...]}
 
-What is timed. The mini-cluster archives the finished job (`jobmanager.archive.fs.dir`, the
+What is timed. The mini-cluster archives every finished job (`jobmanager.archive.fs.dir`, the
 History Server's input: the REST answers about the job, with the JobManager's timestamps of
-every state change of the job and of each subtask). `seconds` runs from the first subtask to
-switch to RUNNING (a source starts reading then) to the job's FINISHED timestamp (every subtask
-done, the sinks included), both taken from that archive; `events_per_s` = N / seconds. It
-includes the other subtasks' initialization (`tasks_running_s`: first to last subtask RUNNING,
-operators' generated code compiled and state backends opened, overlapping the first reads),
-and excludes everything before. That is `job_start_s`: from before the TableEnvironment is
-created (the JVM launch) to that first RUNNING, split in `start` as `jvm_s` (launching the JVM
-and the py4j gateway, creating the environment), `submit_s` (the DDL, planning and optimizing
-the SQL, translating it to a job graph, starting the mini-cluster and submitting the job: until
-`StatementSet.execute()` returns) and `deploy_s` (scheduling the job and deploying its tasks).
-Python's interpreter start and imports and writing the input (by the caller) are in neither.
+every state change of the job and of each subtask); the timed job's archive is found by its id.
+`seconds` runs from the first subtask to switch to RUNNING (a source starts reading then) to the
+job's FINISHED timestamp (every subtask done, the sinks included), both taken from that archive;
+`events_per_s` = N / seconds. It includes the other subtasks' initialization (`tasks_running_s`:
+first to last subtask RUNNING, operators' generated code compiled and state backends opened,
+overlapping the first reads), and excludes everything before. That is `job_start_s`: from before
+the TableEnvironment is created (the JVM launch) to that first RUNNING, split in `start` as
+`jvm_s` (launching the JVM and the py4j gateway, creating the environment), `submit_s` (the DDL,
+planning and optimizing the SQL, translating it to a job graph, starting the mini-cluster and
+submitting the job: until `StatementSet.execute()` returns) and `deploy_s` (scheduling the job
+and deploying its tasks). Python's interpreter start and imports and writing the input (by the
+caller) are in neither.
 
 With `--warm-s S` the same workload first runs as one job after another, untimed, in the same
-TableEnvironment and JVM, until S seconds have passed since the environment was created; then
-the timed job runs on a JVM whose JIT has compiled Flink's runtime, as a long-running cluster's
-has (a job's generated code is its own, compiled for every job, as in any cluster). This is
-how bench/scale.py's warm txstream figures are taken, so that both systems are measured warm.
-`job_start_s` and `start` are then the timed job's, from its submission on (no `jvm_s`), and
-the report adds `warm_up_s` and `warm_up_jobs`.
+TableEnvironment and JVM, until S seconds have passed since the environment was created (the
+DDL included); then the timed job runs. Each job still gets a mini-cluster of its own and its
+own generated code, compiled for it: what is warm is the JVM, whose JIT has compiled Flink's
+runtime and whose classes are loaded. That is about how bench/scale.py's warm txstream figures
+are taken (its scratch engines run in the measured driver's JVM first), so that both systems
+are measured on JVMs of about the same age. `job_start_s` and `start` are then the timed job's,
+from its submission on (no `jvm_s`; `submit_s` without the DDL, which ran before the warm-up
+jobs), and the report adds `warm_up_s` and `warm_up_jobs`.
 """
 
 from __future__ import annotations
@@ -241,6 +244,8 @@ def main() -> None:
                         help="first run the same job again and again for this many seconds, "
                              "in the same JVM, untimed")
     args = parser.parse_args()
+    if args.warm_s < 0:
+        parser.error("--warm-s must not be negative")
     # Whatever the JVM or Flink print goes to stderr; the JSON line to the real stdout.
     sys.stdout.flush()
     out_fd = os.dup(1)
