@@ -303,15 +303,12 @@ def main() -> None:
 
         for workload in workloads:
             for p in (1, 2):
-                peer = run_flink(workload, p, args.events)
-                report[workload]["runs"][f"flink_P{p}"] = peer
-                report[workload][f"local2_P{p}_over_flink_P{p}"] = _ratio(
-                    report[workload]["runs"].get(f"local2_P{p}", {}), peer)
-                if args.warm_s:
-                    peer = run_flink(workload, p, args.events, args.warm_s)
-                    report[workload]["runs"][f"flink_warm_P{p}"] = peer
-                    report[workload][f"local2_warm_P{p}_over_flink_warm_P{p}"] = _ratio(
-                        report[workload]["runs"].get(f"local2_warm_P{p}", {}), peer)
+                kinds = [(f"P{p}", 0.0)] + ([(f"warm_P{p}", args.warm_s)] if args.warm_s else [])
+                for kind, warm_s in kinds:
+                    peer = run_flink(workload, p, args.events, warm_s)
+                    report[workload]["runs"][f"flink_{kind}"] = peer
+                    report[workload][f"local2_{kind}_over_flink_{kind}"] = _ratio(
+                        report[workload]["runs"].get(f"local2_{kind}", {}), peer)
     report["load_average"] = {"start": load_start, "end": os.getloadavg()}
     print(json.dumps(report, indent=2))
 
