@@ -26,6 +26,7 @@ from txstream.engine import reducers as r
 from txstream.engine.codegen import INTERPRETED_ROWS
 from txstream.engine.engine import INDEX_ROWS, SPREAD_ROWS
 from txstream.engine.reducers import Reducer
+from txstream.engine.table import Node
 from txstream.schemas.tables import ColumnType, TableSchema
 
 Row = tuple[object, ...]
@@ -247,10 +248,15 @@ class Rel:
 
 
 class RandomDag:
-    """A random pipeline over `specs`: every node (sources included) is an output."""
+    """A random pipeline over `specs`: every node (sources included) is an output, or with
+    `every_output=False` only the nodes no other node reads (`outputs`), so that readers read
+    some columns of the others only (a join then pairs without them, txstream.engine.operators
+    .join)."""
 
-    def __init__(self, rng: random.Random, specs: Sequence[SourceSpec], size: int) -> None:
+    def __init__(self, rng: random.Random, specs: Sequence[SourceSpec], size: int,
+                 every_output: bool = True) -> None:
         self.rng = rng
+        self.every_output = every_output
         self.pipeline = Pipeline()
         self.rels: list[Rel] = []
         self._fresh = itertools.count(1)
@@ -266,13 +272,31 @@ class RandomDag:
             builder = missing[0] if missing else rng.choices(builders, (2, 2, 3, 3, 1, 1))[0]
             if builder() and builder in missing:
                 missing.remove(builder)
+        self.outputs = self.rels if every_output else self._unread()
+        for rel in self.outputs if not every_output else ():
+            self.pipeline.output(rel.name, rel.table, primary_key=())
+
+    def _unread(self) -> list[Rel]:
+        """The nodes that no other node reads."""
+        read: set[int] = set()
+
+        def visit(node: Node) -> None:
+            for i in node.inputs:
+                if i.id not in read:
+                    read.add(i.id)
+                    visit(i)
+
+        for rel in self.rels:
+            visit(rel.table.node)
+        return [rel for rel in self.rels if rel.table.node.id not in read]
 
     def _add(self, name: str, table: Table, columns: Columns, sql: str | None, api: str,
              sources: frozenset[str]) -> Rel:
         rel = Rel(name, table, columns, sql, api, sources)
         # No output key: outputs are checked as multisets. (Inferred keys may hold nulls, which
         # test_inferred_output_key_with_nulls checks on its own.)
-        self.pipeline.output(name, table, primary_key=())
+        if self.every_output:
+            self.pipeline.output(name, table, primary_key=())
         self.rels.append(rel)
         return rel
 

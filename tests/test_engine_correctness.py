@@ -32,6 +32,7 @@ from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, Pipeline, PipelineDefinitionError, Table
 from txstream.engine import reducers as r
+from txstream.engine.operators.join import JoinOp
 from txstream.examples.orders import CUSTOMERS, ORDERS
 from txstream.examples.orders import pipeline as orders_pipeline
 from txstream.schemas.tables import TableSchema
@@ -95,6 +96,10 @@ DEFAULT_RUNS = {
     "test_random_dag": ((2, EVERY_SIZE, 1), (4, (7,), 1), (5, (ONE_BATCH,), 1), (6, (1,), 1),
                         (3, EVERY_SIZE, 2), (6, (7,), 2)),
     "test_example_pipeline": ((1, EVERY_SIZE, 1), (2, EVERY_SIZE, 2)),
+    # Seeds whose DAG has a join that pairs without some columns when only the unread nodes
+    # are outputs (test_unread_columns_are_exercised).
+    "test_random_dag_outputs_unread_nodes": ((5, (1, ONE_BATCH), 1), (9, (7,), 2),
+                                             (29, (ONE_BATCH,), 2)),
 }
 LONG_SEEDS = range(1, 21)  # `--long`: each at every batch size and parallelism (hours)
 
@@ -150,6 +155,37 @@ def test_random_dag(spark: SparkSession, seed: int, sizes: tuple[int, ...], para
     outputs = {rel.name: rel.columns for rel in dag.rels}
     _check(spark, dag.pipeline, SOURCES, outputs, views, transactions, sizes, describe,
            parallelism)
+
+
+def test_random_dag_outputs_unread_nodes(spark: SparkSession, seed: int,
+                                         sizes: tuple[int, ...], parallelism: int) -> None:
+    """As test_random_dag, with only the nodes no other node reads as outputs: then readers of
+    the others read some of their columns only, and a join pairs without the rest."""
+    rng = random.Random(seed)
+    dag = RandomDag(rng, SOURCES, DAG_SIZE, every_output=False)
+    transactions = random_transactions(rng, SOURCES, TRANSACTIONS)
+
+    def describe(name: str) -> str:
+        return f"seed {seed}, DAG:\n{dag.describe(name)}\ntransactions:\n{_show(transactions)}"
+
+    views = tuple((rel.name, rel.sql) for rel in dag.rels if rel.sql is not None)
+    outputs = {rel.name: rel.columns for rel in dag.outputs}
+    _check(spark, dag.pipeline, SOURCES, outputs, views, transactions, sizes, describe,
+           parallelism)
+
+
+def test_unread_columns_are_exercised(spark: SparkSession) -> None:
+    """Each DAG of test_random_dag_outputs_unread_nodes's default run has a join that pairs
+    without columns no reader reads, as the example pipeline's left join does (a customer's
+    region)."""
+    def unread(pipeline: Pipeline) -> list[str]:
+        return [c for op in Engine(pipeline, spark)._ops if isinstance(op, JoinOp)
+                for c in op.columns if c not in op.needed]
+
+    assert unread(orders_pipeline()) == ["status", "name", "region", "region"]
+    for seed, _, _ in DEFAULT_RUNS["test_random_dag_outputs_unread_nodes"]:
+        dag = RandomDag(random.Random(seed), SOURCES, DAG_SIZE, every_output=False)
+        assert unread(dag.pipeline), f"seed {seed}: no join pairs without a column"
 
 
 def test_example_pipeline(spark: SparkSession, seed: int, sizes: tuple[int, ...],

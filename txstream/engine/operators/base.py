@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import ClassVar
 
+from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructField, StructType
 
@@ -67,6 +68,12 @@ def _check_columns(node: Node, schema: StructType) -> StructType:
         except TableSchemaError as exc:
             raise PipelineDefinitionError(f"{node.label}: column {f.name!r}: {exc}") from exc
     return StructType([StructField(f.name, f.dataType, True) for f in schema.fields])
+
+
+def column_names(expression: JavaObject) -> frozenset[str]:
+    """The input columns a Catalyst expression of an analyzed plan reads."""
+    attributes = expression.references().toSeq()
+    return frozenset(attributes.apply(i).name() for i in range(attributes.size()))
 
 
 def check_row_wise(node: Node, frame: DataFrame, exprs: Sequence[str], operator: str) -> None:
@@ -127,6 +134,10 @@ class Operator(ABC):
         # Whether an input's changes may come many per key and transaction: it is downstream of
         # an operator that `multiplies_rows`; set by `tell_readers`.
         self.many_per_key = False
+        # The columns of the output that its readers read (see `reads`); set by `tell_readers`.
+        # A join leaves the others null, so that a change of those alone cancels before it
+        # pairs (`JoinOp.plan`).
+        self.needed: frozenset[str] = frozenset(self.columns)
 
     @property
     def columns(self) -> list[str]:
@@ -177,6 +188,11 @@ class Operator(ABC):
         where it needs no clustering (as the base class)."""
         return [None] * len(self.input_schemas)
 
+    def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
+        """Per input, the columns this operator reads of it, given the columns `needed` of its
+        output: all of them (the base class; a distinct compares whole rows)."""
+        return [frozenset(s.names) for s in self.input_schemas]
+
     def _output(self, frame: DataFrame, batch: BatchPlan) -> DataFrame:
         """The operator's output changes `frame`, consolidated where `consolidate_output` says:
         a consolidation of a join's pairs (a customer's change pairs with every order of it)
@@ -198,9 +214,16 @@ class Operator(ABC):
 def tell_readers(ops: Sequence[Operator], outputs: Collection[int]) -> None:
     """Tell every operator what its readers need of its output, given the DAG's operators in
     order (each after its inputs) and the ids of the pipeline's output nodes: its clustering
-    (`readers_cluster_by`) and whether it is consolidated (`consolidate_output`); and what its
-    inputs may hold (`many_per_key`)."""
+    (`readers_cluster_by`), whether it is consolidated (`consolidate_output`) and which of its
+    columns they read (`needed`: every column of an output); and what its inputs may hold
+    (`many_per_key`)."""
     _tell_readers_clustering(ops)
+    read: dict[int, set[str]] = {}
+    for op in reversed(ops):
+        op.needed = (frozenset(op.columns) if op.node.id in outputs
+                     else frozenset(read.get(op.node.id, ())))
+        for node, columns in zip(op.node.inputs, op.reads(op.needed), strict=True):
+            read.setdefault(node.id, set()).update(columns)
     multiplied: set[int] = set()
     for op in ops:
         op.many_per_key = any(node.id in multiplied for node in op.node.inputs)

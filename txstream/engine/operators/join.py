@@ -5,6 +5,12 @@ batch; a pair's time is the later of its two times and its diff the product of t
 State: both sides' Z-sets, looked up by the join key. The hash table is built from the deltas;
 state's small runs are streamed past it, its large runs probed through their indexes (see
 `txstream.engine.state`).
+
+Columns no reader reads (`Operator.needed`) are null in the pairs: with p the projection that
+nulls them, p(dA join X) = p(dA) join p(X), and p(dA) is consolidated before it pairs, so a
+change of those columns alone (a customer's region, under a group-by of customers' orders by
+customer) cancels there instead of pairing, twice, with every row of its key on the other side.
+The states keep whole rows.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import reduce
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -84,14 +90,19 @@ class JoinOp(Operator):
             return right
         return tuple(dict.fromkeys(left + right))
 
+    def _unread(self, column: str) -> Column:
+        return F.lit(None).cast(self.schema[column].dataType).alias(column)
+
     def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
-        lay = self.layout
+        lay, needed = self.layout, self.needed
         r = prefixed(right, _RIGHT)
         # SQL join semantics: a null key matches nothing.
         cond = [left[f"`{k}`"] == r[f"`{_RIGHT}{k}`"] for k in lay.on]
         return join(left, r, reduce(lambda a, b: a & b, cond), "inner").select(
-            *[left[f"`{c}`"] for c in lay.on + lay.left_rest],
-            *[r[f"`{_RIGHT}{c}`"].alias(c) for c in lay.right_rest],
+            *[left[f"`{c}`"] if c in needed or c in lay.on else self._unread(c)
+              for c in lay.on + lay.left_rest],
+            *[r[f"`{_RIGHT}{c}`"].alias(c) if c in needed else self._unread(c)
+              for c in lay.right_rest],
             F.greatest(left[TIME], r[f"{_RIGHT}{TIME}"]).alias(TIME),
             (left[DIFF] * r[f"{_RIGHT}{DIFF}"]).alias(DIFF),
         )
@@ -107,6 +118,21 @@ class JoinOp(Operator):
         return ([before(whole)] if whole is not None else [],
                 [before(found) for found in state.matches(probe)])
 
+    def _read(self, d: DataFrame, side: int, batch: BatchPlan) -> DataFrame:
+        """The side's delta `d` with the columns no reader reads null, consolidated (see the
+        module doc); `d` itself when readers read all of them."""
+        names = self.input_schemas[side].names
+        kept = [c for c in names if c in self.needed or c in self.node.on]
+        if len(kept) == len(names):
+            return d
+        # Clustered by the join key still, which is kept: consolidated where it is.
+        consolidated = batch.consolidated(
+            batch.keeps(d.select(*[col(c) for c in kept], col(TIME), col(DIFF)), d), kept,
+            (tuple(self.node.on),))
+        return batch.keeps(consolidated.select(
+            *[col(c) if c in kept else self._unread(c) for c in names], col(TIME), col(DIFF)),
+            consolidated)
+
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d_left, d_right = deltas
         if d_left is None and d_right is None:
@@ -115,17 +141,20 @@ class JoinOp(Operator):
         on = self.node.on
         d_left = batch.clustered(d_left, on) if d_left is not None else None
         d_right = batch.clustered(d_right, on) if d_right is not None else None
+        # What pairs: the deltas without the columns no reader reads. The states get them whole.
+        p_left = self._read(d_left, 0, batch) if d_left is not None else None
+        p_right = self._read(d_right, 1, batch) if d_right is not None else None
         terms: list[DataFrame] = []
-        if d_left is not None:
-            right_all, right_found = self._before(self.right_state, d_left)
-            if d_right is not None:
-                right_all.append(d_right)
-            terms += [self._pairs(build_side(d_left), union_all(side))
+        if d_left is not None and p_left is not None:
+            right_all, right_found = self._before(self.right_state, p_left)
+            if p_right is not None:
+                right_all.append(p_right)
+            terms += [self._pairs(build_side(p_left), union_all(side))
                       for side in (right_all, right_found) if side]
             batch.append(self.left_state, d_left)
-        if d_right is not None:
-            left_before, left_found = self._before(self.left_state, d_right)
-            terms += [self._pairs(union_all(side), build_side(d_right))
+        if d_right is not None and p_right is not None:
+            left_before, left_found = self._before(self.left_state, p_right)
+            terms += [self._pairs(union_all(side), build_side(p_right))
                       for side in (left_before, left_found) if side]
             batch.append(self.right_state, d_right)
         if not terms:
@@ -139,6 +168,11 @@ class JoinOp(Operator):
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
         return [tuple(self.node.on)] * 2
+
+    def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
+        """The join key and what readers read of each side."""
+        on = frozenset(self.node.on)
+        return [on | (needed & set(s.names)) for s in self.input_schemas]
 
 
 class PadOp(Operator):
@@ -156,6 +190,10 @@ class PadOp(Operator):
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
         own = wanted is not None and set(wanted) <= set(self.input_schemas[0].names)
         return [wanted if own else None, None]
+
+    def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
+        """What readers read of the side's own columns; of the other side, only its schema."""
+        return [needed & set(self.input_schemas[0].names), frozenset()]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]

@@ -244,6 +244,11 @@ class ReduceOp(Operator):
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
         return [tuple(self.keys)]
 
+    def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
+        """The keys and the reducers' columns, whatever its readers read."""
+        return [frozenset(self.keys).union(
+            red.column for _, red in self.node.reducers if red.column is not None)]
+
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
         if d is None:

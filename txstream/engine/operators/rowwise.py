@@ -23,9 +23,15 @@ from txstream.engine.operators.base import (
     Key,
     Operator,
     check_row_wise,
+    column_names,
     first_line,
 )
-from txstream.engine.spark_internals import SourceRows, input_rows, partitioned_rows
+from txstream.engine.spark_internals import (
+    SourceRows,
+    analyzed,
+    input_rows,
+    partitioned_rows,
+)
 from txstream.engine.table import FilterNode, SelectNode, SourceNode
 from txstream.schemas.tables import TableSchema
 
@@ -142,7 +148,14 @@ class SelectOp(Operator):
         except Exception as exc:  # analysis and parse errors, as pyspark exceptions
             raise PipelineDefinitionError(f"{self.node.label}: {first_line(exc)}") from exc
         check_row_wise(self.node, frame, [e for _, e in self.node.exprs], "Project")
+        exprs = analyzed(frame).projectList()
+        # Per output column, the input columns its expression reads (see `reads`).
+        self._reads = {e.name(): column_names(e)
+                       for e in (exprs.apply(i) for i in range(exprs.size()))}
         return frame.schema
+
+    def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
+        return [frozenset().union(*[self._reads[c] for c in needed])]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
@@ -173,6 +186,7 @@ class FilterOp(Operator):
         except Exception as exc:
             raise PipelineDefinitionError(f"{self.node.label}: {first_line(exc)}") from exc
         check_row_wise(self.node, filtered, [self.node.predicate], "Filter")
+        self._predicate_reads = column_names(analyzed(filtered).condition())
         if typed.simpleString() != "boolean":
             raise PipelineDefinitionError(
                 f"{self.node.label}: the predicate is {typed.simpleString()}, not boolean"
@@ -181,6 +195,9 @@ class FilterOp(Operator):
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
         return [wanted]
+
+    def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
+        return [needed | self._predicate_reads]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
@@ -198,6 +215,9 @@ class NegateOp(Operator):
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
         return [wanted]
+
+    def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
+        return [needed]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
@@ -252,3 +272,6 @@ class ConcatOp(Operator):
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
         return [wanted] * len(self.input_schemas)
+
+    def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
+        return [needed] * len(self.input_schemas)
