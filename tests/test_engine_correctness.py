@@ -142,27 +142,10 @@ def _show(transactions: list[Transaction]) -> str:
     return "\n".join(f"  t={t}: {tx}" for t, tx in enumerate(transactions, 1))
 
 
-def test_random_dag(spark: SparkSession, seed: int, sizes: tuple[int, ...], parallelism: int
-                    ) -> None:
+def _check_random_dag(spark: SparkSession, seed: int, sizes: tuple[int, ...],
+                      parallelism: int, every_output: bool) -> None:
     rng = random.Random(seed)
-    dag = RandomDag(rng, SOURCES, DAG_SIZE)
-    transactions = random_transactions(rng, SOURCES, TRANSACTIONS)
-
-    def describe(name: str) -> str:
-        return f"seed {seed}, DAG:\n{dag.describe(name)}\ntransactions:\n{_show(transactions)}"
-
-    views = tuple((rel.name, rel.sql) for rel in dag.rels if rel.sql is not None)
-    outputs = {rel.name: rel.columns for rel in dag.rels}
-    _check(spark, dag.pipeline, SOURCES, outputs, views, transactions, sizes, describe,
-           parallelism)
-
-
-def test_random_dag_outputs_unread_nodes(spark: SparkSession, seed: int,
-                                         sizes: tuple[int, ...], parallelism: int) -> None:
-    """As test_random_dag, with only the nodes no other node reads as outputs: then readers of
-    the others read some of their columns only, and a join pairs without the rest."""
-    rng = random.Random(seed)
-    dag = RandomDag(rng, SOURCES, DAG_SIZE, every_output=False)
+    dag = RandomDag(rng, SOURCES, DAG_SIZE, every_output)
     transactions = random_transactions(rng, SOURCES, TRANSACTIONS)
 
     def describe(name: str) -> str:
@@ -172,6 +155,18 @@ def test_random_dag_outputs_unread_nodes(spark: SparkSession, seed: int,
     outputs = {rel.name: rel.columns for rel in dag.outputs}
     _check(spark, dag.pipeline, SOURCES, outputs, views, transactions, sizes, describe,
            parallelism)
+
+
+def test_random_dag(spark: SparkSession, seed: int, sizes: tuple[int, ...], parallelism: int
+                    ) -> None:
+    _check_random_dag(spark, seed, sizes, parallelism, every_output=True)
+
+
+def test_random_dag_outputs_unread_nodes(spark: SparkSession, seed: int,
+                                         sizes: tuple[int, ...], parallelism: int) -> None:
+    """As test_random_dag, with only the nodes no other node reads as outputs: then readers of
+    the others read some of their columns only, and a join pairs without the rest."""
+    _check_random_dag(spark, seed, sizes, parallelism, every_output=False)
 
 
 def test_unread_columns_are_exercised(spark: SparkSession) -> None:

@@ -19,10 +19,11 @@ from pyspark.sql import SparkSession
 from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError, codegen
 from txstream.engine import reducers as r
 from txstream.engine.operators import SourceOp, rowwise
+from txstream.engine.operators.join import JoinOp
 from txstream.engine.operators.reduce import ReduceOp
 from txstream.engine.spark_internals import key_of, leaves
 from txstream.examples.groupby import pipeline as groupby_pipeline
-from txstream.examples.order_events import Event, as_changes, events
+from txstream.examples.order_events import REGIONS, Event, as_changes, events
 from txstream.examples.orders import pipeline as orders_pipeline
 from txstream.schemas.tables import TableSchema
 
@@ -163,6 +164,34 @@ def test_lookups_probe_the_index_of_a_large_run(spark: SparkSession) -> None:
         assert batch is not None and batch.indexes == 1, batch
         if t >= 8:  # the small runs' shapes have repeated by then; no run is built again
             assert batch.rebound and batch.jobs == 1 and batch.stages == 1, batch
+
+
+def test_a_change_of_columns_no_reader_reads_cancels_before_the_join(spark: SparkSession
+                                                                      ) -> None:
+    """A customer's new region pairs with no order in the example's left join, whose one reader
+    (customer_stats, by customer) reads no region: it cancels before the join, so the join's
+    state of customers gets no row either. The paid orders' join reads the region: there the
+    change joins the state, a retraction and an insertion per customer."""
+    engine = Engine(orders_pipeline(), spark)
+    stream = events(random.Random(3), 20)
+    rows: dict[str, dict[int, dict[str, object]]] = {}
+    process(engine, as_changes([next(stream) for _ in range(500)], rows, 1))
+    joins = {op.node.label.split(" of ")[0]: op for op in engine._ops if isinstance(op, JoinOp)}
+    left, paid = joins["left join"], joins["inner join"]
+
+    def customers_rows() -> tuple[int, int]:
+        return tuple(sum(run.frame.count() for run in state.runs)  # type: ignore[return-value]
+                     for state in (left.left_state, paid.right_state))
+
+    before = customers_rows()
+    moved: list[Event] = [("customers", c, {**rows["customers"][c], "region": region})
+                          for c in range(1, 11)
+                          for region in [next(r for r in REGIONS
+                                              if r != rows["customers"][c]["region"])]]
+    out = process(engine, as_changes(moved, rows, 2))
+    assert customers_rows() == (before[0], before[1] + 2 * len(moved))
+    assert out["customer_stats"].num_rows == 0
+    assert out["paid_orders"].num_rows > 0
 
 
 def test_changes_are_consolidated_where_they_are_read_so(spark: SparkSession) -> None:

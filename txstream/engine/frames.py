@@ -18,7 +18,7 @@ from functools import cache, reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 # The parallelism of the batch being planned (see the module doc).
 _PARALLELISM: ContextVar[int] = ContextVar("txstream_parallelism", default=1)
@@ -36,6 +36,11 @@ def spread(parallelism: int) -> Iterator[None]:
 
 def parallelism() -> int:
     return _PARALLELISM.get()
+
+
+def null(field: StructField) -> Column:
+    """A null of the field's type, named as the field."""
+    return F.lit(None).cast(field.dataType).alias(field.name)
 
 
 @cache

@@ -136,7 +136,7 @@ class Operator(ABC):
         self.many_per_key = False
         # The columns of the output that its readers read (see `reads`); set by `tell_readers`.
         # A join leaves the others null, so that a change of those alone cancels before it
-        # pairs (`JoinOp.plan`).
+        # pairs (txstream.engine.operators.join).
         self.needed: frozenset[str] = frozenset(self.columns)
 
     @property
@@ -218,12 +218,12 @@ def tell_readers(ops: Sequence[Operator], outputs: Collection[int]) -> None:
     columns they read (`needed`: every column of an output); and what its inputs may hold
     (`many_per_key`)."""
     _tell_readers_clustering(ops)
-    read: dict[int, set[str]] = {}
+    columns_read: dict[int, set[str]] = {}
     for op in reversed(ops):
         op.needed = (frozenset(op.columns) if op.node.id in outputs
-                     else frozenset(read.get(op.node.id, ())))
+                     else frozenset(columns_read.get(op.node.id, ())))
         for node, columns in zip(op.node.inputs, op.reads(op.needed), strict=True):
-            read.setdefault(node.id, set()).update(columns)
+            columns_read.setdefault(node.id, set()).update(columns)
     multiplied: set[int] = set()
     for op in ops:
         op.many_per_key = any(node.id in multiplied for node in op.node.inputs)

@@ -6,11 +6,12 @@ State: both sides' Z-sets, looked up by the join key. The hash table is built fr
 state's small runs are streamed past it, its large runs probed through their indexes (see
 `txstream.engine.state`).
 
-Columns no reader reads (`Operator.needed`) are null in the pairs: with p the projection that
-nulls them, p(dA join X) = p(dA) join p(X), and p(dA) is consolidated before it pairs, so a
-change of those columns alone (a customer's region, under a group-by of customers' orders by
-customer) cancels there instead of pairing, twice, with every row of its key on the other side.
-The states keep whole rows.
+Columns no reader reads (`Operator.needed`) are null in the pairs and in the states: with p
+the projection that nulls them, p(dA join B) = p(dA) join p(B), and p(dA) is consolidated before
+it pairs and before it joins the state, so a change of those columns alone (a customer's
+region, under a group-by of customers' orders by customer) cancels there instead of pairing,
+twice, with every row of its key on the other side. What the states hold thus depends on the
+readers: the null columns are part of their saved layout (`state_layout`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
 from txstream.engine.errors import PipelineDefinitionError
-from txstream.engine.frames import build_side, col, join, prefixed, union_all
+from txstream.engine.frames import build_side, col, join, null, prefixed, union_all
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
 from txstream.engine.state import ZSetState
 from txstream.engine.table import JoinNode, PadNode
@@ -90,19 +91,15 @@ class JoinOp(Operator):
             return right
         return tuple(dict.fromkeys(left + right))
 
-    def _unread(self, column: str) -> Column:
-        return F.lit(None).cast(self.schema[column].dataType).alias(column)
-
     def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
-        lay, needed = self.layout, self.needed
+        lay = self.layout
         r = prefixed(right, _RIGHT)
         # SQL join semantics: a null key matches nothing.
         cond = [left[f"`{k}`"] == r[f"`{_RIGHT}{k}`"] for k in lay.on]
+        # Both sides' rows, deltas and states, hold nulls in the columns no reader reads.
         return join(left, r, reduce(lambda a, b: a & b, cond), "inner").select(
-            *[left[f"`{c}`"] if c in needed or c in lay.on else self._unread(c)
-              for c in lay.on + lay.left_rest],
-            *[r[f"`{_RIGHT}{c}`"].alias(c) if c in needed else self._unread(c)
-              for c in lay.right_rest],
+            *[left[f"`{c}`"] for c in lay.on + lay.left_rest],
+            *[r[f"`{_RIGHT}{c}`"].alias(c) for c in lay.right_rest],
             F.greatest(left[TIME], r[f"{_RIGHT}{TIME}"]).alias(TIME),
             (left[DIFF] * r[f"{_RIGHT}{DIFF}"]).alias(DIFF),
         )
@@ -118,43 +115,50 @@ class JoinOp(Operator):
         return ([before(whole)] if whole is not None else [],
                 [before(found) for found in state.matches(probe)])
 
-    def _read(self, d: DataFrame, side: int, batch: BatchPlan) -> DataFrame:
-        """The side's delta `d` with the columns no reader reads null, consolidated (see the
-        module doc); `d` itself when readers read all of them."""
-        names = self.input_schemas[side].names
-        kept = [c for c in names if c in self.needed or c in self.node.on]
-        if len(kept) == len(names):
+    def _nulled(self, side: int) -> list[str]:
+        """The side's columns no reader reads (never a join key)."""
+        return [c for c in self.input_schemas[side].names
+                if c not in self.needed and c not in self.node.on]
+
+    def state_layout(self) -> str:
+        nulled = self._nulled(0) + self._nulled(1)
+        return f"null: {', '.join(nulled)}" if nulled else ""
+
+    def _projected(self, d: DataFrame, side: int, batch: BatchPlan) -> DataFrame:
+        """The side's delta `d` as it pairs and joins the state: with the columns no reader
+        reads null and consolidated (see the module doc), computed once for its several
+        readers; `d` itself when readers read every column."""
+        nulled = self._nulled(side)
+        if not nulled:
             return d
+        schema = self.input_schemas[side]
+        kept = [c for c in schema.names if c not in nulled]
         # Clustered by the join key still, which is kept: consolidated where it is.
         consolidated = batch.consolidated(
             batch.keeps(d.select(*[col(c) for c in kept], col(TIME), col(DIFF)), d), kept,
             (tuple(self.node.on),))
-        return batch.keeps(consolidated.select(
-            *[col(c) if c in kept else self._unread(c) for c in names], col(TIME), col(DIFF)),
-            consolidated)
+        return batch.shared(consolidated.select(
+            *[null(schema[c]) if c in nulled else col(c) for c in schema.names],
+            col(TIME), col(DIFF)), clustered_by=self.node.on)
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
-        d_left, d_right = deltas
-        if d_left is None and d_right is None:
-            return None
         # At P > 1 both deltas meet the states where they are partitioned, by the join key.
         on = self.node.on
-        d_left = batch.clustered(d_left, on) if d_left is not None else None
-        d_right = batch.clustered(d_right, on) if d_right is not None else None
-        # What pairs: the deltas without the columns no reader reads. The states get them whole.
-        p_left = self._read(d_left, 0, batch) if d_left is not None else None
-        p_right = self._read(d_right, 1, batch) if d_right is not None else None
+        d_left, d_right = [None if d is None else self._projected(batch.clustered(d, on), i, batch)
+                           for i, d in enumerate(deltas)]
+        if d_left is None and d_right is None:
+            return None
         terms: list[DataFrame] = []
-        if d_left is not None and p_left is not None:
-            right_all, right_found = self._before(self.right_state, p_left)
-            if p_right is not None:
-                right_all.append(p_right)
-            terms += [self._pairs(build_side(p_left), union_all(side))
+        if d_left is not None:
+            right_all, right_found = self._before(self.right_state, d_left)
+            if d_right is not None:
+                right_all.append(d_right)
+            terms += [self._pairs(build_side(d_left), union_all(side))
                       for side in (right_all, right_found) if side]
             batch.append(self.left_state, d_left)
-        if d_right is not None and p_right is not None:
-            left_before, left_found = self._before(self.left_state, p_right)
-            terms += [self._pairs(union_all(side), build_side(p_right))
+        if d_right is not None:
+            left_before, left_found = self._before(self.left_state, d_right)
+            terms += [self._pairs(union_all(side), build_side(d_right))
                       for side in (left_before, left_found) if side]
             batch.append(self.right_state, d_right)
         if not terms:
@@ -202,7 +206,6 @@ class PadOp(Operator):
         own = set(self.input_schemas[0].names)
         # The side's own columns pass as they are, so its clustering stays true.
         return batch.keeps(d.select(
-            *[col(f.name) if f.name in own else F.lit(None).cast(f.dataType).alias(f.name)
-              for f in self.schema.fields],
+            *[col(f.name) if f.name in own else null(f) for f in self.schema.fields],
             col(TIME), col(DIFF),
         ), d)
