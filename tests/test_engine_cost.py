@@ -183,13 +183,13 @@ def test_a_change_of_columns_no_reader_reads_cancels_before_the_join(spark: Spar
         return tuple(sum(run.frame.count() for run in state.runs)  # type: ignore[return-value]
                      for state in (left.left_state, paid.right_state))
 
+    def moved(row: dict[str, object]) -> dict[str, object]:
+        return {**row, "region": next(r for r in REGIONS if r != row["region"])}
+
     before = customers_rows()
-    moved: list[Event] = [("customers", c, {**rows["customers"][c], "region": region})
-                          for c in range(1, 11)
-                          for region in [next(r for r in REGIONS
-                                              if r != rows["customers"][c]["region"])]]
-    out = process(engine, as_changes(moved, rows, 2))
-    assert customers_rows() == (before[0], before[1] + 2 * len(moved))
+    changes: list[Event] = [("customers", c, moved(rows["customers"][c])) for c in range(1, 11)]
+    out = process(engine, as_changes(changes, rows, 2))
+    assert customers_rows() == (before[0], before[1] + 2 * len(changes))
     assert out["customer_stats"].num_rows == 0
     assert out["paid_orders"].num_rows > 0
 
