@@ -149,3 +149,18 @@ def test_cli_reports_config_errors_and_exits_2(tmp_path: Path,
     path.write_text("- not a mapping\n")
     assert main(["check", str(path)]) == 2
     assert "must be a mapping at the top level" in capsys.readouterr().err
+
+
+def test_only_snapshots_committed_per_batch_net_batches() -> None:
+    """`nets_batches`: no sink shows a state within a batch (see `PipelineConfig`)."""
+    data = _deploy_config()
+    kinds = {s.settings.kind for s in PipelineConfig.from_mapping(data, env=ENV).sinks}
+    assert kinds == {"postgres_snapshot"}
+    assert PipelineConfig.from_mapping(data, env=ENV).nets_batches
+    each = {**data, "postgres_commit": "transaction"}
+    assert not PipelineConfig.from_mapping(each, env=ENV).nets_batches
+    for other in ({"kind": "postgres_append", "table": "statuses_changes"},
+                  {"kind": "kafka", "topic": "out", "transactional_id": "t1"},
+                  {"kind": "file", "path": "/tmp/statuses.jsonl"}, {"kind": "live"}):
+        streamed = {**data, "sinks": [*data["sinks"], {"output": "statuses", **other}]}
+        assert not PipelineConfig.from_mapping(streamed, env=ENV).nets_batches, other

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -123,6 +124,18 @@ class Changes:
     def at(self, time: int) -> Changes:
         """The changes of transaction `time` alone."""
         return Changes(self.table.filter(pc.equal(self.table[TIME], time)))
+
+    def net(self, time: int) -> Changes:
+        """These changes as one transaction `time` (the last of theirs): every change moved to
+        `time`, then consolidated, so changes that cancel (a row inserted and deleted again,
+        an update undone) are gone. Integrated through `time` it is the same table; the states
+        between are lost, which is all a destination that shows only `time`'s state needs."""
+        if not self.num_rows:
+            return self
+        at = self.table.set_column(self.table.column_names.index(TIME),
+                                   self.table.schema.field(TIME),
+                                   pa.array(np.full(self.num_rows, time), pa.int64()))
+        return consolidate(at, self.columns)
 
     def last_time(self) -> int | None:
         bounds = self.time_range()

@@ -100,6 +100,14 @@ class _SinkSettings(BaseModel):
         return None
 
     @property
+    def shows_batch_ends_only(self) -> bool:
+        """Whether the destination shows only the state each batch commits, the transactions
+        within a batch never apart, under `postgres_commit: batch`: a PostgreSQL snapshot
+        (its rows, committed with the progress row). A stream of changes shows every
+        transaction."""
+        return False
+
+    @property
     def dependency(self) -> str:
         """The name readiness and the log give the sink's destination while it is down."""
         return f"{self.kind} sink"
@@ -153,6 +161,10 @@ class PostgresSnapshotSettings(PostgresTableSettings):
     kind: Literal["postgres_snapshot"] = "postgres_snapshot"
     live_view: str | None = None
     purge: TombstonePurge | None = None
+
+    @property
+    def shows_batch_ends_only(self) -> bool:
+        return True
 
 
 class PostgresAppendSettings(PostgresTableSettings):

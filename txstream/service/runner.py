@@ -162,6 +162,9 @@ class PipelineRunner:
             checkpointed = 0
         replay = self.checkpoints.logged_after(checkpointed)
         self._logged_through = checkpointed + len(replay)
+        # Sinks may hold some of the replayed transactions (up to any of them, whatever
+        # batches they came in), none of the later ones: see `_compute`.
+        self._replayed_through = self._logged_through
         # Before the sinks open: a Kafka sink's new producer fences the previous writer's,
         # which must find the epoch moved on already (`KafkaSink`, writer_check).
         self.checkpoints.take_epoch(Writer.this_process(), base=self._logged_through)
@@ -357,6 +360,11 @@ class PipelineRunner:
         self._crash.reached("log")
         changes = {name: table for name, table in batch.changes.items()
                    if name in self.engine.sources}
+        # A snapshot holding some of a netted batch's transactions would miss the changes that
+        # cancel within the batch (a row changed and changed back), so replays are not netted.
+        if (self.config.nets_batches and len(batch) > 1
+                and batch.first > self._replayed_through):
+            changes = {name: c.net(batch.last.number) for name, c in changes.items()}
         t0 = time.monotonic()
         try:
             outputs = self.engine.process(changes) if changes else {}

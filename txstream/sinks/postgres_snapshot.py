@@ -1,6 +1,8 @@
 """Live snapshot of a keyed output table in PostgreSQL, correct under out-of-order delivery.
 
-Each key's row carries the `time` and `diff` of the last change applied to it. A batch is applied
+Each key's row carries the `time` and `diff` of the last change applied to it (when the engine
+computed a batch as one transaction, `PipelineConfig.nets_batches`, that is the batch's last
+transaction, and no change within the batch is seen apart). A batch is applied
 in one PostgreSQL transaction: the last change per key is COPied into a temporary table, then one
 `INSERT ... ON CONFLICT DO UPDATE ... WHERE` replaces a row only with a newer change. Deletions
 stay as tombstones (`diff = -1`), so an older insertion delivered later (a replay after a crash,

@@ -1,0 +1,69 @@
+"""Net batches (`PipelineConfig.nets_batches`): the example pipeline into PostgreSQL snapshots
+only, committed once per batch, hands the engine each batch of several transactions as one
+(`Changes.net`: every change at the batch's last transaction), and the snapshots equal a
+from-scratch computation. After a restart the transactions it replays are not netted: the
+snapshots may hold some of them, and a netted batch would lose what cancels within it.
+
+The runner in-process against the real broker, PostgreSQL and Spark; the engine's input is
+recorded on its way in (the engine itself runs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from support.orders import OrderProducer
+from support.runner import assert_snapshots, example_config
+
+from txstream.changes import Changes
+from txstream.schemas.sources import BatchPolicy
+from txstream.service.compose import open_runner
+from txstream.service.runner import PipelineRunner
+
+
+def _record_times(runner: PipelineRunner) -> list[set[int]]:
+    """The transactions of each batch the engine is given, as the runner hands it over."""
+    seen: list[set[int]] = []
+    process = runner.engine.process
+
+    def recording(changes: dict[str, Changes]) -> Any:
+        seen.append({t for c in changes.values() for t in c.times.to_pylist()})
+        return process(changes)
+
+    runner.engine.process = recording  # type: ignore[method-assign]
+    return seen
+
+
+def test_snapshot_batches_are_netted_and_replays_are_not(  # type: ignore[no-untyped-def]
+        kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path) -> None:
+    # Transactions of 25 events, up to 8 in a batch: a backlog makes batches of several.
+    config = example_config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
+                            f"g-{topic_name}", tmp_path / "ck").model_copy(update={
+        "transactions": BatchPolicy(max_events=25, max_delay_ms=200), "batch_transactions": 8})
+    assert config.nets_batches
+    producer = OrderProducer(kafka.bootstrap_servers, topics)
+    producer.send(1_000)
+    first = open_runner(config, spark=spark)
+    try:
+        seen = _record_times(first)
+        first.run(until=lambda r: r.lag() == 0)
+        logged = first.metrics.delivery.last_transaction
+        batches = first.metrics.delivery.batches
+    finally:
+        first.close()  # without a checkpoint: the next start replays every logged transaction
+    assert batches < logged, "some batch held several transactions"
+    assert len(seen) == batches and all(len(times) == 1 for times in seen), seen
+    assert_snapshots(postgres.url, pg_schema, producer.world)
+
+    producer.send(500)
+    again = open_runner(config, spark=spark)
+    try:
+        seen = _record_times(again)
+        again.run(until=lambda r: r.lag() == 0)
+    finally:
+        again.close()
+    replayed = [times for times in seen if min(times) <= logged]
+    fresh = [times for times in seen if min(times) > logged]
+    assert {t for times in replayed for t in times if t <= logged} == set(range(1, logged + 1))
+    assert any(len(times) > 1 for times in replayed), "replayed batches keep their transactions"
+    assert fresh and all(len(times) == 1 for times in fresh), fresh
+    assert_snapshots(postgres.url, pg_schema, producer.world)
