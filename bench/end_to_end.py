@@ -26,7 +26,8 @@ at 10,000 events or 1 s), and so does the number of transactions per Spark job.
   10 ms, holds the complete result; the final table is checked against numpy; txstream's busy
   time per stage over the backlog (its /metrics) names the stage that set the pace. txstream
   (`txstream run`, default settings) runs with two transaction policies: transactions of
-  10,000 events, each one's state visible; and transactions closed every 1,500 ms, as
+  10,000 events (each one's state PostgreSQL's at a batch end; the default batch commit, with
+  every sink a snapshot, nets a batch's transactions into one); and closed every 1,500 ms, as
   Pathway's Kafka reader closes its times by default.
   Pathway (bench/peers/pathway_kafka_pg.py: `pw.io.kafka.read` in streaming mode, then
   `pw.io.postgres.write_snapshot`, no callback) is measured the same way; `pathway_static` is
@@ -541,7 +542,8 @@ def bare_read_events_per_s(bootstrap: str, topic: str, events: int) -> int:
 def groupby_saturation(kafka: KafkaEndpoint, url: str, events: int, peer: bool
                        ) -> dict[str, object]:
     """Each system on a topic of its own, measured alike (see `burst`)."""
-    # txstream twice: transactions of a fixed size (each one's state visible in PostgreSQL),
+    # txstream twice: transactions of a fixed size (any of them a batch's last, visible in
+    # PostgreSQL),
     # and closed by time as Pathway's reader closes its times (`autocommit_duration_ms`).
     policies = {
         f"transactions_of_{GROUPBY_EVENTS_PER_TRANSACTION}_events":

@@ -153,9 +153,8 @@ def test_cli_reports_config_errors_and_exits_2(tmp_path: Path,
 
 def test_only_snapshots_committed_per_batch_net_batches() -> None:
     """`nets_batches`: no sink shows a state within a batch (see `PipelineConfig`)."""
-    data = _deploy_config()
-    kinds = {s.settings.kind for s in PipelineConfig.from_mapping(data, env=ENV).sinks}
-    assert kinds == {"postgres_snapshot"}
+    data = {**_deploy_config(), "sinks": [{"output": o, "kind": "postgres_snapshot"}
+                                          for o in ("region_totals", "statuses")]}
     assert PipelineConfig.from_mapping(data, env=ENV).nets_batches
     each = {**data, "postgres_commit": "transaction"}
     assert not PipelineConfig.from_mapping(each, env=ENV).nets_batches

@@ -26,7 +26,9 @@ def _record_times(runner: PipelineRunner) -> list[set[int]]:
     process = runner.engine.process
 
     def recording(changes: dict[str, Changes]) -> Any:
-        seen.append({t for c in changes.values() for t in c.times.to_pylist()})
+        times = {t for c in changes.values() for t in c.times.to_pylist()}
+        if times:  # a netted batch whose changes all cancel has none
+            seen.append(times)
         return process(changes)
 
     runner.engine.process = recording  # type: ignore[method-assign]
@@ -38,7 +40,9 @@ def test_snapshot_batches_are_netted_and_replays_are_not(  # type: ignore[no-unt
     # Transactions of 25 events, up to 8 in a batch: a backlog makes batches of several.
     config = example_config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
                             f"g-{topic_name}", tmp_path / "ck").model_copy(update={
-        "transactions": BatchPolicy(max_events=25, max_delay_ms=200), "batch_transactions": 8})
+        "transactions": BatchPolicy(max_events=25, max_delay_ms=200), "batch_transactions": 8,
+        # No checkpoint before the stop: the second start replays every logged transaction.
+        "checkpoint_every_batches": 10_000, "checkpoint_every_s": 3_600.0})
     assert config.nets_batches
     producer = OrderProducer(kafka.bootstrap_servers, topics)
     producer.send(1_000)
@@ -51,7 +55,7 @@ def test_snapshot_batches_are_netted_and_replays_are_not(  # type: ignore[no-unt
     finally:
         first.close()  # without a checkpoint: the next start replays every logged transaction
     assert batches < logged, "some batch held several transactions"
-    assert len(seen) == batches and all(len(times) == 1 for times in seen), seen
+    assert seen and all(len(times) == 1 for times in seen), seen
     assert_snapshots(postgres.url, pg_schema, producer.world)
 
     producer.send(500)
@@ -64,6 +68,8 @@ def test_snapshot_batches_are_netted_and_replays_are_not(  # type: ignore[no-unt
     replayed = [times for times in seen if min(times) <= logged]
     fresh = [times for times in seen if min(times) > logged]
     assert {t for times in replayed for t in times if t <= logged} == set(range(1, logged + 1))
+    # What the replay rule rests on (a replayed batch of several transactions, likely with 40
+    # of them replayed at once): if replays were netted, every batch here would hold one time.
     assert any(len(times) > 1 for times in replayed), "replayed batches keep their transactions"
     assert fresh and all(len(times) == 1 for times in fresh), fresh
     assert_snapshots(postgres.url, pg_schema, producer.world)

@@ -1,7 +1,8 @@
 """The vocabulary of changes, the bottom layer every other module imports.
 
 A table's changes are its rows, each with `time` (the number of the transaction that made the
-change) and `diff` (its weight: +1 inserted, -1 deleted; larger magnitudes for multisets):
+change, or of the last transaction of a batch netted into one: `Changes.net`) and `diff` (its
+weight: +1 inserted, -1 deleted; larger magnitudes for multisets):
 
     order_id | amount | time | diff
     ---------+--------+------+-----
@@ -126,10 +127,11 @@ class Changes:
         return Changes(self.table.filter(pc.equal(self.table[TIME], time)))
 
     def net(self, time: int) -> Changes:
-        """These changes as one transaction `time` (the last of theirs): every change moved to
-        `time`, then consolidated, so changes that cancel (a row inserted and deleted again,
-        an update undone) are gone. Integrated through `time` it is the same table; the states
-        between are lost, which is all a destination that shows only `time`'s state needs."""
+        """These changes as one transaction `time` (their last or a later one): every change
+        moved to `time`, then consolidated, so changes that cancel (a row inserted and deleted
+        again, an update undone) are gone. Integrated through `time` it is the same table; the
+        states between are lost, which is all a destination that shows only `time`'s state
+        needs."""
         if not self.num_rows:
             return self
         at = self.table.set_column(self.table.column_names.index(TIME),

@@ -196,7 +196,8 @@ class Engine:
 
     def process(self, changes: Mapping[str, Changes]) -> dict[str, Changes]:
         """Run one batch: `changes` maps source names to their changes (any number of
-        consecutive transactions, all later than those already processed; a source without
+        transactions, all later than those already processed, their numbers increasing but
+        not necessarily consecutive: a netted batch is one, `Changes.net`; a source without
         changes may be left out). Returns every output's changes, consolidated and ordered
         (by time, and within a time the deletions before the insertions)."""
         unknown = sorted(set(changes) - set(self.sources))

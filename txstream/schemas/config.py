@@ -131,7 +131,8 @@ class PipelineConfig(BaseModel):
     transactions: BatchPolicy = BatchPolicy()
     # At most this many transactions per Spark job. Batches adapt below it: one transaction at
     # low load (latency), more under a backlog (Spark's fixed cost per job shared). It also
-    # bounds memory: a stage holds at most one batch. Results do not depend on it.
+    # bounds memory: a stage holds at most one batch. The tables' rows do not depend on it
+    # (netted batches, `nets_batches`: a snapshot row's `time` and tombstones do).
     batch_transactions: int = Field(default=100, ge=1)
     # While the service has nothing to do (no batch ready, the input read to its end), the engine
     # runs this many made-up rows per source through the pipeline, one batch at a time, and
@@ -242,7 +243,9 @@ class PipelineConfig(BaseModel):
     def nets_batches(self) -> bool:
         """Whether the engine may compute a batch's transactions as one, their net change
         (`Changes.net`): no sink shows a state within a batch (every one is a PostgreSQL
-        snapshot committed once per batch). Under a backlog this saves the engine the states
+        snapshot committed once per batch: its live rows depend only on the states at batch
+        ends; a row's `time`, and whether a row inserted and deleted within a batch leaves a
+        tombstone, depend on the batching then). Under a backlog this saves the engine the states
         between: a group-by whose keys all change in every transaction of a 100-transaction
         batch otherwise computes each key's row 100 times and hands the sinks every one."""
         return self.postgres_commit == "batch" and all(

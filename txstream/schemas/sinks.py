@@ -101,9 +101,10 @@ class _SinkSettings(BaseModel):
 
     @property
     def shows_batch_ends_only(self) -> bool:
-        """Whether the destination shows only the state each batch commits, the transactions
-        within a batch never apart, under `postgres_commit: batch`: a PostgreSQL snapshot
-        (its rows, committed with the progress row). A stream of changes shows every
+        """Whether, under `postgres_commit: batch`, what the destination holds depends only on
+        the state each batch commits, not on the states between: a PostgreSQL snapshot (its
+        live rows, committed with the progress row; a row's `time` and tombstones say less
+        then, see `PipelineConfig.nets_batches`). A stream of changes shows every
         transaction."""
         return False
 

@@ -165,6 +165,10 @@ class PipelineRunner:
         # Sinks may hold some of the replayed transactions (up to any of them, whatever
         # batches they came in), none of the later ones: see `_compute`.
         self._replayed_through = self._logged_through
+        self._nets_batches = config.nets_batches
+        if self._nets_batches:
+            log.info("every sink is a PostgreSQL snapshot committed per batch: a batch of "
+                     "several transactions is computed as one, their net change")
         # Before the sinks open: a Kafka sink's new producer fences the previous writer's,
         # which must find the epoch moved on already (`KafkaSink`, writer_check).
         self.checkpoints.take_epoch(Writer.this_process(), base=self._logged_through)
@@ -360,9 +364,12 @@ class PipelineRunner:
         self._crash.reached("log")
         changes = {name: table for name, table in batch.changes.items()
                    if name in self.engine.sources}
-        # A snapshot holding some of a netted batch's transactions would miss the changes that
-        # cancel within the batch (a row changed and changed back), so replays are not netted.
-        if (self.config.nets_batches and len(batch) > 1
+        # A fresh batch is committed whole or not at all (one PostgreSQL transaction with the
+        # progress row), so no snapshot holds part of it. A snapshot holding some of a netted
+        # batch's transactions would miss the changes that cancel within the batch (a row
+        # changed and changed back), so replays, whose batches may straddle what the
+        # snapshots hold, are not netted.
+        if (self._nets_batches and len(batch) > 1
                 and batch.first > self._replayed_through):
             changes = {name: c.net(batch.last.number) for name, c in changes.items()}
         t0 = time.monotonic()
