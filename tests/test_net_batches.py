@@ -1,8 +1,8 @@
 """Net batches (`PipelineConfig.nets_batches`): the example pipeline into PostgreSQL snapshots
 only, committed once per batch, hands the engine each batch of several transactions as one
 (`Changes.net`: every change at the batch's last transaction), and the snapshots equal a
-from-scratch computation. After a restart the transactions it replays are not netted: the
-snapshots may hold some of them, and a netted batch would lose what cancels within it.
+from-scratch computation. After a restart the transactions it replays are netted in the groups
+the first run logged (`txstream.service.net_groups`), whatever batches the replay forms.
 
 The runner in-process against the real broker, PostgreSQL and Spark; the engine's input is
 recorded on its way in (the engine itself runs)."""
@@ -35,7 +35,7 @@ def _record_times(runner: PipelineRunner) -> list[set[int]]:
     return seen
 
 
-def test_snapshot_batches_are_netted_and_replays_are_not(  # type: ignore[no-untyped-def]
+def test_snapshot_batches_are_netted_and_replays_net_the_same_groups(  # type: ignore[no-untyped-def]
         kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path) -> None:
     # Transactions of 25 events, up to 8 in a batch: a backlog makes batches of several.
     config = example_config(kafka.bootstrap_servers, postgres.url, pg_schema, topics,
@@ -56,6 +56,7 @@ def test_snapshot_batches_are_netted_and_replays_are_not(  # type: ignore[no-unt
         first.close()  # without a checkpoint: the next start replays every logged transaction
     assert batches < logged, "some batch held several transactions"
     assert seen and all(len(times) == 1 for times in seen), seen
+    first_times = {t for times in seen for t in times}
     assert_snapshots(postgres.url, pg_schema, producer.world)
 
     producer.send(500)
@@ -67,9 +68,9 @@ def test_snapshot_batches_are_netted_and_replays_are_not(  # type: ignore[no-unt
         again.close()
     replayed = [times for times in seen if min(times) <= logged]
     fresh = [times for times in seen if min(times) > logged]
-    assert {t for times in replayed for t in times if t <= logged} == set(range(1, logged + 1))
-    # What the replay rule rests on (a replayed batch of several transactions, likely with 40
-    # of them replayed at once): if replays were netted, every batch here would hold one time.
-    assert any(len(times) > 1 for times in replayed), "replayed batches keep their transactions"
+    # The same groups: each netted one reaches the engine at its last transaction, as the first
+    # time. Not netted, the replay would show every transaction of them.
+    assert {t for times in replayed for t in times if t <= logged} == first_times
+    assert all(max(times) <= logged for times in replayed), "a group is never joined to fresh ones"
     assert fresh and all(len(times) == 1 for times in fresh), fresh
     assert_snapshots(postgres.url, pg_schema, producer.world)

@@ -24,9 +24,8 @@ class ExpressionError(RuntimeError):
 
     The batch is not applied (the engine's state is as before it). The same input fails the same
     way on every retry and on every restart, so the service stops processing instead of
-    looping; the message names the table and the expression and says how to fix them. One
-    exception: a batch netted into one transaction (`PipelineConfig.nets_batches`) never
-    evaluates a row that a later transaction of the batch removes, so a failure such a row
-    would cause shows only if those transactions are replayed after a crash (replays are not
-    netted), as it would have in every run without netting.
+    looping; the message names the table and the expression and says how to fix them. A batch
+    netted into one transaction (`PipelineConfig.nets_batches`) never evaluates a row that a
+    later transaction of the batch removes; a replay nets the same transactions together
+    (`txstream.service.net_groups`), so it fails where the first run failed, and only there.
     """

@@ -30,7 +30,8 @@ The guarantees are those of a sequential loop:
 
 After a crash the runner loads the newest complete checkpoint and the transactions logged after
 it; the builder re-forms those from the same records with the same numbers and boundaries, the
-engine recomputes them, and the sinks receive them again:
+engine recomputes them (netting together those it netted together before,
+`txstream.service.net_groups`), and the sinks receive them again:
 * the PostgreSQL outputs are written in one PostgreSQL transaction per batch with the
   pipeline's progress row, which says the last transaction they hold: a replay adds nothing
   twice (`txstream.sinks.postgres_outputs`); snapshots also keep a per-key time guard;
@@ -57,6 +58,7 @@ from txstream.schemas.config import PipelineConfig
 from txstream.service.checkpointing import Checkpointing
 from txstream.service.health import Readiness
 from txstream.service.metrics import Metrics, SourceMetrics
+from txstream.service.net_groups import NetGroups
 from txstream.service.outputs import Outputs
 from txstream.service.stages import (
     CRASH_ENV,
@@ -162,13 +164,6 @@ class PipelineRunner:
             checkpointed = 0
         replay = self.checkpoints.logged_after(checkpointed)
         self._logged_through = checkpointed + len(replay)
-        # Sinks may hold some of the replayed transactions (up to any of them, whatever
-        # batches they came in), none of the later ones: see `_compute`.
-        self._replayed_through = self._logged_through
-        self._nets_batches = config.nets_batches
-        if self._nets_batches:
-            log.info("every sink is a PostgreSQL snapshot committed per batch: a batch of "
-                     "several transactions is computed as one, their net change")
         # Before the sinks open: a Kafka sink's new producer fences the previous writer's,
         # which must find the epoch moved on already (`KafkaSink`, writer_check).
         self.checkpoints.take_epoch(Writer.this_process(), base=self._logged_through)
@@ -187,6 +182,11 @@ class PipelineRunner:
         except BaseException:
             self.outputs.close()
             raise
+        self._net_groups = NetGroups.of(config.nets_batches, replay, self._logged_through,
+                                        self.outputs.progress_row())
+        if config.nets_batches:
+            log.info("every sink is a PostgreSQL snapshot committed per batch: a batch of "
+                     "several transactions is computed as one, their net change")
         self._checkpointing = Checkpointing(config, engine, checkpoints, self.outputs,
                                             self.metrics.checkpoint, self._crash, checkpointed)
         self.input = self._retrying(KafkaInput.name, lambda: KafkaInput(
@@ -357,20 +357,20 @@ class PipelineRunner:
             stages.stop_serving(self.input)
 
     def _compute(self, batch: TransactionBatch) -> None:
-        # Logged before any sink sees them: a recovery re-forms exactly these transactions.
+        """Compute `batch` as the parts `txstream.service.net_groups` cuts it into."""
+        for part, netted in self._net_groups.parts(batch):
+            self._compute_part(part, netted)
+
+    def _compute_part(self, batch: TransactionBatch, netted: bool) -> None:
+        # Logged before any sink sees them: a recovery re-forms exactly these transactions,
+        # and nets the same ones together.
         started = time.monotonic()
-        self.checkpoints.log(batch.log_entries(after=self._logged_through))
+        self.checkpoints.log(batch.log_entries(after=self._logged_through, netted=netted))
         self._logged_through = max(self._logged_through, batch.last.number)
         self._crash.reached("log")
         changes = {name: table for name, table in batch.changes.items()
                    if name in self.engine.sources}
-        # A fresh batch is committed whole or not at all (one PostgreSQL transaction with the
-        # progress row), so no snapshot holds part of it. A snapshot holding some of a netted
-        # batch's transactions would miss the changes that cancel within the batch (a row
-        # changed and changed back), so replays, whose batches may straddle what the
-        # snapshots hold, are not netted.
-        if (self._nets_batches and len(batch) > 1
-                and batch.first > self._replayed_through):
+        if netted:
             changes = {name: c.net(batch.last.number) for name, c in changes.items()}
         t0 = time.monotonic()
         try:
@@ -382,7 +382,7 @@ class PipelineRunner:
             rest: TransactionBatch | None = batch
             while rest is not None:
                 one, rest = rest.split(1)
-                self._compute(one)
+                self._compute_part(one, False)
             return
         t1 = time.monotonic()
         metrics = self.metrics.compute

@@ -30,6 +30,10 @@ class TransactionLogEntry(BaseModel):
     number: int
     upstream_id: str | None
     ranges: Ranges
+    # The last transaction of the batch this one was computed with as one, their net change
+    # (`Changes.net`); None: computed as a transaction of its own. A replay nets the same
+    # transactions again (`txstream.service.net_groups`).
+    netted_through: int | None = None
 
 
 class Transaction(BaseModel):
@@ -42,10 +46,11 @@ class Transaction(BaseModel):
     # Topic -> partition -> [first, last + 1) offsets of this transaction's records.
     ranges: Ranges = Field(default_factory=dict)
 
-    def log_entry(self) -> TransactionLogEntry:
-        """What to record (before the sinks see it) to rebuild this transaction after a crash."""
+    def log_entry(self, netted_through: int | None = None) -> TransactionLogEntry:
+        """What to record (before the sinks see it) to rebuild this transaction after a crash,
+        and to compute it again as it was (`netted_through`)."""
         return TransactionLogEntry(number=self.number, upstream_id=self.upstream_id,
-                                   ranges=self.ranges)
+                                   ranges=self.ranges, netted_through=netted_through)
 
 
 class TransactionBatchError(ValueError):
@@ -132,6 +137,8 @@ class TransactionBatch:
     def __len__(self) -> int:
         return len(self.transactions)
 
-    def log_entries(self, after: int) -> list[TransactionLogEntry]:
-        """The log entries of the batch's transactions numbered above `after`."""
-        return [t.log_entry() for t in self.transactions if t.number > after]
+    def log_entries(self, after: int, netted: bool = False) -> list[TransactionLogEntry]:
+        """The log entries of the batch's transactions numbered above `after`; `netted`: the
+        batch is computed as one transaction."""
+        through = self.last.number if netted else None
+        return [t.log_entry(through) for t in self.transactions if t.number > after]
