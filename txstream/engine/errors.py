@@ -27,5 +27,6 @@ class ExpressionError(RuntimeError):
     looping; the message names the table and the expression and says how to fix them. A batch
     netted into one transaction (`PipelineConfig.nets_batches`) never evaluates a row that a
     later transaction of the batch removes; a replay nets the same transactions together
-    (`txstream.service.net_groups`), so it fails where the first run failed, and only there.
+    (`txstream.service.net_groups`), so while every sink still nets, it fails where the first
+    run failed, and only there.
     """

@@ -58,7 +58,7 @@ from txstream.schemas.config import PipelineConfig
 from txstream.service.checkpointing import Checkpointing
 from txstream.service.health import Readiness
 from txstream.service.metrics import Metrics, SourceMetrics
-from txstream.service.net_groups import NetGroups
+from txstream.service.net_groups import NetGroups, Part, engine_changes
 from txstream.service.outputs import Outputs
 from txstream.service.stages import (
     CRASH_ENV,
@@ -179,11 +179,11 @@ class PipelineRunner:
                                checkpoint_fence=self.checkpoints.check_epoch)
         try:
             refuse(self._startup_problems(resuming, checkpointed))
+            self._net_groups = NetGroups.of(config.nets_batches, replay, self._logged_through,
+                                            self.outputs.progress_row())
         except BaseException:
             self.outputs.close()
             raise
-        self._net_groups = NetGroups.of(config.nets_batches, replay, self._logged_through,
-                                        self.outputs.progress_row())
         if config.nets_batches:
             log.info("every sink is a PostgreSQL snapshot committed per batch: a batch of "
                      "several transactions is computed as one, their net change")
@@ -357,32 +357,39 @@ class PipelineRunner:
             stages.stop_serving(self.input)
 
     def _compute(self, batch: TransactionBatch) -> None:
-        """Compute `batch` as the parts `txstream.service.net_groups` cuts it into."""
-        for part, netted in self._net_groups.parts(batch):
-            self._compute_part(part, netted)
+        parts = self._net_groups.parts(batch)
+        if parts:
+            self._compute_parts(parts)
 
-    def _compute_part(self, batch: TransactionBatch, netted: bool) -> None:
+    def _compute_parts(self, parts: list[Part]) -> None:
+        """Consecutive `parts` (`txstream.service.net_groups`) in one engine call, handed over
+        as one batch."""
         # Logged before any sink sees them: a recovery re-forms exactly these transactions,
         # and nets the same ones together.
         started = time.monotonic()
-        self.checkpoints.log(batch.log_entries(after=self._logged_through, netted=netted))
+        self.checkpoints.log([entry for part in parts for entry in part.batch.log_entries(
+            after=self._logged_through, netted=part.netted)])
+        batch = TransactionBatch.join([part.batch for part in parts])
         self._logged_through = max(self._logged_through, batch.last.number)
         self._crash.reached("log")
-        changes = {name: table for name, table in batch.changes.items()
-                   if name in self.engine.sources}
-        if netted:
-            changes = {name: c.net(batch.last.number) for name, c in changes.items()}
         t0 = time.monotonic()
         try:
+            changes = engine_changes(parts, self.engine.sources)
             outputs = self.engine.process(changes) if changes else {}
         except ExpressionError:
+            if len(parts) > 1:
+                for part in parts:
+                    self._compute_parts([part])
+                return
             if len(batch) == 1:
                 raise
             # Apply the transactions before the failing one: processing stops exactly at it.
+            # The log still names their group, if they were one: `NetGroups.of` does not net
+            # it again once the progress row is inside it.
             rest: TransactionBatch | None = batch
             while rest is not None:
                 one, rest = rest.split(1)
-                self._compute_part(one, False)
+                self._compute_parts([Part(one, False)])
             return
         t1 = time.monotonic()
         metrics = self.metrics.compute

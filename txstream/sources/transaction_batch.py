@@ -30,9 +30,9 @@ class TransactionLogEntry(BaseModel):
     number: int
     upstream_id: str | None
     ranges: Ranges
-    # The last transaction of the batch this one was computed with as one, their net change
-    # (`Changes.net`); None: computed as a transaction of its own. A replay nets the same
-    # transactions again (`txstream.service.net_groups`).
+    # The last transaction of the transactions this one was netted with, computed as one
+    # (`Changes.net`); None: not netted. A replay nets the same transactions together again
+    # (`txstream.service.net_groups`).
     netted_through: int | None = None
 
 
