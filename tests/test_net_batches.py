@@ -9,6 +9,7 @@ recorded on its way in (the engine itself runs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from support.orders import OrderProducer
@@ -35,6 +36,24 @@ def _record_times(runner: PipelineRunner) -> list[set[int]]:
     return seen
 
 
+def _then_one_more(producer: OrderProducer, events: int) -> Callable[[PipelineRunner], bool]:
+    """`until` of a run: once `events` are delivered, 10 more are sent, a transaction alone, not
+    netted, which the replay meets beside a netted group (their changes concatenated); done
+    once those are delivered too."""
+    sent: list[int] = []
+
+    def until(runner: PipelineRunner) -> bool:
+        if runner.lag() != 0 or runner.metrics.ingest.events < events:
+            return False
+        if not sent:
+            producer.send(10)
+            sent.append(10)
+            return False
+        return runner.metrics.ingest.events == events + 10
+
+    return until
+
+
 def test_snapshot_batches_are_netted_and_replays_net_the_same_groups(  # type: ignore[no-untyped-def]
         kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path) -> None:
     # Transactions of 25 events, up to 8 in a batch: a backlog makes batches of several.
@@ -49,7 +68,7 @@ def test_snapshot_batches_are_netted_and_replays_net_the_same_groups(  # type: i
     first = open_runner(config, spark=spark)
     try:
         seen = _record_times(first)
-        first.run(until=lambda r: r.lag() == 0)
+        first.run(until=_then_one_more(producer, 1_000))
         logged = first.metrics.delivery.last_transaction
         batches = first.metrics.delivery.batches
     finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from txstream.changes import consolidate
+from txstream.changes import Changes, consolidate
 from txstream.service.checkpoint import _LOG
 from txstream.service.net_groups import NetGroups, Part, engine_changes
 from txstream.sources.transaction_batch import Transaction, TransactionBatch, TransactionLogEntry
@@ -85,6 +85,24 @@ def test_log_entries_name_their_group_and_older_logs_have_none() -> None:
     assert _LOG.validate_json(_LOG.dump_json(entries)) == entries
     older = b'[{"number": 7, "upstream_id": null, "ranges": {}}]'
     assert _LOG.validate_json(older)[0].netted_through is None
+
+
+def test_netted_and_plain_parts_of_a_source_concatenate() -> None:
+    """A source's changes come with `time` and `diff` not null (`arrow_schema(with_changes=
+    True)`); netted ones keep that schema, so they join plain ones in either order, and so does
+    a netted part whose changes all cancel."""
+    schema = pa.schema([pa.field("k", pa.int64()), pa.field("time", pa.int64(), False),
+                        pa.field("diff", pa.int64(), False)])
+    rows = pa.table({"k": [1, 1, 2], "time": [1, 2, 3], "diff": [1, -1, 1]}, schema)
+    one = TransactionBatch.of([Transaction(number=n, offsets={}) for n in (1, 2, 3)],
+                              {"s": Changes(rows)})
+    head, tail = one.split(2)
+    assert tail is not None
+    for parts in ([Part(head, True), Part(tail, False)], [Part(head, False), Part(tail, True)]):
+        changes = engine_changes(parts, {"s"})["s"]
+        assert changes.table.schema == schema
+    cancelled = engine_changes([Part(head, True), Part(tail, False)], {"s"})["s"]
+    assert cancelled.table.to_pylist() == [{"k": 2, "time": 3, "diff": 1}]
 
 
 def test_the_engine_gets_each_netted_part_at_its_last_transaction() -> None:

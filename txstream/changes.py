@@ -137,7 +137,9 @@ class Changes:
         at = self.table.set_column(self.table.column_names.index(TIME),
                                    self.table.schema.field(TIME),
                                    pa.array(np.full(self.num_rows, time), pa.int64()))
-        return consolidate(at, self.columns)
+        # In the schema it came in (the sum makes `diff` nullable): netted changes are
+        # concatenated with changes that are not (`txstream.service.net_groups`).
+        return Changes(consolidate(at, self.columns).table.cast(self.table.schema))
 
     def last_time(self) -> int | None:
         bounds = self.time_range()

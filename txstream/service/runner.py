@@ -357,6 +357,8 @@ class PipelineRunner:
             stages.stop_serving(self.input)
 
     def _compute(self, batch: TransactionBatch) -> None:
+        """Compute `batch`, cut into parts by `txstream.service.net_groups` (none while the
+        start of a replayed group waits for its end)."""
         parts = self._net_groups.parts(batch)
         if parts:
             self._compute_parts(parts)
