@@ -139,7 +139,8 @@ class Changes:
                                    pa.array(np.full(self.num_rows, time), pa.int64()))
         # In the schema it came in (the sum makes `diff` nullable): netted changes are
         # concatenated with changes that are not (`txstream.service.net_groups`).
-        return Changes(consolidate(at, self.columns).table.cast(self.table.schema))
+        netted = consolidate(at, self.columns).table.select(self.table.column_names)
+        return Changes(netted.cast(self.table.schema))
 
     def last_time(self) -> int | None:
         bounds = self.time_range()
