@@ -24,8 +24,8 @@ every sink still nets (without netting, nothing is cut: any batching of a replay
 A group the progress row falls inside is not netted: its netted batch failed an expression and
 was then computed one transaction at a time, those before the failing one committed on their
 own, or a later run without netting (`postgres_commit: transaction`, say) replayed it with a
-commit per transaction. So is a group whose last
-transaction is not in the log (a damaged log): waiting for it would hold its start forever.
+commit per transaction. So is a group whose last transaction is not in the log (a damaged log):
+waiting for it would hold its start forever.
 """
 
 from __future__ import annotations
