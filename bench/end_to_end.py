@@ -19,7 +19,8 @@ at 10,000 events or 1 s), and so does the number of transactions per Spark job.
   sum in a PostgreSQL snapshot keyed by `k`, each system deployed as a service in a process of
   its own and measured alike, from outside (`burst`): on a topic of its own holding the first
   100,000 events, the system is started and waited for until its table shows them and it is
-  idle (as a service that has been running: txstream's JVM has run batches of the workload);
+  idle (as a service that has been running: txstream's JVM has run batches of the workload,
+  then its warm-up, which waits for such an idle moment);
   then it is paused (SIGSTOP, with its JVM), a backlog of `--groupby-events` more events is
   produced (zstd: the embedded broker keeps ~5 MiB per partition; the watermarks are checked),
   and it is resumed (SIGCONT). events/s runs from the resume until the table, polled every
@@ -465,8 +466,8 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, events: int, policy: BatchP
           f"{policy.max_delay_ms} ms per transaction", file=sys.stderr, flush=True)
     service = Service(config, env, work / f"txstream-{run_id}.log")
     try:
-        # Idle: any warm-up it runs then is over (or was not run, the reason logged: a service
-        # started with events waiting warms up on them).
+        # Idle: its warm-up, which waits for the first idle moment (here, once the first events
+        # are computed), is over, or was not run (the reason logged).
         result = burst(service, lambda: any(line in service.tail(100_000) for line in (
             "warm-up done", "no warm-up")), kafka, url, topic, f'"{schema}".sums_live', events,
             busy=lambda: scrape_busy(port))

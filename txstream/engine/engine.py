@@ -289,9 +289,10 @@ class Engine:
     def warming_up(self, rows: int) -> warmup.WarmUp:
         """Run made-up changes through the pipeline, one batch per step, then forget them:
         Spark plans, compiles and JIT-compiles the pipeline's plans now, not on the first real
-        batches (see `txstream.engine.warmup`). Three batches of every source: `rows`
-        insertions into empty state; half of them deleted and as many inserted; then ten
-        insertions (a lone transaction's path). Yields the number of batches done after each.
+        batches (see `txstream.engine.warmup`). `warmup.WARM_UP_ROUNDS` rounds of three batches
+        of every source, the state emptied between two: `rows` insertions into empty state;
+        half of them deleted and as many inserted; then ten insertions (a lone transaction's
+        path). Yields the number of batches done after each.
         Only for a fresh engine, which nothing else may use until the warm-up is run through or
         closed: both empty its state again. The plans it recorded (for batches with changes of
         every source, into empty and non-empty state) stay until `load_state` replaces the

@@ -137,8 +137,9 @@ class PipelineConfig(BaseModel):
     # While the service has nothing to do (no batch ready, the input read to its end), the engine
     # runs this many made-up rows per source through the pipeline, one batch at a time, and
     # forgets them, so that batches after an idle start do not pay Spark's planning and code
-    # compilation on a cold JVM (seconds). A batch to compute ends the warm-up: a backlog at
-    # start warms the JVM itself. Above 500 rows a batch runs generated code, so that is
+    # compilation on a cold JVM (seconds). A batch to compute comes first: a backlog at start
+    # is computed at once and the warm-up waits for the first idle moment after it, and a batch
+    # ends a warm-up under way. Above 500 rows a batch runs generated code, so that is
     # compiled too (from the warm-up's first batch on, txstream.engine.codegen); more rows
     # hardly change the warm-up's effect. 0: no warm-up.
     warm_up_rows: int = Field(default=5_000, ge=0)

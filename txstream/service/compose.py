@@ -47,8 +47,9 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
 
     def warming_up() -> WarmUp:
         # Of the engine itself while it is fresh: the plans it records then serve the first
-        # real batches. After a restore, of a scratch engine of the pipeline: the code Spark
-        # compiled and the JIT's work are the JVM's, whichever engine caused them.
+        # real batches. After a restore or real batches, of a scratch engine of the pipeline:
+        # the code Spark compiled and the JIT's work are the JVM's, whichever engine caused
+        # them.
         target = engine if engine.fresh else new_engine()
         return target.warming_up(config.warm_up_rows)
 

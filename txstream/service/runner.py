@@ -89,6 +89,10 @@ __all__ = ["InputReports", "PipelineRunner", "ShutdownRequested"]
 
 log = logging.getLogger(__name__)
 
+# After real batches, the warm-up waits for this long without a batch (see
+# `PipelineRunner._may_begin_warm_up`).
+WARM_UP_QUIET_S = 3.0
+
 
 class InputReports:
     """The input monitor's measurements, into the source's metrics and readiness."""
@@ -132,9 +136,11 @@ class PipelineRunner:
         this instance took (`txstream.service.leadership`; None: not fenced through
         PostgreSQL). The runner takes the checkpoint location's epoch itself
         (`CheckpointStore.take_epoch`). `warm_up`: the steps of the engine's warm-up
-        (`Engine.warming_up`), begun by the first `run` and taken while there is nothing else
-        to do (no batch ready, the input caught up); a batch to compute ends the warm-up, and
-        so does a stop, also during a step (`_step_giving_way`)."""
+        (`Engine.warming_up`), begun by the first `run` at its first idle moment (no batch
+        ready, the input caught up; after real batches, such as a backlog's at start, once none
+        has been computed for `WARM_UP_QUIET_S`), and taken while there is nothing else to do;
+        a batch to compute ends the warm-up, and so does a stop, also during a step
+        (`_step_giving_way`)."""
         self.config = config
         self.live = live
         self.engine = engine
@@ -196,6 +202,7 @@ class PipelineRunner:
         self._warm_up = warm_up  # begun (called) at the first idle moment of a run
         self._warming: WarmUp | None = None
         self._idle_checked = 0.0
+        self._computed_at: float | None = None  # when the last batch was computed
 
     def _startup_problems(self, resuming: bool, checkpointed: int) -> list[Problem]:
         """What the sinks hold against where the checkpoint location resumes (after
@@ -227,12 +234,12 @@ class PipelineRunner:
             while not self._stop.is_set() and stages.failure is None:
                 batch = stages.take_batch(timeout=0.1)
                 if batch is not None:
-                    self._end_warm_up("a batch came first, and the first batches warm the "
-                                      "JVM up")
+                    self._cut_warm_up()
                     self._compute(batch)
+                    self._computed_at = time.monotonic()
                 elif until is not None and stages.idle() and until(self):
                     break
-                elif (self._warming is not None or self._warm_up is not None) \
+                elif (self._warming is not None or self._may_begin_warm_up()) \
                         and self._nothing_to_do(stages):
                     self._warm_up_step()
                 now = time.monotonic()
@@ -242,7 +249,10 @@ class PipelineRunner:
         except BaseException as exc:
             stages.fail(exc)
         finally:
-            self._end_warm_up("the run stopped first")
+            self._cut_warm_up()
+            if self._warm_up is not None:
+                self._warm_up = None
+                log.info("no warm-up: the run stopped before it began")
             stages.computing_done.set()
             if stages.failure is not None:
                 self._stop.set()  # no stage waits on a dependency for a run that is over
@@ -271,6 +281,15 @@ class PipelineRunner:
         return stages.call_input(self.input, lambda source: source.read_to_end()) \
             and stages.idle()
 
+    def _may_begin_warm_up(self) -> bool:
+        """Whether a warm-up not begun may begin: before any batch, or once none has been
+        computed for `WARM_UP_QUIET_S`. Neither building a scratch engine nor planning a step
+        can be cut short, and at a steady rate the gaps between transactions are idle
+        moments too: the next transaction would wait out both."""
+        return self._warm_up is not None and (
+            self._computed_at is None
+            or time.monotonic() - self._computed_at >= WARM_UP_QUIET_S)
+
     def _warm_up_step(self) -> None:
         if self._warming is None:
             assert self._warm_up is not None
@@ -279,6 +298,9 @@ class PipelineRunner:
             except Exception as exc:  # an optimization must not stop the service
                 self._warm_up = None
                 log.warning("no warm-up: %s", exc)
+                return
+            if self._stages.has_ready() or self._stop.is_set():
+                self._cut_warm_up()  # it came while the warm-up's engine was being built
                 return
         started = time.monotonic()
         done = self._step_giving_way(self._warming)
@@ -298,10 +320,12 @@ class PipelineRunner:
         returned = threading.Event()
 
         def watch() -> None:
-            while not returned.wait(0.05):
+            while True:
                 if self._stop.is_set() or self._stages.has_ready() \
                         or self._stages.failure is not None:
                     warming.cancel()
+                if returned.wait(0.05):
+                    return
 
         watcher = threading.Thread(target=watch, name="warm-up-watch", daemon=True)
         watcher.start()
@@ -311,13 +335,11 @@ class PipelineRunner:
             returned.set()
             watcher.join()
 
-    def _end_warm_up(self, why_none: str) -> None:
-        """Before a batch, and when `run` returns: the warm-up ends (a warm-up of this engine
-        must give its state back before the engine takes a real batch; the JVM keeps what it
-        compiled). `why_none`: what is logged when it had not begun."""
-        if self._warm_up is not None:
-            self._warm_up = None
-            log.info("no warm-up: %s", why_none)
+    def _cut_warm_up(self) -> None:
+        """Before a batch, and when `run` returns: a warm-up under way ends (a warm-up of this
+        engine must give its state back before the engine takes a real batch; the JVM keeps
+        what it compiled). One not begun yet waits for the next idle moment: a backlog's first
+        batches leave the JVM far from warm (see `txstream.engine.warmup`)."""
         if self._warming is not None:
             self._warming.close()
             self._warming = None
