@@ -1,10 +1,12 @@
 """The plumbing between the runner's stages (`txstream.service.stages`), without a broker or
-Spark: adaptive batches taken from what ingest made ready, split at transaction boundaries;
-backpressure on ingest; the first failure kept; retries of an unavailable dependency."""
+Spark: adaptive batches taken from what ingest made ready, split at transaction boundaries,
+fuller under a backlog; backpressure on ingest; the first failure kept; retries of an
+unavailable dependency."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -44,6 +46,56 @@ def test_compute_takes_what_is_ready_up_to_a_batch_split_at_transaction_boundari
     assert stages.offer(batch(11, 1))
     assert numbers(stages.take_batch(timeout=0.01)) == [10, 11]
     assert stages.idle()
+
+
+def test_a_backlog_that_holds_a_batch_fills_it_before_compute_takes_it() -> None:
+    """The records not read yet would fill the batch: compute waits for a full batch. Fewer
+    than that (a rate the service keeps up with, a backlog's tail), it takes what is ready."""
+    stages = Stages(batch_transactions=4, serving=False, backlog_wait_s=60)
+    stages.backlog(waiting=1999, per_transaction=1000)  # 3 missing: 2 more to read, 1 forming
+    assert stages.offer(batch(1, 1))
+    assert numbers(stages.take_batch(timeout=0.01)) == [1], "the backlog cannot fill a batch"
+    stages.backlog(waiting=2000, per_transaction=1000)
+    assert stages.offer(batch(2, 1))
+    assert stages.take_batch(timeout=0.01) is None, "the backlog fills the batch first"
+    assert stages.offer(batch(3, 2))
+    stages.backlog(waiting=1, per_transaction=1000)  # the last one forming
+    assert stages.take_batch(timeout=0.01) is None
+    assert stages.offer(batch(5, 2))
+    assert numbers(stages.take_batch(timeout=0.01)) == [2, 3, 4, 5], "a full batch at once"
+    stages.backlog(waiting=0, per_transaction=1000)  # read to the end
+    assert numbers(stages.take_batch(timeout=0.01)) == [6]
+
+
+def test_a_backlog_holds_ready_transactions_at_most_the_backlog_wait() -> None:
+    stages = Stages(batch_transactions=100, serving=False, backlog_wait_s=1.0)
+    stages.backlog(waiting=10**6, per_transaction=1000)
+    assert stages.offer(batch(1, 2))
+    assert stages.take_batch(timeout=0.05) is None
+    started = time.monotonic()
+    assert numbers(stages.take_batch(timeout=10)) == [1, 2]
+    assert time.monotonic() - started < 3.0, "taken once the first ready one waited 1 s"
+
+
+def test_the_rest_of_a_split_batch_waits_from_the_take() -> None:
+    """What a take leaves begins the next batch then: it waits for the backlog from there,
+    not from when it arrived."""
+    stages = Stages(batch_transactions=2, serving=False, backlog_wait_s=1.0)
+    stages.backlog(waiting=10**6, per_transaction=1000)
+    assert stages.offer(batch(1, 3))
+    time.sleep(0.8)
+    assert numbers(stages.take_batch(timeout=0.01)) == [1, 2], "full: taken at once"
+    # Counted from its arrival, the rest's wait would be over 0.2 s from now.
+    assert stages.take_batch(timeout=0.5) is None, "the rest waits for the backlog"
+    assert stages.offer(batch(4, 1))
+    assert numbers(stages.take_batch(timeout=0.01)) == [3, 4]
+
+
+def test_without_a_backlog_wait_compute_takes_what_is_ready() -> None:
+    stages = Stages(batch_transactions=100, serving=False)  # backlog_wait_s=0
+    stages.backlog(waiting=10**6, per_transaction=1000)
+    assert stages.offer(batch(1, 2))
+    assert numbers(stages.take_batch(timeout=0.01)) == [1, 2]
 
 
 def test_the_first_failure_stops_every_stage() -> None:

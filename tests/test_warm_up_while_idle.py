@@ -1,5 +1,5 @@
 """The service's warm-up runs while it has nothing to do, never before a batch: a backlog at
-start is computed at once and the warm-up follows at the first idle moment, an idle start
+start is computed first and the warm-up follows once the service is quiet, an idle start
 warms the engine up with made-up batches, and an engine holding state (after a backlog or a
 restored checkpoint) is warmed through a scratch engine of the same pipeline, which leaves that
 state alone (`PipelineRunner`, `compose.open_runner`: a restored engine is not fresh either,

@@ -130,15 +130,22 @@ class PipelineConfig(BaseModel):
     sinks: list[SinkConfig]
     transactions: BatchPolicy = BatchPolicy()
     # At most this many transactions per Spark job. Batches adapt below it: one transaction at
-    # low load (latency), more under a backlog (Spark's fixed cost per job shared). It also
+    # low load (latency), more under a backlog (Spark's fixed cost per job shared; see
+    # `backlog_wait_ms`). It also
     # bounds memory: a stage holds at most one batch. The tables' rows do not depend on it
     # (netted batches, `nets_batches`: a snapshot row's `time` and tombstones do).
     batch_transactions: int = Field(default=100, ge=1)
+    # Under a backlog that holds a batch (records not read yet enough for `batch_transactions`
+    # transactions), compute waits up to this long for ingest to fill the batch before it
+    # takes fewer: a batch's cost is mostly fixed, and every batch computed while ingest
+    # reads takes CPU from it where they share cores (txstream.service.stages). Each batch's
+    # changes are visible up to this much later meanwhile. 0: take what is ready.
+    backlog_wait_ms: int = Field(default=3_000, ge=0)
     # While the service has nothing to do (no batch ready, the input read to its end), the engine
     # runs this many made-up rows per source through the pipeline, one batch at a time, and
     # forgets them, so that batches after an idle start do not pay Spark's planning and code
-    # compilation on a cold JVM (seconds). A batch to compute comes first: a backlog at start
-    # is computed at once and the warm-up waits for the first idle moment after it, and a batch
+    # compilation on a cold JVM (seconds). A batch to compute comes first: after a backlog at
+    # start, the warm-up waits until no batch has been computed for a few seconds, and a batch
     # ends a warm-up under way. Above 500 rows a batch runs generated code, so that is
     # compiled too (from the warm-up's first batch on, txstream.engine.codegen); more rows
     # hardly change the warm-up's effect. 0: no warm-up.

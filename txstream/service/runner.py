@@ -16,7 +16,8 @@ each stage records its figures in a recorder of its own (`txstream.service.metri
 
 Batches adapt to the load: compute takes every transaction ready when it is free, up to
 `batch_transactions`. At low load that is one transaction, processed as soon as it closes;
-under a backlog the batches grow, so the engine's cost per batch is shared by more events.
+under a backlog the batches grow, so the engine's cost per batch is shared by more events, and
+compute waits up to `backlog_wait_ms` for the backlog to fill a batch (`Stages.take_batch`).
 
 The runner knows neither Kafka nor Spark: its input is `txstream.sources.kafka_input`, its engine
 and checkpoint store are handed to it (`txstream.service.compose.open_runner` builds them).
@@ -222,7 +223,8 @@ class PipelineRunner:
         is requested; forever without either. Compute runs in the calling thread; a failure of
         any stage stops them all and is raised here. A batch abandoned by a stop is left to
         recovery."""
-        stages = self._stages = Stages(self.config.batch_transactions, serving=True)
+        stages = self._stages = Stages(self.config.batch_transactions, serving=True,
+                                       backlog_wait_s=self.config.backlog_wait_ms / 1000)
         threads = [threading.Thread(target=stages.guard(work), name=name, daemon=True)
                    for name, work in (
                        ("ingest", self._ingest), ("deliver", self._deliver),
@@ -363,6 +365,8 @@ class PipelineRunner:
                     continue
                 self.readiness.started.set()
                 stats = self.input.stats
+                stages.backlog(self.input.waiting_records(),
+                               stats.events / stats.transactions if stats.transactions else 0.0)
                 if stats.events != metrics.events:
                     metrics.busy_seconds += time.monotonic() - started
                 metrics.events, metrics.bad_records = stats.events, stats.bad_records

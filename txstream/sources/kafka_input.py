@@ -80,6 +80,11 @@ class KafkaInput:
         is assigned."""
         return self._builder.read_to_end()
 
+    def waiting_records(self) -> int:
+        """Records of the sources not read yet, as of the consumer's latest fetches (see
+        `TransactionBuilder.waiting_records`): no call to the broker."""
+        return self._builder.waiting_records()
+
     def lag(self) -> int:
         """Records in the source topics not yet in a committed transaction (measured now)."""
         try:

@@ -1,6 +1,7 @@
 """Where the consumer is: the next offset of each partition (`advance`), which partitions it has
-read to their end, and whether it has caught up with all of them (`caught_up`). Pure: the
-consumer wrapper hands in the arrays of what it consumed and the client's end reports.
+read to their end, whether it has caught up with all of them (`caught_up`) and how many records
+it has yet to read (`waiting`). Pure: the consumer wrapper hands in the arrays of what it
+consumed and the client's end reports.
 """
 
 from __future__ import annotations
@@ -43,6 +44,23 @@ def caught_up(assigned: Iterable[Partition], at_end: set[Partition],
     offsets below the watermark that no record reaches: there only the report tells."""
     return all(tp in at_end or 0 <= high_watermark(tp) <= positions.get(tp, -1)
                for tp in assigned)
+
+
+def waiting(assigned: Iterable[Partition], at_end: set[Partition],
+            positions: Mapping[Partition, int],
+            high_watermark: Callable[[Partition], int]) -> int:
+    """Records the `assigned` partitions hold beyond what the consumer read: up to the high
+    watermark the client holds from its latest fetch (a backlog still to read). Nothing for a
+    partition reported at its end, or whose watermark or position is not known yet. Offsets
+    no record reaches count too, until the client reports the partition's end: a
+    transactional producer's commit markers (one per partition a transaction wrote), aborted
+    records under read_committed, records past the last stable offset."""
+    total = 0
+    for tp in assigned:
+        if tp in at_end or tp not in positions:
+            continue
+        total += max(0, high_watermark(tp) - positions[tp])
+    return total
 
 
 def _distinct(values: np.ndarray) -> list[Any]:

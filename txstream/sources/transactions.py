@@ -49,7 +49,7 @@ from txstream.sources.kafka_source import (
     RawRecords,
 )
 from txstream.sources.pending import PendingChanges, originals
-from txstream.sources.positions import Partition, caught_up
+from txstream.sources.positions import Partition, caught_up, waiting
 from txstream.sources.schema_registry import RegistrySchemas
 from txstream.sources.single_records import with_upstream
 from txstream.sources.source_checks import check_sources, metadata_connectors
@@ -212,12 +212,19 @@ class TransactionBuilder:
         core = self._core
         return bool(core.assigned) and not core.holding and self._caught_up()
 
-    def _caught_up(self) -> bool:
-        def high_watermark(tp: Partition) -> int:
-            return self._consumer.get_watermark_offsets(KafkaPartition(*tp), cached=True)[1]
-
+    def waiting_records(self) -> int:
+        """Records of the assigned partitions not read yet, as of the client's latest fetch of
+        each (no call to the broker): the backlog ahead of the consumer."""
         core = self._core
-        return caught_up(core.assigned, core.at_end, core.positions, high_watermark)
+        return waiting(core.assigned, core.at_end, core.positions, self._high_watermark)
+
+    def _caught_up(self) -> bool:
+        core = self._core
+        return caught_up(core.assigned, core.at_end, core.positions, self._high_watermark)
+
+    def _high_watermark(self, tp: Partition) -> int:
+        """The client's latest (negative: none yet)."""
+        return self._consumer.get_watermark_offsets(KafkaPartition(*tp), cached=True)[1]
 
     def _ingest(self, records: list[Message], topics: np.ndarray, partitions: np.ndarray,
                  offsets: np.ndarray, now: float) -> None:
