@@ -466,8 +466,8 @@ def groupby_txstream(kafka: KafkaEndpoint, url: str, events: int, policy: BatchP
           f"{policy.max_delay_ms} ms per transaction", file=sys.stderr, flush=True)
     service = Service(config, env, work / f"txstream-{run_id}.log")
     try:
-        # Idle: its warm-up, which waits for the first idle moment (here, once the first events
-        # are computed), is over, or was not run (the reason logged).
+        # Idle: its warm-up, which begins once no batch has been computed for a few seconds
+        # (here, after the first events), is over, or was not run (the reason logged).
         result = burst(service, lambda: any(line in service.tail(100_000) for line in (
             "warm-up done", "no warm-up")), kafka, url, topic, f'"{schema}".sums_live', events,
             busy=lambda: scrape_busy(port))

@@ -19,7 +19,7 @@ spawned:
   `first_commit_after_spark_s` is the part after the Spark session: building the engine,
   connecting, restoring the checkpoint, the first batch. `warm_up_s`: the warm-up that ran
   before the first batch, as revisions before 70e4e9d log it; null since, when it runs only
-  while the service is idle (a backlog at start defers it to the first idle moment after it).
+  while the service is idle (after a backlog at start, once no batch has been computed for 3 s).
 * `caught_up_s`: the progress row's offsets (where the sources resume) reach the end of every
   partition of both topics: every event produced so far is in the tables.
 

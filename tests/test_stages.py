@@ -59,12 +59,16 @@ def test_a_backlog_that_holds_a_batch_fills_it_before_compute_takes_it() -> None
     assert stages.offer(batch(2, 1))
     assert stages.take_batch(timeout=0.01) is None, "the backlog fills the batch first"
     assert stages.offer(batch(3, 2))
-    stages.backlog(waiting=1, per_transaction=1000)  # the last one forming
+    stages.backlog(waiting=999, per_transaction=1000)  # less than the last one
+    assert numbers(stages.take_batch(timeout=0.01)) == [2, 3, 4]
+    stages.backlog(waiting=5000, per_transaction=1000)
+    assert stages.offer(batch(5, 1))
     assert stages.take_batch(timeout=0.01) is None
-    assert stages.offer(batch(5, 2))
-    assert numbers(stages.take_batch(timeout=0.01)) == [2, 3, 4, 5], "a full batch at once"
+    assert stages.offer(batch(6, 3))
+    assert numbers(stages.take_batch(timeout=0.01)) == [5, 6, 7, 8], "a full batch at once"
     stages.backlog(waiting=0, per_transaction=1000)  # read to the end
-    assert numbers(stages.take_batch(timeout=0.01)) == [6]
+    assert stages.offer(batch(9, 1))
+    assert numbers(stages.take_batch(timeout=0.01)) == [9]
 
 
 def test_a_backlog_holds_ready_transactions_at_most_the_backlog_wait() -> None:

@@ -200,7 +200,7 @@ class PipelineRunner:
             config, state, replay,
             InputReports(self.metrics.source, self.readiness, KafkaInput.name)))
         self._stages = Stages(config.batch_transactions, serving=False)
-        self._warm_up = warm_up  # begun (called) at the first idle moment of a run
+        self._warm_up = warm_up  # begun (called) when a run is idle (`_may_begin_warm_up`)
         self._warming: WarmUp | None = None
         self._idle_checked = 0.0
         self._computed_at: float | None = None  # when the last batch was computed
@@ -365,8 +365,6 @@ class PipelineRunner:
                     continue
                 self.readiness.started.set()
                 stats = self.input.stats
-                stages.backlog(self.input.waiting_records(),
-                               stats.events / stats.transactions if stats.transactions else 0.0)
                 if stats.events != metrics.events:
                     metrics.busy_seconds += time.monotonic() - started
                 metrics.events, metrics.bad_records = stats.events, stats.bad_records
@@ -379,6 +377,9 @@ class PipelineRunner:
                     stages.serve_input(self.input)
                     if self._stop.is_set() or stages.failure is not None:
                         break
+                # After the offer: the records this poll read count as ready, not as waiting.
+                stages.backlog(self.input.waiting_records(),
+                               stats.events / stats.transactions if stats.transactions else 0.0)
         finally:
             stages.stop_serving(self.input)
 
