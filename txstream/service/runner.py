@@ -371,15 +371,15 @@ class PipelineRunner:
                 metrics.incomplete_upstream = stats.incomplete_upstream
                 metrics.closed(stats.transactions, time.monotonic(),
                                committed=self.metrics.delivery.transactions)
+                # Before the offer, which wakes compute to read it (`Stages.backlog`).
+                stages.backlog(self.input.waiting_records(),
+                               stats.events / stats.transactions if stats.transactions else 0.0)
                 # Never logged, transactions not handed over are formed again at the next
                 # start, with the same numbers.
                 while fresh is not None and not stages.offer(fresh):
                     stages.serve_input(self.input)
                     if self._stop.is_set() or stages.failure is not None:
                         break
-                # After the offer: the records this poll read count as ready, not as waiting.
-                stages.backlog(self.input.waiting_records(),
-                               stats.events / stats.transactions if stats.transactions else 0.0)
         finally:
             stages.stop_serving(self.input)
 

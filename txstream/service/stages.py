@@ -167,11 +167,13 @@ class Stages:
         return True
 
     def backlog(self, waiting: int, per_transaction: float) -> None:
-        """After a poll: the input has `waiting` records not read yet (as of its latest
-        fetches), and its transactions held `per_transaction` records each so far."""
+        """After a poll, before its transactions are offered: the input has `waiting` records
+        not read yet (as of its latest fetches), and its transactions held `per_transaction`
+        records each so far. Compute reads it when next it looks (an offer, or within its
+        take's timeout), not now: woken before the offer, it would count the poll's records
+        neither waiting nor ready, and could take a batch short."""
         with self._room:
             self._waiting, self._per_transaction = waiting, per_transaction
-            self._room.notify_all()
 
     def _filling(self) -> bool:
         """Whether a backlog is filling the batch: fewer than `batch_transactions` are ready,
