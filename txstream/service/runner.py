@@ -340,8 +340,8 @@ class PipelineRunner:
     def _cut_warm_up(self) -> None:
         """Before a batch, and when `run` returns: a warm-up under way ends (a warm-up of this
         engine must give its state back before the engine takes a real batch; the JVM keeps
-        what it compiled). One not begun yet waits for the next idle moment: a backlog's first
-        batches leave the JVM far from warm (see `txstream.engine.warmup`)."""
+        what it compiled). One not begun yet waits until it may begin (`_may_begin_warm_up`):
+        a backlog's first batches leave the JVM far from warm (see `txstream.engine.warmup`)."""
         if self._warming is not None:
             self._warming.close()
             self._warming = None
