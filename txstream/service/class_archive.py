@@ -25,7 +25,8 @@ deletes the archives of other Spark versions and of installations since removed 
 deleted checkout's would otherwise stay); `TXSTREAM_CLASS_ARCHIVE` names another file, or `off`.
 It is passed as `spark.driver.defaultJavaOptions`, which Spark puts before
 `spark.driver.extraJavaOptions`: JVM options of a user's own belong in the latter (a
-`defaultJavaOptions` of theirs in spark-defaults.conf is overridden while an archive exists).
+`defaultJavaOptions` of theirs in spark-defaults.conf is overridden: `get_spark` always sets it,
+with its JIT compiler option, `txstream.service.spark`).
 """
 
 from __future__ import annotations

@@ -81,8 +81,12 @@ _START_UP_NOISE = re.compile(
 # log4j's console layout: `yy/MM/dd HH:mm:ss LEVEL logger: message`.
 _LOG4J_RECORD = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (ERROR|WARN|INFO|DEBUG|TRACE) ")
 
-# The nice value of the driver JVM's C2 compiler thread (see `_lower_c2_priority`).
-C2_NICE = 10
+# How far the driver JVM's C2 compiler threads run below the JVM's own priority, in nice
+# steps (see `_lower_c2_priority`).
+C2_NICE_STEPS = 10
+# Every compiler thread started with the JVM: by default HotSpot starts more on demand, each
+# from a compiler thread of either kind, whose nice value it would inherit.
+_ALL_COMPILER_THREADS = "-XX:-UseDynamicNumberOfCompilerThreads"
 
 jvm_log = logging.getLogger("spark")
 log = logging.getLogger(__name__)
@@ -115,15 +119,16 @@ def get_spark(master: str | None = None, app_name: str = "txstream", *,
             ("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "4g")),
         ])
         options = class_archive.java_options() if java_options is None else java_options
-        if options:
-            conf.set("spark.driver.defaultJavaOptions", options)
+        jvm_options = f"{options} {_ALL_COMPILER_THREADS}".strip()
+        conf.set("spark.driver.defaultJavaOptions", jvm_options)
         gateway = launch_gateway(conf, popen_kwargs={"stdout": subprocess.PIPE,
                                                      "stderr": subprocess.STDOUT})
         threading.Thread(target=_forward, args=(gateway.proc.stdout,), daemon=True,
                          name="spark-output").start()
         _lower_c2_priority(gateway.proc.pid)
         SparkContext(conf=conf, gateway=gateway)
-        created = started, f"driver JVM options {options}" if options else "no class archive"
+        created = started, f"driver JVM options {jvm_options}" + ("" if options else
+                                                                 ", no class archive")
     # The session's own start (its JVM object and the SQL session state it builds: 2.25 s of a
     # cold start on the 2-core machine of 2026-11-28) is Spark's, as the context's is: logged
     # once both are up.
@@ -136,32 +141,36 @@ def get_spark(master: str | None = None, app_name: str = "txstream", *,
 
 
 def _lower_c2_priority(jvm_pid: int) -> None:
-    """Run the JVM's C2 compiler threads at nice `C2_NICE`, below the threads doing the work.
+    """Run the JVM's C2 compiler threads `C2_NICE_STEPS` nice steps below the JVM's own
+    priority (at most nice 19), below the threads doing the work.
 
     A cold JVM's first batch is planned on one thread while both JIT compilers work: on two
-    cores the C2 thread took 3.3 s of CPU during a 4.6 s first batch of the example pipeline
-    (engine alone), much of it from the planning thread's core. With C2 at nice 10 that first
-    batch took 3.8 s against 4.8-5.1 s (two runs each, alternated, 2026-11-29), and the warm
-    example pipeline ran as fast as without (55,800-62,679 against 55,750-65,660 events/s,
-    three runs each): C2 still gets every idle moment and a share of a busy core. C1 keeps its
-    priority: its quick compiles are what the first batches run on (with both niced the first
-    batch took 4.1-4.5 s). Linux only (the threads are found in /proc by name). Raising a
-    thread's nice value needs no privilege and lowering it again would, so it stays; a C2
-    thread the JVM adds later (more than two cores) inherits the nice value of the compiler
-    thread that starts it.
+    cores the C2 thread took 3.3 s of CPU during a first batch of the example pipeline of
+    4.6 s (engine alone, one run with each thread's CPU read), much of it from the planning
+    thread's core. Ten steps lower, that first batch took 3.8 s against 4.8-5.1 s (two runs
+    each, alternated, 2026-11-29), and the warm example pipeline ran as fast as without (55,800-
+    62,679 against 55,750-65,660 events/s, three runs each): C2 still gets every idle moment and
+    a share of a busy core. C1 keeps its priority: its quick compiles are what the first batches
+    run on (with both lowered the first batch took 4.1-4.5 s). Linux only (the threads are found
+    in /proc by name). Raising a thread's nice value needs no privilege and lowering it again
+    would, so it stays.
     """
     tasks = Path(f"/proc/{jvm_pid}/task")
-    try:
-        threads = [(t.name, (t / "comm").read_text().strip()) for t in tasks.iterdir()]
-    except OSError:
-        log.debug("no /proc/%d/task: the JIT compiler keeps its priority", jvm_pid)
+    if not tasks.is_dir():
+        log.debug("no %s: the JIT compiler keeps its priority", tasks)
         return
-    for tid, name in threads:
-        if name.startswith("C2 CompilerThre"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(tid), C2_NICE)
-            except OSError as exc:  # the thread may have ended meanwhile
-                log.debug("%s (thread %s) keeps its priority: %s", name, tid, exc)
+    lowered = 0
+    for task in tasks.iterdir():
+        try:  # a thread may end meanwhile
+            if (task / "comm").read_text().startswith("C2 CompilerThre"):
+                tid = int(task.name)
+                nice = min(19, os.getpriority(os.PRIO_PROCESS, tid) + C2_NICE_STEPS)
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                lowered += 1
+        except OSError as exc:
+            log.debug("thread %s of the JVM keeps its priority: %s", task.name, exc)
+    if not lowered:
+        log.debug("no C2 compiler thread in the JVM (C1 only?): nothing to lower")
 
 
 def _forward(output: IO[bytes]) -> None:
