@@ -13,12 +13,14 @@ such workers at parallelism 2. Every run is a driver process of its own (one Spa
 process) that builds all its input first, runs the first batch untimed (planning, code
 generation and the JVM's warm-up), then times `Engine.process` of every later batch: events/s
 is the events of those batches over that time, from the first call to the last result
-collected; `driver_jit_cpu_s` is the CPU time the driver JVM's JIT compilers took meanwhile
-(in local mode the executor's too: a fresh JVM compiles for minutes, about half a core here
-during the timed batches, which at P = 2 finds no idle core). Apache Flink runs the same
-workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of its own,
-Flink SQL in streaming mode; its job start excluded), and with `--warm-s` on a warm JVM too
-(`flink_warm_P1/P2`: the same job run untimed for as many seconds first, in the same JVM).
+collected. `cpu_s` is the CPU time the driver took meanwhile, by kind of thread (JIT compilers,
+garbage collector, task threads, the JVM's other threads, Python; in local mode the executor's
+too: a fresh JVM compiles for minutes, which at P = 2 finds no idle core), `driver_jit_cpu_s`
+its JIT part, and `cores_busy` the cores it kept busy on average: a local run at P = 1 busy
+`cores_busy` cores can go at most 2 / `cores_busy` times as fast on two cores. Apache Flink
+runs the same workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of
+its own, Flink SQL in streaming mode; its job start excluded), and with `--warm-s` on a warm JVM
+too (`flink_warm_P1/P2`: the same job run untimed for as many seconds first, in the same JVM).
 
 With `--warm-s S`, the local[2] runs and the cluster runs are also measured on warm JVMs
 (`local2_warm_P1/P2`, `cluster_warm_1w/2w`): scratch engines run the same batches for S seconds
@@ -143,14 +145,14 @@ def run_one(workload: str, parallelism: int, events: int, warm_s: float = 0
     timed = batches[1:]
     stages = []
     jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    compiling = _jit_cpu_s(jvm)
+    cpu_before = _cpu_by_kind(jvm)
     start = time.perf_counter()
     for batch in timed:
         engine.process(batch)
         assert engine.last_batch is not None
         stages.append(engine.last_batch.stages)
     seconds = time.perf_counter() - start
-    compiled = _jit_cpu_s(jvm)
+    cpu_after = _cpu_by_kind(jvm)
     timed_events = sum(TRANSACTION_EVENTS * TRANSACTIONS_PER_JOB for _ in timed)
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
     return {"workload": workload, "parallelism": parallelism,
@@ -158,29 +160,51 @@ def run_one(workload: str, parallelism: int, events: int, warm_s: float = 0
             "events": timed_events, "seconds": round(seconds, 2),
             "events_per_s": round(timed_events / seconds),
             "stages_per_batch": max(stages), "spark_start_s": round(spark_start_s, 1),
-            "warm_up_s": round(warmed_s, 1),
-            "driver_jit_cpu_s": (None if compiling is None or compiled is None
-                                 else round(compiled - compiling, 1))}
+            "warm_up_s": round(warmed_s, 1), **_cpu_report(cpu_before, cpu_after, seconds)}
 
 
-def _jit_cpu_s(pid: int) -> float | None:
-    """CPU seconds the JVM `pid`'s JIT compiler threads have used (Linux's /proc; None
-    elsewhere). A fresh driver JVM compiles Spark's code for minutes: in local mode the timed
-    batches share the cores with it, and at P = 2 there is no idle core to absorb it."""
-    tasks = Path(f"/proc/{pid}/task")
+# Thread names of a driver JVM, by kind: HotSpot's and Spark's own names, as Linux keeps them
+# (their first 15 characters: "C2 CompilerThre", "Executor task l").
+_THREAD_KINDS = (("jit", ("CompilerThre",)), ("gc", ("GC Thread", "G1 ")),
+                 ("tasks", ("Executor task",)))
+
+
+def _cpu_by_kind(jvm: int) -> dict[str, float] | None:
+    """CPU seconds so far of the driver JVM `jvm`'s threads by kind (`_THREAD_KINDS`, the rest
+    as "jvm_other": planning, Py4J, shuffle and block manager) and of this Python process
+    ("python"), from Linux's /proc; None elsewhere. In local mode that is every CPU second
+    the run spends, executors included."""
+    tasks = Path(f"/proc/{jvm}/task")
     if not tasks.is_dir():
         return None
-    ticks = 0
+    ticks = dict.fromkeys([kind for kind, _ in _THREAD_KINDS] + ["jvm_other"], 0)
     for task in tasks.iterdir():
         try:
             stat = (task / "stat").read_text()
         except OSError:  # the thread ended
             continue
         name = stat[stat.index("(") + 1:stat.rindex(")")]
-        if "CompilerThre" in name:  # C1 CompilerThread0, C2 CompilerThread0, ...
-            fields = stat[stat.rindex(")") + 2:].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
+        fields = stat[stat.rindex(")") + 2:].split()
+        kind = next((k for k, marks in _THREAD_KINDS if any(m in name for m in marks)),
+                    "jvm_other")
+        ticks[kind] += int(fields[11]) + int(fields[12])  # utime, stime
+    seconds = {kind: t / os.sysconf("SC_CLK_TCK") for kind, t in ticks.items()}
+    own = os.times()
+    seconds["python"] = own.user + own.system
+    return seconds
+
+
+def _cpu_report(before: dict[str, float] | None, after: dict[str, float] | None,
+                seconds: float) -> dict[str, Any]:
+    """`driver_jit_cpu_s`, the CPU seconds of each kind of thread over the timed batches, and
+    `cores_busy`, their sum over the wall time: with everything in one driver (local mode), a
+    run that keeps `cores_busy` cores busy at P = 1 can at best go 2 / `cores_busy` times as
+    fast on two cores."""
+    if before is None or after is None:
+        return {"driver_jit_cpu_s": None}
+    spent = {kind: round(after[kind] - before[kind], 1) for kind in after}
+    return {"driver_jit_cpu_s": spent["jit"], "cpu_s": spent,
+            "cores_busy": round(sum(after[k] - before[k] for k in after) / seconds, 2)}
 
 
 def lone_latency(parallelism: int, transactions: int = 30) -> dict[str, Any]:
