@@ -13,10 +13,11 @@ such workers at parallelism 2. Every run is a driver process of its own (one Spa
 process) that builds all its input first, runs the first batch untimed (planning, code
 generation and the JVM's warm-up), then times `Engine.process` of every later batch: events/s
 is the events of those batches over that time, from the first call to the last result
-collected. `cpu_s` is the CPU time the driver took meanwhile, by kind of thread (JIT compilers,
-garbage collector, task threads, the JVM's other threads, Python; in local mode the executor's
-too: a fresh JVM compiles for minutes, which at P = 2 finds no idle core), `driver_jit_cpu_s`
-its JIT part, and `cores_busy` the cores it kept busy on average: a local run at P = 1 busy
+collected. `cpu_s` is the CPU time the run's processes took meanwhile (the driver, and on the
+cluster its executors, with the Python workers of both), by kind of thread: JIT compilers,
+garbage collectors, task threads, the JVMs' other threads (planning, scheduling, shuffles),
+Python. `cores_busy` is their sum over the wall time: the cores the run kept busy on average. A
+fresh JVM compiles for minutes, which at P = 2 finds no idle core; and a run at P = 1 busy
 `cores_busy` cores can go at most 2 / `cores_busy` times as fast on two cores. Apache Flink
 runs the same workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of
 its own, Flink SQL in streaming mode; its job start excluded), and with `--warm-s` on a warm JVM
@@ -27,7 +28,7 @@ With `--warm-s S`, the local[2] runs and the cluster runs are also measured on w
 first, and the measured engine, new, builds its plans anew on JVMs (driver and executors) whose
 JIT has compiled most of what a long-running service's have. Not all of it after a minute: at
 P = 2 on local[2] the driver JVM's JIT still compiled 500-1,600 methods per 100,000-event batch
-after 40 s of warm-up and 20-140 after 180 s (`driver_jit_cpu_s` shows it).
+after 40 s of warm-up and 20-140 after 180 s (`cpu_s` shows its CPU time, `jit`).
 
 Also lone 10-event transactions of the example pipeline (state of 20,000 order events) at
 parallelism 1 and 2 on `local[2]`: p50 of `Engine.process`.
@@ -144,15 +145,15 @@ def run_one(workload: str, parallelism: int, events: int, warm_s: float = 0
     engine.process(batches[0])
     timed = batches[1:]
     stages = []
-    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    cpu_before = _cpu_by_kind(jvm)
+    app_id = spark.sparkContext.applicationId
+    cpu_before = _cpu_by_kind(app_id)
     start = time.perf_counter()
     for batch in timed:
         engine.process(batch)
         assert engine.last_batch is not None
         stages.append(engine.last_batch.stages)
     seconds = time.perf_counter() - start
-    cpu_after = _cpu_by_kind(jvm)
+    cpu_after = _cpu_by_kind(app_id)
     timed_events = sum(TRANSACTION_EVENTS * TRANSACTIONS_PER_JOB for _ in timed)
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
     return {"workload": workload, "parallelism": parallelism,
@@ -163,47 +164,70 @@ def run_one(workload: str, parallelism: int, events: int, warm_s: float = 0
             "warm_up_s": round(warmed_s, 1), **_cpu_report(cpu_before, cpu_after, seconds)}
 
 
-# Thread names of a driver JVM, by kind: HotSpot's and Spark's own names, as Linux keeps them
-# (their first 15 characters: "C2 CompilerThre", "Executor task l").
+# Thread names of a JVM, by kind: HotSpot's and Spark's own names, as Linux keeps them (their
+# first 15 characters: "C2 CompilerThre", "Executor task l").
 _THREAD_KINDS = (("jit", ("CompilerThre",)), ("gc", ("GC Thread", "G1 ")),
                  ("tasks", ("Executor task",)))
 
 
-def _cpu_by_kind(jvm: int) -> dict[str, float] | None:
-    """CPU seconds so far of the driver JVM `jvm`'s threads by kind (`_THREAD_KINDS`, the rest
-    as "jvm_other": planning, Py4J, shuffle and block manager) and of this Python process
-    ("python"), from Linux's /proc; None elsewhere. In local mode that is every CPU second
-    the run spends, executors included."""
-    tasks = Path(f"/proc/{jvm}/task")
-    if not tasks.is_dir():
+def _stat_cpu(stat: str) -> tuple[str, int, int]:
+    """The name, parent pid and CPU ticks (user and system) of a /proc `stat` line."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], int(fields[1]), \
+        int(fields[11]) + int(fields[12])
+
+
+def _run_processes(app_id: str) -> list[int]:
+    """The processes of this run on this machine: this driver and its descendants (its JVM,
+    the Python workers that JVM starts), and on a standalone cluster of 127.0.0.1 the
+    executors of application `app_id` and their descendants."""
+    parents, roots = {}, {os.getpid()}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = _stat_cpu((entry / "stat").read_text())[1]
+                if app_id in (entry / "cmdline").read_text():
+                    roots.add(int(entry.name))
+            except OSError:  # the process ended
+                continue
+    found = set(roots)
+    while True:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        if not more:
+            return sorted(found)
+        found |= more
+
+
+def _cpu_by_kind(app_id: str) -> dict[str, float] | None:
+    """CPU seconds so far of the run's processes (`_run_processes`): of JVM threads by kind
+    (`_THREAD_KINDS`, the rest as "jvm_other": planning, Py4J, shuffle, block manager), and of
+    Python ("python": the driver and the workers); from Linux's /proc, None elsewhere."""
+    if not Path(f"/proc/{os.getpid()}/task").is_dir():
         return None
-    ticks = dict.fromkeys([kind for kind, _ in _THREAD_KINDS] + ["jvm_other"], 0)
-    for task in tasks.iterdir():
+    ticks = dict.fromkeys([kind for kind, _ in _THREAD_KINDS] + ["jvm_other", "python"], 0)
+    for pid in _run_processes(app_id):
         try:
-            stat = (task / "stat").read_text()
-        except OSError:  # the thread ended
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        kind = next((k for k, marks in _THREAD_KINDS if any(m in name for m in marks)),
+            java = (Path(f"/proc/{pid}/comm").read_text().strip() == "java")
+            threads = list(Path(f"/proc/{pid}/task").iterdir()) if java else [Path(f"/proc/{pid}")]
+            for thread in threads:
+                name, _, used = _stat_cpu((thread / "stat").read_text())
+                kind = "python" if not java else next(
+                    (k for k, marks in _THREAD_KINDS if any(m in name for m in marks)),
                     "jvm_other")
-        ticks[kind] += int(fields[11]) + int(fields[12])  # utime, stime
-    seconds = {kind: t / os.sysconf("SC_CLK_TCK") for kind, t in ticks.items()}
-    own = os.times()
-    seconds["python"] = own.user + own.system
-    return seconds
+                ticks[kind] += used
+        except OSError:  # the process or thread ended
+            continue
+    return {kind: t / os.sysconf("SC_CLK_TCK") for kind, t in ticks.items()}
 
 
 def _cpu_report(before: dict[str, float] | None, after: dict[str, float] | None,
                 seconds: float) -> dict[str, Any]:
-    """`driver_jit_cpu_s`, the CPU seconds of each kind of thread over the timed batches, and
-    `cores_busy`, their sum over the wall time: with everything in one driver (local mode), a
-    run that keeps `cores_busy` cores busy at P = 1 can at best go 2 / `cores_busy` times as
-    fast on two cores."""
+    """`cpu_s`, the CPU seconds of each kind of thread over the timed batches, and `cores_busy`,
+    their sum over the wall time `seconds`: a run at P = 1 that keeps `cores_busy` cores busy
+    can at best go 2 / `cores_busy` times as fast on two cores, whatever P = 2 does."""
     if before is None or after is None:
-        return {"driver_jit_cpu_s": None}
-    spent = {kind: round(after[kind] - before[kind], 1) for kind in after}
-    return {"driver_jit_cpu_s": spent["jit"], "cpu_s": spent,
+        return {"cpu_s": None}
+    return {"cpu_s": {kind: round(after[kind] - before[kind], 1) for kind in after},
             "cores_busy": round(sum(after[k] - before[k] for k in after) / seconds, 2)}
 
 
