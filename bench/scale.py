@@ -17,8 +17,9 @@ collected. `cpu_s` is the CPU time the run's processes took meanwhile (the drive
 cluster its executors, with the Python workers of both), by kind of thread: JIT compilers,
 garbage collectors, task threads, the JVMs' other threads (planning, scheduling, shuffles),
 Python. `cores_busy` is their sum over the wall time: the cores the run kept busy on average. A
-fresh JVM compiles for minutes, which at P = 2 finds no idle core; and a run at P = 1 busy
-`cores_busy` cores can go at most 2 / `cores_busy` times as fast on two cores. Apache Flink
+fresh JVM compiles for minutes, which at P = 2 finds no idle core; and on two cores a run at
+P = 1 busy `cores_busy` cores can go at most 2 / `cores_busy` times as fast at P = 2, if P = 2
+costs at least as much CPU for the same events (its exchanges add to it). Apache Flink
 runs the same workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of
 its own, Flink SQL in streaming mode; its job start excluded), and with `--warm-s` on a warm JVM
 too (`flink_warm_P1/P2`: the same job run untimed for as many seconds first, in the same JVM).
@@ -170,8 +171,14 @@ _THREAD_KINDS = (("jit", ("CompilerThre",)), ("gc", ("GC Thread", "G1 ")),
                  ("tasks", ("Executor task",)))
 
 
+def _read(path: Path) -> str:
+    """A /proc file's text; any byte that is not UTF-8 replaced (a command line may hold one)."""
+    return path.read_bytes().decode(errors="replace")
+
+
 def _stat_cpu(stat: str) -> tuple[str, int, int]:
-    """The name, parent pid and CPU ticks (user and system) of a /proc `stat` line."""
+    """The name, parent pid and CPU ticks (user and system) of a /proc `stat` line: of a
+    process, its threads' that ended too."""
     fields = stat[stat.rindex(")") + 2:].split()
     return stat[stat.index("(") + 1:stat.rindex(")")], int(fields[1]), \
         int(fields[11]) + int(fields[12])
@@ -185,8 +192,8 @@ def _run_processes(app_id: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parents[int(entry.name)] = _stat_cpu((entry / "stat").read_text())[1]
-                if app_id in (entry / "cmdline").read_text():
+                parents[int(entry.name)] = _stat_cpu(_read(entry / "stat"))[1]
+                if app_id in _read(entry / "cmdline"):
                     roots.add(int(entry.name))
             except OSError:  # the process ended
                 continue
@@ -198,37 +205,53 @@ def _run_processes(app_id: str) -> list[int]:
         found |= more
 
 
-def _cpu_by_kind(app_id: str) -> dict[str, float] | None:
-    """CPU seconds so far of the run's processes (`_run_processes`): of JVM threads by kind
-    (`_THREAD_KINDS`, the rest as "jvm_other": planning, Py4J, shuffle, block manager), and of
-    Python ("python": the driver and the workers); from Linux's /proc, None elsewhere."""
+_Ticks = dict[int, dict[str, int]]  # CPU ticks of each process of a run, by kind of thread
+
+
+def _cpu_by_kind(app_id: str) -> _Ticks | None:
+    """CPU ticks so far of each of the run's processes (`_run_processes`): a JVM's by kind of
+    thread (`_THREAD_KINDS`, the rest, threads that ended included, as "jvm_other": planning,
+    Py4J, shuffle, block manager), a Python process's as "python" (the driver, the workers);
+    from Linux's /proc, None elsewhere."""
     if not Path(f"/proc/{os.getpid()}/task").is_dir():
         return None
-    ticks = dict.fromkeys([kind for kind, _ in _THREAD_KINDS] + ["jvm_other", "python"], 0)
+    found: _Ticks = {}
     for pid in _run_processes(app_id):
         try:
-            java = (Path(f"/proc/{pid}/comm").read_text().strip() == "java")
-            threads = list(Path(f"/proc/{pid}/task").iterdir()) if java else [Path(f"/proc/{pid}")]
-            for thread in threads:
-                name, _, used = _stat_cpu((thread / "stat").read_text())
-                kind = "python" if not java else next(
-                    (k for k, marks in _THREAD_KINDS if any(m in name for m in marks)),
-                    "jvm_other")
-                ticks[kind] += used
-        except OSError:  # the process or thread ended
+            total = _stat_cpu(_read(Path(f"/proc/{pid}/stat")))[2]
+            java = _read(Path(f"/proc/{pid}/comm")).strip() == "java"
+            threads = list(Path(f"/proc/{pid}/task").iterdir()) if java else []
+        except OSError:  # the process ended
             continue
-    return {kind: t / os.sysconf("SC_CLK_TCK") for kind, t in ticks.items()}
+        ticks = found[pid] = dict.fromkeys([kind for kind, _ in _THREAD_KINDS], 0)
+        for thread in threads:
+            try:
+                name, _, used = _stat_cpu(_read(thread / "stat"))
+            except OSError:  # the thread ended: its time stays in the process's total
+                continue
+            kind = next((k for k, marks in _THREAD_KINDS if any(m in name for m in marks)), None)
+            if kind is not None:
+                ticks[kind] += used
+        ticks["jvm_other" if java else "python"] = total - sum(ticks.values())
+    return found
 
 
-def _cpu_report(before: dict[str, float] | None, after: dict[str, float] | None,
-                seconds: float) -> dict[str, Any]:
-    """`cpu_s`, the CPU seconds of each kind of thread over the timed batches, and `cores_busy`,
-    their sum over the wall time `seconds`: a run at P = 1 that keeps `cores_busy` cores busy
-    can at best go 2 / `cores_busy` times as fast on two cores, whatever P = 2 does."""
+def _cpu_report(before: _Ticks | None, after: _Ticks | None, seconds: float
+                ) -> dict[str, Any]:
+    """`cpu_s`, the CPU seconds of each kind of thread over the timed batches (of the processes
+    alive at their end; one that ended meanwhile is not counted), and `cores_busy`, their sum
+    over the wall time `seconds`. On two cores free of other work, a run at P = 1 that keeps
+    `cores_busy` cores busy can go at most 2 / `cores_busy` times as fast at P = 2, as long as
+    P = 2 costs at least as much CPU for the same events."""
     if before is None or after is None:
-        return {"cpu_s": None}
-    return {"cpu_s": {kind: round(after[kind] - before[kind], 1) for kind in after},
-            "cores_busy": round(sum(after[k] - before[k] for k in after) / seconds, 2)}
+        return {"cpu_s": None, "cores_busy": None}
+    spent: dict[str, float] = {}
+    for pid, ticks in after.items():
+        for kind, used in ticks.items():
+            spent[kind] = spent.get(kind, 0) + used - before.get(pid, {}).get(kind, 0)
+    per_s = os.sysconf("SC_CLK_TCK")
+    return {"cpu_s": {kind: round(t / per_s, 1) for kind, t in sorted(spent.items())},
+            "cores_busy": round(sum(spent.values()) / per_s / seconds, 2)}
 
 
 def lone_latency(parallelism: int, transactions: int = 30) -> dict[str, Any]:
