@@ -14,12 +14,13 @@ process) that builds all its input first, runs the first batch untimed (planning
 generation and the JVM's warm-up), then times `Engine.process` of every later batch: events/s
 is the events of those batches over that time, from the first call to the last result
 collected. `cpu_s` is the CPU time the run's processes took meanwhile (the driver, and on the
-cluster its executors, with the Python workers of both), by kind of thread: JIT compilers,
-garbage collectors, task threads, the JVMs' other threads (planning, scheduling, shuffles),
-Python. `cores_busy` is their sum over the wall time: the cores the run kept busy on average. A
-fresh JVM compiles for minutes, which at P = 2 finds no idle core; and on two cores a run at
-P = 1 busy `cores_busy` cores can go at most 2 / `cores_busy` times as fast at P = 2, if P = 2
-costs at least as much CPU for the same events (its exchanges add to it). Apache Flink
+cluster its executors, with the Python workers of both; a process that ended meanwhile is not
+counted), by kind of thread: JIT compilers, garbage collectors, task threads, the JVMs' other
+threads (planning, scheduling, shuffles; and threads that ended), Python. `cores_busy` is their
+sum over the wall time: the cores the run kept busy on average. A fresh JVM compiles for
+minutes, which at P = 2 finds no idle core; and on two cores a run at P = 1 busy `cores_busy`
+cores can go at most 2 / `cores_busy` times as fast at P = 2, if P = 2 costs at least as much
+CPU for the same events (its exchanges add to it). Apache Flink
 runs the same workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of
 its own, Flink SQL in streaming mode; its job start excluded), and with `--warm-s` on a warm JVM
 too (`flink_warm_P1/P2`: the same job run untimed for as many seconds first, in the same JVM).
@@ -50,6 +51,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -176,12 +179,21 @@ def _read(path: Path) -> str:
     return path.read_bytes().decode(errors="replace")
 
 
-def _stat_cpu(stat: str) -> tuple[str, int, int]:
-    """The name, parent pid and CPU ticks (user and system) of a /proc `stat` line: of a
-    process, its threads' that ended too."""
-    fields = stat[stat.rindex(")") + 2:].split()
-    return stat[stat.index("(") + 1:stat.rindex(")")], int(fields[1]), \
-        int(fields[11]) + int(fields[12])
+@dataclass(frozen=True)
+class _Stat:
+    """What a /proc `stat` line says of a process or a thread."""
+
+    name: str
+    parent: int
+    ticks: int  # CPU time, user and system; of a process, its threads' that ended too
+    start: int  # when it started, in ticks after boot (a pid is reused, never with the same)
+
+    @staticmethod
+    def of(path: Path) -> _Stat:
+        stat = _read(path)
+        fields = stat[stat.rindex(")") + 2:].split()  # from the third field, the state
+        return _Stat(stat[stat.index("(") + 1:stat.rindex(")")], int(fields[1]),
+                     int(fields[11]) + int(fields[12]), int(fields[19]))
 
 
 def _run_processes(app_id: str) -> list[int]:
@@ -192,7 +204,7 @@ def _run_processes(app_id: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parents[int(entry.name)] = _stat_cpu(_read(entry / "stat"))[1]
+                parents[int(entry.name)] = _Stat.of(entry / "stat").parent
                 if app_id in _read(entry / "cmdline"):
                     roots.add(int(entry.name))
             except OSError:  # the process ended
@@ -205,50 +217,62 @@ def _run_processes(app_id: str) -> list[int]:
         found |= more
 
 
-_Ticks = dict[int, dict[str, int]]  # CPU ticks of each process of a run, by kind of thread
+@dataclass(frozen=True)
+class _Usage:
+    """CPU ticks so far of one process of a run: its live threads of a kind of
+    `_THREAD_KINDS` (by thread id: kind, ticks), and its total, whose rest is of kind `rest`."""
+
+    threads: dict[int, tuple[str, int]]
+    total: int
+    rest: str  # "jvm_other" for a JVM (planning, Py4J, shuffle, block manager), else "python"
 
 
-def _cpu_by_kind(app_id: str) -> _Ticks | None:
-    """CPU ticks so far of each of the run's processes (`_run_processes`): a JVM's by kind of
-    thread (`_THREAD_KINDS`, the rest, threads that ended included, as "jvm_other": planning,
-    Py4J, shuffle, block manager), a Python process's as "python" (the driver, the workers);
-    from Linux's /proc, None elsewhere."""
+def _cpu_by_kind(app_id: str) -> dict[tuple[int, int], _Usage] | None:
+    """The CPU ticks so far of each of the run's processes (`_run_processes`), by pid and start
+    time; from Linux's /proc, None elsewhere."""
     if not Path(f"/proc/{os.getpid()}/task").is_dir():
         return None
-    found: _Ticks = {}
+    found = {}
     for pid in _run_processes(app_id):
+        threads = {}
         try:
-            total = _stat_cpu(_read(Path(f"/proc/{pid}/stat")))[2]
             java = _read(Path(f"/proc/{pid}/comm")).strip() == "java"
-            threads = list(Path(f"/proc/{pid}/task").iterdir()) if java else []
+            for thread in Path(f"/proc/{pid}/task").iterdir() if java else ():
+                try:
+                    stat = _Stat.of(thread / "stat")
+                except OSError:  # the thread ended: its time is in the process's total
+                    continue
+                kind = next((k for k, marks in _THREAD_KINDS
+                             if any(m in stat.name for m in marks)), None)
+                if kind is not None:
+                    threads[int(thread.name)] = (kind, stat.ticks)
+            process = _Stat.of(Path(f"/proc/{pid}/stat"))  # after its threads: the larger
         except OSError:  # the process ended
             continue
-        ticks = found[pid] = dict.fromkeys([kind for kind, _ in _THREAD_KINDS], 0)
-        for thread in threads:
-            try:
-                name, _, used = _stat_cpu(_read(thread / "stat"))
-            except OSError:  # the thread ended: its time stays in the process's total
-                continue
-            kind = next((k for k, marks in _THREAD_KINDS if any(m in name for m in marks)), None)
-            if kind is not None:
-                ticks[kind] += used
-        ticks["jvm_other" if java else "python"] = total - sum(ticks.values())
+        found[pid, process.start] = _Usage(threads, process.ticks,
+                                           "jvm_other" if java else "python")
     return found
 
 
-def _cpu_report(before: _Ticks | None, after: _Ticks | None, seconds: float
-                ) -> dict[str, Any]:
-    """`cpu_s`, the CPU seconds of each kind of thread over the timed batches (of the processes
-    alive at their end; one that ended meanwhile is not counted), and `cores_busy`, their sum
-    over the wall time `seconds`. On two cores free of other work, a run at P = 1 that keeps
-    `cores_busy` cores busy can go at most 2 / `cores_busy` times as fast at P = 2, as long as
-    P = 2 costs at least as much CPU for the same events."""
+def _cpu_report(before: dict[tuple[int, int], _Usage] | None,
+                after: dict[tuple[int, int], _Usage] | None, seconds: float) -> dict[str, Any]:
+    """`cpu_s`, the CPU seconds of each kind of thread between `before` and `after` (of the
+    processes alive at the end: one that ended meanwhile is not counted; a thread of a kind
+    that ended meanwhile counts as its process's rest), and `cores_busy`, their sum over the
+    wall time `seconds`. On two cores, a run at P = 1 that keeps `cores_busy` cores busy can go
+    at most 2 / `cores_busy` times as fast at P = 2, as long as P = 2 costs at least as much
+    CPU for the same events."""
     if before is None or after is None:
         return {"cpu_s": None, "cores_busy": None}
-    spent: dict[str, float] = {}
-    for pid, ticks in after.items():
-        for kind, used in ticks.items():
-            spent[kind] = spent.get(kind, 0) + used - before.get(pid, {}).get(kind, 0)
+    spent: Counter[str] = Counter()
+    for process, now in after.items():
+        was = before.get(process, _Usage({}, 0, now.rest))
+        classified = 0
+        for thread, (kind, ticks) in now.threads.items():
+            used = ticks - was.threads.get(thread, (kind, 0))[1]
+            spent[kind] += used
+            classified += used
+        spent[now.rest] += now.total - was.total - classified
     per_s = os.sysconf("SC_CLK_TCK")
     return {"cpu_s": {kind: round(t / per_s, 1) for kind, t in sorted(spent.items())},
             "cores_busy": round(sum(spent.values()) / per_s / seconds, 2)}
