@@ -20,10 +20,10 @@ threads (planning, scheduling, shuffles; and threads that ended), Python. `cores
 sum over the wall time: the cores the run kept busy on average. A fresh JVM compiles for
 minutes, which at P = 2 finds no idle core; and on two cores a run at P = 1 busy `cores_busy`
 cores can go at most 2 / `cores_busy` times as fast at P = 2, if P = 2 costs at least as much
-CPU for the same events (its exchanges add to it). Apache Flink
-runs the same workloads at parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of
-its own, Flink SQL in streaming mode; its job start excluded), and with `--warm-s` on a warm JVM
-too (`flink_warm_P1/P2`: the same job run untimed for as many seconds first, in the same JVM).
+CPU for the same events (its exchanges add to it). Apache Flink runs the same workloads at
+parallelism 1 and 2 (bench/flink_peer.py: PyFlink in a virtualenv of its own, Flink SQL in
+streaming mode; its job start excluded), and with `--warm-s` on a warm JVM too
+(`flink_warm_P1/P2`: the same job run untimed for as many seconds first, in the same JVM).
 
 With `--warm-s S`, the local[2] runs and the cluster runs are also measured on warm JVMs
 (`local2_warm_P1/P2`, `cluster_warm_1w/2w`): scratch engines run the same batches for S seconds
@@ -186,7 +186,7 @@ class _Stat:
     name: str
     parent: int
     ticks: int  # CPU time, user and system; of a process, its threads' that ended too
-    start: int  # when it started, in ticks after boot (a pid is reused, never with the same)
+    start: int  # when it started, in ticks after boot: with the pid, names one process
 
     @staticmethod
     def of(path: Path) -> _Stat:
