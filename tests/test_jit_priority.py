@@ -17,6 +17,7 @@ from txstream.service.spark import C2_NICE_STEPS
 # 8 C2 and 4 C1 threads): each compiler thread's nice value, by thread id.
 _SESSION = textwrap.dedent("""
     import json
+    import os
     from pathlib import Path
     from txstream.service.spark import get_spark
     spark = get_spark(java_options="-XX:ActiveProcessorCount=16")
@@ -25,8 +26,7 @@ _SESSION = textwrap.dedent("""
     for task in Path(f"/proc/{pid}/task").iterdir():
         name = (task / "comm").read_text().strip()
         if "CompilerThre" in name:
-            nice = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
-            threads[task.name] = [name, nice]
+            threads[task.name] = [name, os.getpriority(os.PRIO_PROCESS, int(task.name))]
     print(json.dumps(threads))
 """)
 
