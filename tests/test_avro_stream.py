@@ -45,8 +45,8 @@ from txstream.schemas.sources import SourceSpec, UpstreamTransactions
 from txstream.service.check import run_checks
 from txstream.service.embedded.kafka import KafkaEndpoint
 from txstream.service.health import Readiness
+from txstream.service.input_reports import InputReports
 from txstream.service.metrics import Metrics
-from txstream.service.runner import InputReports
 from txstream.service.stages import Retrying
 from txstream.sources.kafka_input import KafkaInput
 from txstream.sources.source_state import SourceState

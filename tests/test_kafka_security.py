@@ -36,9 +36,9 @@ from txstream.schemas.tables import TableSchema
 from txstream.service.check import run_checks
 from txstream.service.embedded.kafka import KafkaEndpoint
 from txstream.service.health import HealthServer, Readiness
+from txstream.service.input_reports import InputReports
 from txstream.service.metrics import Metrics
 from txstream.service.outputs import open_sinks
-from txstream.service.runner import InputReports
 from txstream.sinks.change_topic_snapshot import ChangeTopicSnapshot
 from txstream.sources.kafka_input import KafkaInput
 from txstream.sources.kafka_monitor import KafkaMonitor

@@ -193,7 +193,7 @@ def test_halted_and_rejected_rows_are_reported() -> None:
     metrics.ingest.transactions_closed, metrics.delivery.transactions = 5, 1
     halted = metrics.compute.halted = "table t (expression `a DIV b`) failed on this data: ..."
     assert readiness.public_problems(metrics) == [
-        "halted: an expression failed on the data, see the log"]
+        "halted: an expression failed on the data or an invariant broke, see the log"]
     assert readiness.problems(metrics) == [f"halted: {halted}"]
     # Work waits and nothing is delivered, yet a restart would only fail the same way.
     assert stall(metrics, time.monotonic() + 3600, timeout_s=60) is None

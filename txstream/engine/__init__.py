@@ -7,6 +7,7 @@ from txstream.engine.errors import (
     EngineInputError,
     EngineStateError,
     ExpressionError,
+    InvariantError,
     PipelineDefinitionError,
 )
 from txstream.engine.table import GroupedTable, Pipeline, Table
@@ -18,6 +19,7 @@ __all__ = [
     "EngineVersion",
     "ExpressionError",
     "GroupedTable",
+    "InvariantError",
     "OutputTable",
     "Pipeline",
     "PipelineDefinitionError",

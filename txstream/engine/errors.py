@@ -30,3 +30,21 @@ class ExpressionError(RuntimeError):
     (`txstream.service.net_groups`), so while every sink still nets, it fails where the first
     run failed, and only there.
     """
+
+
+class InvariantError(RuntimeError):
+    """Changes broke an invariant where they crossed a stage (`txstream.service.invariants`,
+    and the rows Spark reads of the engine's input): a bug, never a property of the data. The
+    service halts, as on an ExpressionError, rather than write results known to be wrong; the
+    message names the stage, the transaction and a sample row."""
+
+    def __init__(self, stage: str, problem: str, transaction: int | None = None,
+                 sample: object = None) -> None:
+        where = f" at transaction {transaction}" if transaction is not None else ""
+        row = f"; sample row: {sample}" if sample is not None else ""
+        super().__init__(f"invariant broken in {stage}{where}: {problem}{row}. This is a bug "
+                         "of txstream, not of the data: nothing of this batch was written; "
+                         "report it with this log, and restart to replay from the last "
+                         "checkpoint")
+        self.stage = stage
+        self.transaction = transaction

@@ -61,6 +61,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.types import StructType
 
+from txstream.engine.errors import InvariantError
+
 LeafKey = tuple[str, int | str]
 # The name Spark's planner gives the scan of a `LogicalRDD` (its node's name: "Scan " + this,
 # then the RDD's name if it has one).
@@ -197,6 +199,10 @@ def input_rows(spark: SparkSession, table: pa.Table, schema: StructType, columna
                                   schema=table.schema)
     if not columnar:
         local = analyzed(spark.createDataFrame(table, schema=schema))
+        read = local.data().size()
+        if read != table.num_rows:  # one call: the rows are on the driver already
+            raise InvariantError("the engine's input", f"Spark read {read} of the "
+                                 f"{table.num_rows} rows of a source's changes")
         j = _jvm(spark)
         return local.output(), j.context.parallelize(local.data(), 1, j.rows)
     with _arrow_on_executors(spark):

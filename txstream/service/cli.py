@@ -15,7 +15,12 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from txstream.engine import EngineInputError, ExpressionError, PipelineDefinitionError
+from txstream.engine import (
+    EngineInputError,
+    ExpressionError,
+    InvariantError,
+    PipelineDefinitionError,
+)
 from txstream.engine.errors import EngineStateError
 from txstream.schemas.config import ConfigError, PipelineConfig
 from txstream.service.checkpoint import CheckpointError
@@ -156,7 +161,7 @@ def _serve(args: argparse.Namespace, config: PipelineConfig, runner: PipelineRun
         try:
             runner.run(on_progress=_status_printer(config.log_format == "json"),
                        progress_interval=interval)
-        except ExpressionError as exc:
+        except (ExpressionError, InvariantError) as exc:
             _halt(exc, runner, stop)
             return 0
         if runner.checkpoint():
@@ -195,10 +200,12 @@ def serve_live(config: PipelineConfig, tables: LiveTables) -> LiveFlightServer:
     return server
 
 
-def _halt(exc: ExpressionError, runner: PipelineRunner, stop: threading.Event) -> None:
+def _halt(exc: ExpressionError | InvariantError, runner: PipelineRunner, stop: threading.Event
+          ) -> None:
     """Checkpoint what was delivered, then stay up, not ready, until told to stop: the batch
     would fail the same way after a restart, so exiting would only make Kubernetes restart the
-    process in a loop. The fix is a new pipeline version."""
+    process in a loop. The fix is a new pipeline version (an expression), or of txstream (an
+    invariant: nothing of the batch was written)."""
     log.error("processing halted: %s", exc)
     runner.metrics.compute.halted = str(exc)
     try:

@@ -102,7 +102,8 @@ class Readiness:
             found.append(f"lag {lag} > {self.max_lag}")
         if halted is not None:
             found.append(f"halted: {halted}" if detail
-                         else "halted: an expression failed on the data, see the log")
+                         else "halted: an expression failed on the data or an invariant broke, "
+                         "see the log")
         return found
 
     def up(self, dependency: str) -> bool:

@@ -58,7 +58,9 @@ from txstream.engine.warmup import WARM_UP_BATCHES, WarmUp
 from txstream.schemas.config import PipelineConfig
 from txstream.service.checkpointing import Checkpointing
 from txstream.service.health import Readiness
-from txstream.service.metrics import Metrics, SourceMetrics
+from txstream.service.input_reports import InputReports
+from txstream.service.invariants import check_engine_input, check_keyed_outputs
+from txstream.service.metrics import Metrics
 from txstream.service.net_groups import NetGroups, Part, engine_changes
 from txstream.service.outputs import Outputs
 from txstream.service.stages import (
@@ -86,34 +88,13 @@ if TYPE_CHECKING:
     from txstream.engine import Engine, EngineVersion
     from txstream.service.checkpoint import CheckpointStore
 
-__all__ = ["InputReports", "PipelineRunner", "ShutdownRequested"]
+__all__ = ["PipelineRunner", "ShutdownRequested"]
 
 log = logging.getLogger(__name__)
 
 # After real batches, the warm-up waits for this long without a batch (see
 # `PipelineRunner._may_begin_warm_up`).
 WARM_UP_QUIET_S = 3.0
-
-
-class InputReports:
-    """The input monitor's measurements, into the source's metrics and readiness."""
-
-    def __init__(self, metrics: SourceMetrics, readiness: Readiness, dependency: str) -> None:
-        self._metrics = metrics
-        self._readiness = readiness
-        self._dependency = dependency
-
-    def lag(self, by_partition: dict[tuple[str, int], int]) -> None:
-        self._metrics.measured(by_partition)
-
-    def latency(self, seconds: float) -> None:
-        self._metrics.end_to_end_seconds.observe(seconds)
-
-    def reachable(self, problem: str | None) -> None:
-        if problem is None:
-            self._readiness.ok(self._dependency, observer="monitor")
-        else:
-            self._readiness.fail(self._dependency, problem, observer="monitor")
 
 
 class PipelineRunner:
@@ -145,6 +126,7 @@ class PipelineRunner:
         self.config = config
         self.live = live
         self.engine = engine
+        self._output_keys = {name: out.schema.primary_key for name, out in engine.outputs.items()}
         self.checkpoints = checkpoints
         self.metrics = metrics or Metrics()
         self.readiness = readiness or Readiness(config.ready_max_lag)
@@ -404,7 +386,9 @@ class PipelineRunner:
         t0 = time.monotonic()
         try:
             changes = engine_changes(parts, self.engine.sources)
+            check_engine_input(changes, batch.first, batch.last.number)
             outputs = self.engine.process(changes) if changes else {}
+            check_keyed_outputs(outputs, self._output_keys)
         except ExpressionError:
             if len(parts) > 1:
                 for part in parts:
