@@ -99,7 +99,8 @@ class Engine:
 
     def process(self, batch: TransactionBatch, changes: dict[str, Changes],
                 netted: bool) -> None:
-        check_engine_input(changes, batch.first, batch.last.number)
+        check_engine_input(changes, batch.first, batch.last.number,
+                           {name: ["k"] for name in UPSERT})
         by_time: dict[int, list[tuple[str, dict[str, Any]]]] = {}
         for name, c in changes.items():
             for row in c.table.to_pylist():

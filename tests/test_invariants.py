@@ -23,7 +23,8 @@ GOOD = [(1, "a", 3, 1), (1, "a", 4, -1), (1, "b", 4, 1), (2, "c", 5, 1)]
 
 
 def test_valid_input_and_outputs_pass() -> None:
-    check_engine_input({"s": _changes(GOOD), "empty": _changes([])}, 3, 5)
+    check_engine_input({"s": _changes(GOOD), "empty": _changes([])}, 3, 5, {})
+    check_engine_input({"s": _changes(GOOD)}, 3, 5, {"s": ["k"]})
     check_keyed_outputs({"o": _changes(GOOD), "multiset": _changes([(1, "a", 3, 2)])},
                         {"o": ["k"], "multiset": []})
 
@@ -39,7 +40,7 @@ def test_valid_input_and_outputs_pass() -> None:
 def test_engine_input_violations_are_named(rows: list[tuple[int, str, int, int]], first: int,
                                            problem: str, time: int) -> None:
     with pytest.raises(InvariantError, match=problem) as caught:
-        check_engine_input({"orders": _changes(rows)}, first, 5)
+        check_engine_input({"orders": _changes(rows)}, first, 5, {})
     message = str(caught.value)
     assert "source 'orders'" in message and f"at transaction {time}" in message
     assert "sample row: {'k': " in message and "bug of txstream" in message
@@ -51,13 +52,19 @@ def test_engine_input_violations_are_named(rows: list[tuple[int, str, int, int]]
     ([(1, "a", 3, -1), (1, "b", 4, -1)], "deleted twice in a row: its multiplicity would be -1"),
     ([(1, "a", 3, 1), (1, "a", 4, -1), (1, "a", 5, -1)], "deleted twice"),
     ([(None, "a", 3, 1), (None, "b", 3, 1)], "inserted twice"),  # a null key is a key
-    ([(1, "a", 3, 2)], "diff 2 in a keyed output"),
+    ([(1, "a", 3, 2)], "diff 2 of a keyed table"),
 ])
 def test_keyed_output_violations_are_named(rows: list[tuple[int, str, int, int]],
                                            problem: str) -> None:
     with pytest.raises(InvariantError, match=problem) as caught:
         check_keyed_outputs({"paid": _changes(rows)}, {"paid": ["k"]})
     assert "output 'paid'" in str(caught.value)
+
+
+def test_an_upsert_source_is_checked_as_a_keyed_table() -> None:
+    with pytest.raises(InvariantError, match=r"source 'orders'.*inserted twice"):
+        check_engine_input({"orders": _changes([(1, "a", 3, 1), (1, "b", 4, 1)])}, 3, 5,
+                           {"orders": ["k"]})
 
 
 def test_keys_with_nulls_apart_from_others_pass() -> None:

@@ -127,6 +127,8 @@ class PipelineRunner:
         self.live = live
         self.engine = engine
         self._output_keys = {name: out.schema.primary_key for name, out in engine.outputs.items()}
+        self._source_keys = {s.name: s.table_schema.primary_key for s in config.sources
+                             if s.semantics == "upsert"}
         self.checkpoints = checkpoints
         self.metrics = metrics or Metrics()
         self.readiness = readiness or Readiness(config.ready_max_lag)
@@ -386,7 +388,7 @@ class PipelineRunner:
         t0 = time.monotonic()
         try:
             changes = engine_changes(parts, self.engine.sources)
-            check_engine_input(changes, batch.first, batch.last.number)
+            check_engine_input(changes, batch.first, batch.last.number, self._source_keys)
             outputs = self.engine.process(changes) if changes else {}
             check_keyed_outputs(outputs, self._output_keys)
         except ExpressionError:
