@@ -191,10 +191,11 @@ def input_rows(spark: SparkSession, table: pa.Table, schema: StructType, columna
     leaf `rebind` can replace). Not `columnar`: the driver's rows, converted on the driver and
     shipped in the task, as one partition; `columnar`: Arrow record batches the task
     converts."""
-    # Spark reads the table as a stream of Arrow record batches, one per chunk, and ends the
-    # stream at the first empty one: every row after an empty chunk was silently dropped (a
-    # batch joins the changes of several polls, and an upsert source's lone insertion comes
-    # after an empty chunk of retractions). Dropping the empty chunks copies nothing.
+    # Spark reads the table as Arrow record batches, one per chunk, and the rows of a local
+    # relation stop at the first empty one (Spark 4.3's `ArrowConverters.InternalRowIterator
+    # .hasNext` moves one batch ahead, not past empty ones): every row after an empty chunk was
+    # silently dropped (a batch joins the changes of several polls, and an upsert source's
+    # lone insertion comes after an empty chunk of retractions). Dropping them copies nothing.
     table = pa.Table.from_batches([b for b in table.to_batches() if b.num_rows],
                                   schema=table.schema)
     if not columnar:
