@@ -145,6 +145,9 @@ class Watcher:
 Measure = Callable[["Stream", "Watcher"], dict[str, object]]
 
 
+# The invariant checks' seconds, beside the stages' busy seconds (part of compute's).
+_CHECKS = "invariant_checks"
+
 def _percentiles(latencies: list[float]) -> dict[str, float]:
     values = np.array(latencies)
     return {"p50_ms": round(float(np.percentile(values, 50)) * 1000, 1),
@@ -187,14 +190,19 @@ def _run(kafka: KafkaEndpoint, url: str, measure: Measure) -> dict[str, object]:
     return result | {
         "spark_batches": runner.metrics.delivery.batches,
         "transactions": runner.metrics.delivery.transactions,
-        **_stage_busy(runner.metrics.stage_seconds()),
+        **_stage_busy(runner.metrics.stage_seconds()
+                      | {_CHECKS: runner.metrics.compute.check_seconds}),
     }
 
 
 def _stage_busy(seconds: dict[str, float]) -> dict[str, object]:
-    """Busy seconds per stage, and the busiest one: the stage that sets the pace."""
-    return {"stage_busy_seconds": {stage: round(s, 1) for stage, s in seconds.items()},
-            "slowest_stage": max(seconds, key=seconds.__getitem__, default=None)}
+    """Busy seconds per stage, and the busiest one: the stage that sets the pace; and the part
+    of compute's spent in the invariant checks (`_CHECKS`), where reported."""
+    stages = {stage: s for stage, s in seconds.items() if stage != _CHECKS}
+    checks = ({"invariant_check_seconds": round(seconds[_CHECKS], 3)} if _CHECKS in seconds
+              else {})
+    return {"stage_busy_seconds": {stage: round(s, 1) for stage, s in stages.items()},
+            "slowest_stage": max(stages, key=stages.__getitem__, default=None), **checks}
 
 
 def low_load(rounds: int, small: int) -> Measure:
@@ -437,7 +445,9 @@ def scrape_busy(port: int) -> dict[str, float]:
         body = response.read().decode()
     found = re.findall(r'^txstream_stage_busy_seconds_total\{stage="([^"]+)"\} ([0-9.]+)$',
                        body, re.MULTILINE)
-    return {stage: float(seconds) for stage, seconds in found}
+    checks = re.search(r"^txstream_invariant_check_seconds_total ([0-9.]+)$", body, re.MULTILINE)
+    return {stage: float(seconds) for stage, seconds in found} | (
+        {_CHECKS: float(checks.group(1))} if checks else {})
 
 
 def groupby_txstream(kafka: KafkaEndpoint, url: str, events: int, policy: BatchPolicy,
