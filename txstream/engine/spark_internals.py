@@ -1,7 +1,8 @@
 """Every use the engine makes of Spark's internal (JVM) API for its plans, in one module (the
-block manager's, where state blocks are, is in `txstream.engine.replicas`): Spark keeps these
-classes stable neither in name nor in signature across minor releases, so upgrading Spark means
-checking these two modules (and running the engine's tests), nothing else. pyproject.toml pins
+block manager's, where state blocks are, is in `txstream.engine.replicas`; the input's way into
+the JVM, in `txstream.engine.spark_input`): Spark keeps these classes stable neither in name nor
+in signature across minor releases, so upgrading Spark means checking these three modules (and
+running the engine's tests), nothing else. pyproject.toml pins
 pyspark to the minor release they were written and tested against.
 
 What the engine builds through py4j is the leaves of a batch's plans, as Spark's own nodes. A
@@ -23,8 +24,7 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
 - `sql.catalyst.plans.logical.LogicalPlan` and `sql.execution.SparkPlan` (any node):
   `nodeName()`, `output()`, `child()`, `apply(i)`, `deterministic()`, `collectLeaves()`,
   `transformUp(partial function)` (given an immutable Scala `Map` as the partial function),
-  `setAnalyzed()`, `newInstance()` (of a leaf); `sql.catalyst.plans.logical.LocalRelation
-  .data()`; `outputPartitioning()`.
+  `setAnalyzed()`, `newInstance()` (of a leaf); `outputPartitioning()`.
 - `sql.execution.LogicalRDD(output, rdd, outputPartitioning, outputOrdering, isStreaming,
   stats, session, originStats, originConstraints, stream)`, `rdd()`;
   `sql.execution.RDDScanExec(output, rdd, name, outputPartitioning, outputOrdering, stream)`,
@@ -38,43 +38,35 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
   `cacheBuilder().tableName()`, `withOutput(attributes)`, `cachedPlan()`;
   `InMemoryTableScanExec(attributes, predicates, relation)`, `relation()`, `execute()`;
   `storage.StorageLevel.MEMORY_AND_DISK`.
-- `SparkContext` (JVM side): `emptyRDD`, `union(Seq, ClassTag)`, `parallelize(Seq, n,
-  ClassTag)`; `rdd.RDD.id()`, `getNumPartitions()`, `coalesce(n, shuffle, partitionCoalescer,
-  ordering)`, `count()`; `rdd.SQLPartitioningAwareUnionRDD(context, Seq, n, ClassTag)`.
+- `SparkContext` (JVM side): `emptyRDD`, `union(Seq, ClassTag)`; `rdd.RDD.id()`,
+  `getNumPartitions()`, `count()`; `rdd.SQLPartitioningAwareUnionRDD(context, Seq, n,
+  ClassTag)`.
 - Scala and Java: `scala.collection.immutable.Nil`, `scala.collection.immutable.Map.empty()`,
   `scala.Option` (`empty()`, `apply`), `scala.reflect.ClassTag.AnyRef()`,
   `scala.jdk.javaapi.CollectionConverters.asScala`, `java.util.ArrayList`.
-- The session setting `spark.sql.execution.arrow.localRelationThreshold` (see `input_rows`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 
-import pyarrow as pa
 from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
-from pyspark.sql.types import StructType
-
-from txstream.engine.errors import InvariantError
 
 LeafKey = tuple[str, int | str]
 # The name Spark's planner gives the scan of a `LogicalRDD` (its node's name: "Scan " + this,
 # then the RDD's name if it has one).
 _EXISTING_RDD = "ExistingRDD"
 _names = itertools.count(1)
-# Below this size, createDataFrame converts Arrow data to rows on the driver.
-_LOCAL_RELATION_BYTES = "spark.sql.execution.arrow.localRelationThreshold"
 
 
 def frame_of(spark: SparkSession, plan: JavaObject) -> DataFrame:
     """A frame over an analyzed logical plan."""
-    j = _jvm(spark)
+    j = jvm_of(spark)
     return ClassicDataFrame(j.dataset.ofRows(j.session, plan), spark)
 
 
@@ -138,7 +130,7 @@ class _Jvm:
 
 
 @cache
-def _jvm(spark: SparkSession) -> _Jvm:
+def jvm_of(spark: SparkSession) -> _Jvm:
     jvm = spark._jvm
     assert jvm is not None
     return _Jvm(
@@ -167,77 +159,6 @@ def _jvm(spark: SparkSession) -> _Jvm:
     )
 
 
-# --- input -----------------------------------------------------------------------------------
-
-@contextmanager
-def _arrow_on_executors(spark: SparkSession) -> Iterator[None]:
-    """`createDataFrame` of Arrow data keeps its record batches for the task to convert
-    (Spark otherwise converts small ones to rows on the driver)."""
-    conf = spark.conf
-    previous = conf.get(_LOCAL_RELATION_BYTES, None)
-    conf.set(_LOCAL_RELATION_BYTES, "0")
-    try:
-        yield
-    finally:
-        if previous is None:
-            conf.unset(_LOCAL_RELATION_BYTES)
-        else:
-            conf.set(_LOCAL_RELATION_BYTES, previous)
-
-
-def input_rows(spark: SparkSession, table: pa.Table, schema: StructType, columnar: bool
-               ) -> tuple[JavaObject, JavaObject]:
-    """`table` as an RDD of rows, with no Spark job, and the attributes of a leaf over it (a
-    leaf `rebind` can replace). Not `columnar`: the driver's rows, converted on the driver and
-    shipped in the task, as one partition; `columnar`: Arrow record batches the task
-    converts."""
-    # Spark reads the table as Arrow record batches, one per chunk, and the rows of a local
-    # relation stop at the first empty one (Spark 4.3's `ArrowConverters.InternalRowIterator
-    # .hasNext` moves one batch ahead, not past empty ones): every row after an empty chunk was
-    # silently dropped (a batch joins the changes of several polls, and an upsert source's
-    # lone insertion comes after an empty chunk of retractions). Dropping them copies nothing.
-    table = pa.Table.from_batches([b for b in table.to_batches() if b.num_rows],
-                                  schema=table.schema)
-    if not columnar:
-        local = analyzed(spark.createDataFrame(table, schema=schema))
-        read = local.data().size()
-        if read != table.num_rows:  # one call: the rows are on the driver already
-            raise InvariantError("the engine's input", f"Spark read {read} of the "
-                                 f"{table.num_rows} rows of a source's changes")
-        j = _jvm(spark)
-        return local.output(), j.context.parallelize(local.data(), 1, j.rows)
-    with _arrow_on_executors(spark):
-        batches = analyzed(spark.createDataFrame(table, schema=schema))
-    return batches.output(), batches.rdd()
-
-
-@dataclass(frozen=True)
-class SourceRows:
-    """A source's changes of a batch as Spark rows: the attributes of a leaf over `rdd`, the
-    partitioning that leaf declares (`rdd_node`), and the columns it is clustered by."""
-
-    output: JavaObject
-    rdd: JavaObject
-    clustering: Clustering | None = None
-    clustered_by: tuple[str, ...] | None = None
-
-
-def partitioned_rows(spark: SparkSession, tables: Sequence[pa.Table], schema: StructType,
-                     columnar: bool) -> tuple[JavaObject, JavaObject]:
-    """As `input_rows`, an RDD whose partition i holds the rows of `tables[i]` (narrowly
-    coalesced: no shuffle; an empty table, as an empty partition)."""
-    j = _jvm(spark)
-    output, rdds = None, []
-    for table in tables:
-        # Spark makes a local relation, not an RDD, of Arrow data with no record batch.
-        output, rdd = input_rows(spark, table, schema, columnar and table.num_rows > 0)
-        rdds.append(rdd if rdd.getNumPartitions() == 1 else rdd.coalesce(1, False, j.none, None))
-    assert output is not None, "at least one partition"
-    rows = union_rdd(spark, rdds)
-    assert rows.getNumPartitions() == len(tables), "one partition per table"
-    return output, rows
-
-
 # --- leaves ----------------------------------------------------------------------------------
 
 def id_of(rdd: JavaObject) -> int:
@@ -246,7 +167,7 @@ def id_of(rdd: JavaObject) -> int:
 
 
 def _seq(spark: SparkSession, items: Sequence[JavaObject]) -> JavaObject:
-    j = _jvm(spark)
+    j = jvm_of(spark)
     array = j.array_list()
     for item in items:
         array.add(item)
@@ -259,7 +180,7 @@ def union_rdd(spark: SparkSession, rdds: Sequence[JavaObject], partitions: int =
     and no closure. With `partitions` (each of `rdds` has that many, alike partitioned):
     partition i of the result is partition i of every RDD, so it keeps their partitioning
     (and runs where their blocks are); none of `rdds` gives that many empty partitions."""
-    j = _jvm(spark)
+    j = jvm_of(spark)
     if partitions:
         if not rdds:
             return j.context.parallelize(_seq(spark, []), partitions, j.rows)
@@ -290,7 +211,7 @@ _DECLARED = 4096
 def _partitioning(spark: SparkSession, output: JavaObject, clustering: Clustering | None
                   ) -> JavaObject:
     """The partitioning a leaf over `output` declares (see `rdd_node`)."""
-    j = _jvm(spark)
+    j = jvm_of(spark)
     if clustering is None:
         return j.unknown
     key = (id(spark._jvm), output._target_id, clustering)
@@ -319,7 +240,7 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
     hash of a struct is the hash of its fields in order, so both place every row alike; the second
     serves joins on the struct, which match nulls to nulls where a join by the columns would
     need `<=>`, which Spark plans on other expressions and so exchanges this side."""
-    j = _jvm(spark)
+    j = jvm_of(spark)
     return j.logical_rdd(output, rdd, _partitioning(spark, output, clustering), j.nil, False,
                          j.none, j.session, j.none, j.none, False)
 
@@ -327,7 +248,7 @@ def rdd_node(spark: SparkSession, output: JavaObject, rdd: JavaObject,
 def rdd_scan(spark: SparkSession, output: JavaObject, rdd: JavaObject,
              clustering: Clustering | None = None) -> JavaObject:
     """The physical leaf Spark plans for `rdd_node(spark, output, rdd, clustering)`."""
-    j = _jvm(spark)
+    j = jvm_of(spark)
     return j.rdd_scan(output, rdd, _EXISTING_RDD, _partitioning(spark, output, clustering),
                       j.nil, j.none)
 
@@ -373,7 +294,7 @@ def cached_relation(frame: DataFrame) -> JavaObject:
     """The in-memory relation Spark's cache builds for `frame`, under a name of its own (its
     key), not registered in the cache manager (which every later plan would be matched
     against)."""
-    j = _jvm(frame.sparkSession)
+    j = jvm_of(frame.sparkSession)
     return j.in_memory_relation.apply(j.memory_and_disk, frame._jdf.queryExecution(),
                                       j.option.apply(f"txstream-{next(_names)}"))
 
@@ -387,7 +308,7 @@ def cached_rows(spark: SparkSession, relation: JavaObject, clustering: Clusterin
     that partitioning (`rdd_node`). None otherwise: readers read the relation itself."""
     if clustering is None:
         return None
-    j, output = _jvm(spark), relation.output()
+    j, output = jvm_of(spark), relation.output()
     names = [output.apply(i).name() for i in clustering[0]]
     if (names, clustering[1]) not in _by_columns(relation.cachedPlan().outputPartitioning()):
         return None
@@ -464,7 +385,7 @@ def replace_leaves(spark: SparkSession, plan: JavaObject,
     """`plan` with each leaf equal to the first of a pair replaced by the second. The nodes
     above a new leaf are copies (Spark's transform), so nothing of an execution of a physical
     plan (a shuffle, metrics) carries over to the next."""
-    replace = _jvm(spark).empty_map
+    replace = jvm_of(spark).empty_map
     for old, new in pairs:
         replace = replace.updated(old, new)
     return plan.transformUp(replace)
@@ -495,7 +416,7 @@ def frame_over(spark: SparkSession, logical: JavaObject, physical: JavaObject) -
     plan, so the frame's optimization and planning are those of one leaf; `logical`, a leaf of
     `physical`'s attributes, gives them. Spark still prepares `physical` for execution
     (exchanges where partitionings do not meet) as it does every plan."""
-    stage = _jvm(spark).query_stage(logical, physical)
+    stage = jvm_of(spark).query_stage(logical, physical)
     stage.setAnalyzed()  # a leaf of resolved attributes: nothing for the analyzer to do
     return frame_of(spark, stage)
 
@@ -509,5 +430,5 @@ def rows_scan(spark: SparkSession, rdd: JavaObject, clustering: Clustering | Non
 def cached_scan(spark: SparkSession, relation: JavaObject) -> Replacement:
     """A physical scan of the cached `relation` in place of a recorded leaf, under its
     attributes."""
-    j = _jvm(spark)
+    j = jvm_of(spark)
     return lambda occ: j.in_memory_scan(occ.output, j.nil, relation.withOutput(occ.output))

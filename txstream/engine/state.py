@@ -71,6 +71,7 @@ from txstream.engine.frames import (
     union_all,
 )
 from txstream.engine.run_index import RunIndex
+from txstream.engine.spark_input import input_rows
 from txstream.engine.spark_internals import (
     Clustering,
     Replacement,
@@ -78,7 +79,6 @@ from txstream.engine.spark_internals import (
     frame_of,
     hash_clusterings,
     id_of,
-    input_rows,
     rdd_node,
     rdd_of,
     rows_scan,

@@ -39,12 +39,12 @@ from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 
 from txstream.engine.batch import BatchPlan
+from txstream.engine.spark_input import SourceRows
 from txstream.engine.spark_internals import (
     Clustering,
     LeafKey,
     Occurrence,
     Replacement,
-    SourceRows,
     cached_relation,
     cached_rows,
     cached_scan,

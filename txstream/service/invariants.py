@@ -16,7 +16,7 @@ batch, instead of writing results known to be wrong.
   a row would hold it twice, two deletions would take it below zero.
 
 The rows Spark reads of the engine's input are counted where they cross into the JVM
-(`txstream.engine.spark_internals.input_rows`). Each check is linear or a sort in the batch's
+(`txstream.engine.spark_input.input_rows`). Each check is linear or a sort in the batch's
 rows, with numpy and Arrow (`bench/end_to_end.py` measures the service with them).
 """
 

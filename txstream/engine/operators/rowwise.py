@@ -26,12 +26,8 @@ from txstream.engine.operators.base import (
     column_names,
     first_line,
 )
-from txstream.engine.spark_internals import (
-    SourceRows,
-    analyzed,
-    input_rows,
-    partitioned_rows,
-)
+from txstream.engine.spark_input import SourceRows, input_rows, partitioned_rows
+from txstream.engine.spark_internals import analyzed
 from txstream.engine.table import FilterNode, SelectNode, SourceNode
 from txstream.schemas.tables import TableSchema
 
