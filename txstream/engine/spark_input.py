@@ -58,12 +58,13 @@ def input_rows(spark: SparkSession, table: pa.Table, schema: StructType, columna
                                   schema=table.schema)
     if not columnar:
         local = analyzed(spark.createDataFrame(table, schema=schema))
-        read = local.data().size()
+        rows = local.data()
+        read = rows.size()
         if read != table.num_rows:  # one call: the rows are on the driver already
             raise InvariantError("the engine's input", f"Spark read {read} of the "
                                  f"{table.num_rows} rows of a source's changes")
         j = jvm_of(spark)
-        return local.output(), j.context.parallelize(local.data(), 1, j.rows)
+        return local.output(), j.context.parallelize(rows, 1, j.rows)
     with _arrow_on_executors(spark):
         batches = analyzed(spark.createDataFrame(table, schema=schema))
     return batches.output(), batches.rdd()
