@@ -38,9 +38,9 @@ from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker, kafka_from_env
 from txstream.sources.consumed import raw_records
 from txstream.sources.decoder import SourceDecoder
-from txstream.sources.framed_values import WriterSchema
 from txstream.sources.kafka_source import SIGN, RawRecords
-from txstream.sources.protobuf_values import ProtobufValues
+from txstream.sources.registry.framed import WriterSchema
+from txstream.sources.registry.protobuf import ProtobufValues
 from txstream.sources.transactions import TransactionBuilder
 from txstream.sources.upsert import UpsertState
 

@@ -25,8 +25,8 @@ from psycopg import sql
 
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.postgres import postgres_from_env
-from txstream.sinks.postgres_common import copy_into
-from txstream.sinks.postgres_snapshot import PostgresSnapshotSink, last_change_per_key
+from txstream.sinks.postgres.common import copy_into
+from txstream.sinks.postgres.snapshot import PostgresSnapshotSink, last_change_per_key
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text", "score": "double", "qty": "int"},
                         primary_key=["id"])

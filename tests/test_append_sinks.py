@@ -40,8 +40,8 @@ from txstream.sinks.change_topic_snapshot import ChangeTopicSnapshot
 from txstream.sinks.factory import open_sink
 from txstream.sinks.file_sink import FileSink
 from txstream.sinks.kafka_sink import KafkaSink
-from txstream.sinks.postgres_append import PostgresAppendSink
-from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
+from txstream.sinks.postgres.append import PostgresAppendSink
+from txstream.sinks.postgres.snapshot import PostgresSnapshotSink
 from txstream.sinks.sink import Sink, SinkSchemaError, SinkWriteError
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text", "score": "double", "at": "timestamp"},

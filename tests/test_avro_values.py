@@ -24,16 +24,16 @@ from support.schema_registry_double import running_double
 
 from txstream.schemas.sources import SourceSpec
 from txstream.schemas.tables import TableSchema
-from txstream.sources.avro_values import AvroValues
-from txstream.sources.debezium_metadata import end_event
+from txstream.sources.debezium.metadata import end_event
 from txstream.sources.decoder import SourceDecoder
-from txstream.sources.framed_values import Reference, SchemaUnusable, WriterSchema, resolved
 from txstream.sources.kafka_source import RawRecords
-from txstream.sources.schema_registry import (
+from txstream.sources.registry.avro import AvroValues
+from txstream.sources.registry.client import (
     RegistrySchemas,
     SchemaRegistryUnavailable,
     SchemaUnavailable,
 )
+from txstream.sources.registry.framed import Reference, SchemaUnusable, WriterSchema, resolved
 
 ORDERS = TableSchema.of({"id": "bigint", "customer": "text", "amount": "decimal(12,2)",
                          "placed_at": "timestamp", "day": "date", "note": "text"},

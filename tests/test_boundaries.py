@@ -395,7 +395,7 @@ def test_the_pure_parts_of_the_input_import_no_kafka_client() -> None:
     """The boundaries, the decoder and the pending changes run without confluent_kafka."""
     pure = ["boundaries", "open_transactions", "positions", "decoder", "json_values",
             "field_checks", "single_records", "kafka_source", "pending", "upsert",
-            "debezium_metadata", "transaction_batch", "source_checks", "source_state"]
+            "debezium.metadata", "transaction_batch", "source_checks", "source_state"]
     code = ("import sys\n" + "".join(f"import txstream.sources.{m}\n" for m in pure)
             + "assert 'confluent_kafka' not in sys.modules, 'confluent_kafka imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -21,7 +21,7 @@ from txstream.service.checkpoint import (
     PipelineIdentity,
 )
 from txstream.service.checkpoint_epochs import CheckpointFencedError
-from txstream.sinks.postgres_writers import Writer
+from txstream.sinks.postgres.writers import Writer
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionLogEntry
 

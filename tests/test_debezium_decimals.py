@@ -10,7 +10,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from txstream.sources.debezium_decimals import unscaled_decimals
+from txstream.sources.debezium.decimals import unscaled_decimals
 
 _EXACT = Context(prec=80)  # the default context rounds to 28 digits
 

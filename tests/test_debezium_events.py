@@ -14,7 +14,7 @@ import pytest
 from test_debezium_records import NOTES, Source, customer, event, key, spec
 
 from txstream.schemas.sources import UNAVAILABLE_VALUE
-from txstream.sources.debezium_events import event_kind
+from txstream.sources.debezium.events import event_kind
 from txstream.sources.decoder import SourceDecoder
 from txstream.sources.kafka_source import RawRecords
 

@@ -1,5 +1,5 @@
 """Debezium transaction ids per connector, without a broker: the one function that reads the
-transaction part of an id (`txstream.sources.debezium_ids`), and change events and `END`
+transaction part of an id (`txstream.sources.debezium.ids`), and change events and `END`
 events written as each connector writes them, decoded and matched by the transaction
 boundaries into exactly one transaction per source transaction, nothing dead-lettered."""
 
@@ -15,8 +15,8 @@ from kafka_helpers import ORDERS
 
 from txstream.schemas.sources import BatchPolicy, SourceSpec, SourceSpecError, UpstreamTransactions
 from txstream.sources.boundaries import PolledRecords, TopicRule, TransactionBoundaries
-from txstream.sources.debezium_ids import transaction_id, transaction_ids
-from txstream.sources.debezium_metadata import end_event
+from txstream.sources.debezium.ids import transaction_id, transaction_ids
+from txstream.sources.debezium.metadata import end_event
 from txstream.sources.decoder import SourceDecoder
 from txstream.sources.kafka_source import UPSTREAM_ID, RawRecords
 from txstream.sources.source_checks import metadata_connectors

@@ -1,6 +1,6 @@
 """Debezium tombstones and unchanged TOAST values of an upsert source, without a broker: records
 written as Debezium's PostgreSQL connector writes them (JsonConverter with schemas) through the
-decoder, `debezium_rows.resolve` against the pending changes, and the upsert rows."""
+decoder, `debezium.rows.resolve` against the pending changes, and the upsert rows."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from txstream.changes import DIFF, TIME
 from txstream.schemas.sources import UNAVAILABLE_VALUE, SourceSpec, UpstreamTransactions
 from txstream.schemas.tables import TableSchema
-from txstream.sources.debezium_rows import Resolved, resolve, resolve_updates
+from txstream.sources.debezium.rows import Resolved, resolve, resolve_updates
 from txstream.sources.decoder import SourceDecoder
 from txstream.sources.kafka_source import SEQ, SIGN, RawRecords
 from txstream.sources.pending import PendingChanges

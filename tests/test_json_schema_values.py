@@ -23,7 +23,7 @@ from test_avro_values import (  # noqa: F401 (registry_url: a fixture by name)
 from txstream.schemas.sources import SourceSpec
 from txstream.sources.decoder import SourceDecoder
 from txstream.sources.kafka_source import RawRecords
-from txstream.sources.schema_registry import RegistrySchemas
+from txstream.sources.registry.client import RegistrySchemas
 
 TEXT: Any = {"type": "string"}
 ORDER_PROPERTIES: dict[str, Any] = {

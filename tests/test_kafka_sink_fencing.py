@@ -32,7 +32,7 @@ from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 from txstream.service.embedded.postgres import PostgresEndpoint, free_port
 from txstream.sinks.kafka_sink import KafkaSink, KafkaSinkFatalError, KafkaSinkFencedError
-from txstream.sinks.postgres_writers import WriterFencedError
+from txstream.sinks.postgres.writers import WriterFencedError
 from txstream.sinks.sink import FencedError, SinkWriteError
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text"}, primary_key=["id"])

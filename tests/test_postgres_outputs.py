@@ -17,9 +17,9 @@ from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.postgres import PostgresEndpoint
-from txstream.sinks.postgres_append import PostgresAppendSink
-from txstream.sinks.postgres_outputs import Mark, PostgresOutputs
-from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
+from txstream.sinks.postgres.append import PostgresAppendSink
+from txstream.sinks.postgres.outputs import Mark, PostgresOutputs
+from txstream.sinks.postgres.snapshot import PostgresSnapshotSink
 from txstream.sinks.sink import SinkWriteError
 
 KEYED = TableSchema.of({"id": "bigint", "v": "bigint"}, primary_key=["id"])

@@ -21,8 +21,8 @@ from txstream.changes import DIFF, TIME, Changes
 from txstream.schemas.sinks import RetryPolicy, TombstonePurge
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.postgres import PostgresEndpoint
-from txstream.sinks import postgres_common
-from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
+from txstream.sinks.postgres import common as postgres_common
+from txstream.sinks.postgres.snapshot import PostgresSnapshotSink
 from txstream.sinks.sink import Sink, SinkDataError, SinkSchemaError
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text", "score": "double"}, primary_key=["id"])

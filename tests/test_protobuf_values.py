@@ -25,10 +25,10 @@ from test_json_schema_values import json_order
 from txstream.schemas.sources import SourceSpec
 from txstream.schemas.tables import TableSchema
 from txstream.sources.decoder import SourceDecoder
-from txstream.sources.framed_values import SchemaUnusable, WriterSchema
 from txstream.sources.kafka_source import RawRecords
-from txstream.sources.protobuf_values import ProtobufValues
-from txstream.sources.schema_registry import RegistrySchemas
+from txstream.sources.registry.client import RegistrySchemas
+from txstream.sources.registry.framed import SchemaUnusable, WriterSchema
+from txstream.sources.registry.protobuf import ProtobufValues
 
 
 def order_proto(*fields: str) -> str:

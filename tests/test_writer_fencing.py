@@ -14,7 +14,7 @@ from txstream.service.embedded.postgres import PostgresEndpoint
 from txstream.service.health import HealthServer, Readiness
 from txstream.service.leadership import Leadership
 from txstream.service.metrics import Metrics, render_metrics
-from txstream.sinks.postgres_writers import (
+from txstream.sinks.postgres.writers import (
     Lease,
     Writer,
     WriterEpoch,

@@ -157,7 +157,7 @@ class PostgresTableSettings(_SinkSettings):
 
 
 class PostgresSnapshotSettings(PostgresTableSettings):
-    """A live snapshot in PostgreSQL (`txstream.sinks.postgres_snapshot`)."""
+    """A live snapshot in PostgreSQL (`txstream.sinks.postgres.snapshot`)."""
 
     kind: Literal["postgres_snapshot"] = "postgres_snapshot"
     live_view: str | None = None
@@ -169,7 +169,7 @@ class PostgresSnapshotSettings(PostgresTableSettings):
 
 
 class PostgresAppendSettings(PostgresTableSettings):
-    """Every change appended to a PostgreSQL table (`txstream.sinks.postgres_append`)."""
+    """Every change appended to a PostgreSQL table (`txstream.sinks.postgres.append`)."""
 
     kind: Literal["postgres_append"] = "postgres_append"
 

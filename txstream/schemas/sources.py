@@ -93,7 +93,7 @@ def split_path(path: str) -> tuple[str, ...]:
     return parts
 
 
-# Debezium connectors whose transaction ids txstream knows (`txstream.sources.debezium_ids`).
+# Debezium connectors whose transaction ids txstream knows (`txstream.sources.debezium.ids`).
 DebeziumConnector = Literal["postgresql", "mysql", "mariadb", "sqlserver", "oracle", "mongodb",
                             "db2"]
 # Debezium's default `unavailable.value.placeholder`.
@@ -183,13 +183,13 @@ class SourceSpec(BaseModel):
     connector's `decimal.handling.mode` says: `decimal_handling_mode`. Debezium's numeric
     temporal encodings (days / micros since the epoch) are not decoded: give the connector ISO
     string converters, or declare such columns bigint. A Debezium source matches transaction
-    ids by their connector's shape (`connector`, `txstream.sources.debezium_ids`), skips
+    ids by their connector's shape (`connector`, `txstream.sources.debezium.ids`), skips
     tombstones that change nothing, and reads the connector's placeholder for an unchanged
     TOAST value (`unavailable_value_placeholder`) as the previous value
-    (`txstream.sources.debezium_rows`). A truncate (`op: t`) deletes every row of an upsert
+    (`txstream.sources.debezium.rows`). A truncate (`op: t`) deletes every row of an upsert
     source in its transaction (`txstream.sources.upsert`; dead-lettered on insert_delete);
     heartbeats, schema changes and logical decoding messages (`op: m`) are skipped, neither
-    dead-lettered nor in a transaction (`txstream.sources.debezium_events`); snapshot reads
+    dead-lettered nor in a transaction (`txstream.sources.debezium.events`); snapshot reads
     (`op: r`) form mini-batches. `debezium_flattened` reads the rows of Debezium's
     ExtractNewRecordState SMT, upsert only: `__deleted: "true"` or `__op: "d"` deletes the
     key, and tombstones, placeholders, decimals and heartbeats are read as for `debezium`.
@@ -211,8 +211,8 @@ class SourceSpec(BaseModel):
     # format (magic byte 0, 4-byte big-endian schema id, then Avro binary, the JSON document, or
     # Protobuf's message indexes and message), the writer schema read by id from
     # `schema_registry_url`; the decoded record is read as `format` reads a JSON value
-    # (`txstream.sources.framed_values`). Credentials come from the environment
-    # (`txstream.sources.schema_registry`).
+    # (`txstream.sources.registry.framed`). Credentials come from the environment
+    # (`txstream.sources.registry.client`).
     value_format: Literal["json", "avro", "json_schema", "protobuf"] = "json"
     schema_registry_url: str | None = Field(default=None, pattern=r"^https?://")
     semantics: Literal["append_only", "upsert", "insert_delete"] = "append_only"

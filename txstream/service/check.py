@@ -21,7 +21,7 @@ from txstream.service.startup import (
     sinks_fit,
     sources_fit,
 )
-from txstream.sources.schema_registry import RegistrySchemas
+from txstream.sources.registry.client import RegistrySchemas
 
 Check = tuple[str, bool, str]  # name, passed, what it found
 

@@ -44,7 +44,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pyspark.sql import SparkSession
 
 from txstream.service.checkpoint_epochs import CheckpointEpochs
-from txstream.sinks.postgres_writers import Writer
+from txstream.sinks.postgres.writers import Writer
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionLogEntry
 

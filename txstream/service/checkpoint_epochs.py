@@ -3,7 +3,7 @@ the next epoch, and an instance whose epoch is no longer the newest is fenced: i
 checkpoint and no transaction log entry there any more. This is what fences a pipeline with
 file or Kafka sinks only (a Kafka sink asks it before it reopens a fenced producer), and it
 guards the checkpoints of one whose PostgreSQL outputs fence it too
-(`txstream.sinks.postgres_writers`).
+(`txstream.sinks.postgres.writers`).
 
 An epoch is a marker file `epochs/<epoch>.json`, created only if absent, atomically: a
 local or shared (NFS) file system's `O_EXCL` create, HDFS's `create(overwrite=false)`. Two
@@ -34,7 +34,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from txstream.sinks.postgres_writers import Writer
+from txstream.sinks.postgres.writers import Writer
 from txstream.sinks.sink import FencedError
 
 EPOCHS = "epochs"

@@ -22,7 +22,7 @@ from txstream.service.spark import get_spark
 from txstream.service.startup import refuse, sinks_fit, sources_fit
 from txstream.sinks.live.serving import LiveTables
 from txstream.sinks.live.table import LiveTable, LiveTableError
-from txstream.sinks.postgres_writers import WriterEpoch
+from txstream.sinks.postgres.writers import WriterEpoch
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """One active instance per pipeline, the others standbys: the service's side of
-`txstream.sinks.postgres_writers` (why a lease and an epoch, and how they work, is there).
+`txstream.sinks.postgres.writers` (why a lease and an epoch, and how they work, is there).
 
 `Leadership.wait_for_turn` runs before the runner is built: while another live instance holds
 the pipeline's lease, this one waits (`/healthz` 200, `/readyz` 503 `standby`), polling the
@@ -29,7 +29,7 @@ import psycopg
 from txstream.schemas.config import PipelineConfig
 from txstream.service.health import Readiness
 from txstream.service.metrics import Metrics
-from txstream.sinks.postgres_writers import LEASE_S, Lease, Writer, WriterEpoch, WritersTable
+from txstream.sinks.postgres.writers import LEASE_S, Lease, Writer, WriterEpoch, WritersTable
 from txstream.sinks.sink import FencedError
 
 log = logging.getLogger(__name__)

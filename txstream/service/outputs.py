@@ -1,6 +1,6 @@
 """The sinks of one pipeline, opened from its configuration and written together: the
 PostgreSQL ones in one PostgreSQL transaction per batch with the pipeline's progress row
-(`txstream.sinks.postgres_outputs`), every other one alone, all of them in parallel."""
+(`txstream.sinks.postgres.outputs`), every other one alone, all of them in parallel."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from txstream.service.metrics import DeliveryMetrics
 from txstream.service.stages import Computed, CrashPoints, Retrying
 from txstream.sinks.factory import PostgresSink, open_postgres_sink, open_sink
 from txstream.sinks.live.serving import LiveTables
-from txstream.sinks.postgres_outputs import Mark, PostgresOutputs
-from txstream.sinks.postgres_writers import WriterEpoch
+from txstream.sinks.postgres.outputs import Mark, PostgresOutputs
+from txstream.sinks.postgres.writers import WriterEpoch
 from txstream.sinks.sink import Sink
 
 SinksByOutput = dict[str, list[tuple[SinkConfig, Sink]]]

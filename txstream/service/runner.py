@@ -35,7 +35,7 @@ engine recomputes them (netting together those it netted together before,
 `txstream.service.net_groups`), and the sinks receive them again:
 * the PostgreSQL outputs are written in one PostgreSQL transaction per batch with the
   pipeline's progress row, which says the last transaction they hold: a replay adds nothing
-  twice (`txstream.sinks.postgres_outputs`); snapshots also keep a per-key time guard;
+  twice (`txstream.sinks.postgres.outputs`); snapshots also keep a per-key time guard;
 * a Kafka sink reads back the last transaction its topic holds and skips the replay up to it;
 * a file sink may receive a replayed transaction a second time (same number, same changes:
   readers can deduplicate by `time`).
@@ -79,7 +79,7 @@ from txstream.service.startup import (
     stale_saved_state,
 )
 from txstream.sinks.live.serving import LiveTables
-from txstream.sinks.postgres_writers import Writer, WriterEpoch
+from txstream.sinks.postgres.writers import Writer, WriterEpoch
 from txstream.sources.kafka_input import KafkaInput
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionBatch

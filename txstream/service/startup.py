@@ -21,7 +21,7 @@ from psycopg import sql
 from txstream.schemas.config import ConfigError, PipelineConfig, SinkConfig
 from txstream.schemas.tables import TableSchema
 from txstream.service.checkpoint import CheckpointError
-from txstream.sinks.postgres_outputs import PROGRESS_TABLE
+from txstream.sinks.postgres.outputs import PROGRESS_TABLE
 
 if TYPE_CHECKING:
     from txstream.engine import Pipeline

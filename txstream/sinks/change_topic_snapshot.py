@@ -16,7 +16,7 @@ from txstream.changes import Changes, order
 from txstream.kafka_client import client_settings
 from txstream.schemas.kafka import PLAINTEXT, KafkaSecurity
 from txstream.sinks.change_json import ChangeDecodeError, decode_changes
-from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
+from txstream.sinks.postgres.snapshot import PostgresSnapshotSink
 from txstream.sinks.sink import Closing, SinkDataError
 
 

@@ -20,11 +20,11 @@ from txstream.sinks.file_sink import FileSink
 from txstream.sinks.kafka_sink import KafkaSink
 from txstream.sinks.live.serving import LiveTables
 from txstream.sinks.live.sink import LiveSink
-from txstream.sinks.postgres_append import PostgresAppendSink
-from txstream.sinks.postgres_snapshot import PostgresSnapshotSink
+from txstream.sinks.postgres.append import PostgresAppendSink
+from txstream.sinks.postgres.snapshot import PostgresSnapshotSink
 from txstream.sinks.sink import Sink, SinkSchemaError
 
-# A sink that is also a `txstream.sinks.postgres_outputs.PostgresTable` (written inside the
+# A sink that is also a `txstream.sinks.postgres.outputs.PostgresTable` (written inside the
 # transaction that commits the progress row).
 PostgresSink = PostgresSnapshotSink | PostgresAppendSink
 

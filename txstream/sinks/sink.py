@@ -89,7 +89,7 @@ class Closing:
 class SinkBase(Closing):
     """What every sink shares: closed on leaving a `with` block; ignores checkpoints unless it
     keeps something a checkpoint makes obsolete; counts the rows its destination refused (kept
-    aside by the sink, see `txstream.sinks.postgres_rejects`)."""
+    aside by the sink, see `txstream.sinks.postgres.rejects`)."""
 
     rejected_rows: int = 0
 

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 
 from txstream.schemas.sources import KafkaMetadata, RecordField, SourceSpec, split_path
 from txstream.schemas.tables import ColumnType
-from txstream.sources.debezium_events import advice, event_kind
-from txstream.sources.debezium_ids import transaction_ids
+from txstream.sources.debezium.events import advice, event_kind
+from txstream.sources.debezium.ids import transaction_ids
 from txstream.sources.field_checks import (
     RecordErrors,
     as_mask,
@@ -29,7 +29,6 @@ from txstream.sources.field_checks import (
     header_values,
     iso_dates,
 )
-from txstream.sources.framed_values import FramedValues, WriterSchemas
 from txstream.sources.json_values import DELETED, OP, JsonReader, ParsedJson
 from txstream.sources.kafka_source import (
     SEQ,
@@ -40,6 +39,7 @@ from txstream.sources.kafka_source import (
     bookkeeping,
     rows_schema,
 )
+from txstream.sources.registry.framed import FramedValues, WriterSchemas
 from txstream.sources.single_records import tombstone_rows, with_upstream
 
 log = logging.getLogger(__name__)
@@ -51,15 +51,15 @@ def framed_values(value_format: str, schemas: WriterSchemas) -> FramedValues:
     """The reader of a `value_format` in Confluent's wire format."""
     # Each kind's library imported only by the sources that use it.
     if value_format == "avro":
-        from txstream.sources.avro_values import AvroValues
+        from txstream.sources.registry.avro import AvroValues
 
         return AvroValues(schemas)
     if value_format == "json_schema":
-        from txstream.sources.json_schema_values import JsonSchemaValues
+        from txstream.sources.registry.json_schema import JsonSchemaValues
 
         return JsonSchemaValues(schemas)
     if value_format == "protobuf":
-        from txstream.sources.protobuf_values import ProtobufValues
+        from txstream.sources.registry.protobuf import ProtobufValues
 
         return ProtobufValues(schemas)
     raise ValueError(f"value_format {value_format!r} is not in Confluent's wire format")
@@ -89,7 +89,7 @@ class SourceDecoder:
             if schemas is None:
                 # Imported here: the registry's client is the Kafka client's package, which
                 # the decoder's other formats (and its pure tests) do without.
-                from txstream.sources.schema_registry import RegistrySchemas
+                from txstream.sources.registry.client import RegistrySchemas
 
                 schemas = RegistrySchemas(spec.schema_registry_url)
             self._framed = framed_values(spec.value_format, schemas)
@@ -214,8 +214,9 @@ class SourceDecoder:
                             ignored_events=len(events))
 
     def _not_rows(self, bad: list[BadRecord]) -> tuple[list[BadRecord], list[int]]:
-        """`bad` without Debezium's records that change no row (`debezium_events`), and their
-        consumption positions; logged the first time per kind."""
+        """`bad` without Debezium's records that change no row
+        (`txstream.sources.debezium.events`), and their consumption positions; logged the first
+        time per kind."""
         if not self.spec.debezium:
             return bad, []
         kept: list[BadRecord] = []

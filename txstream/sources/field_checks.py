@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txstream.schemas.tables import ColumnType
-from txstream.sources.debezium_decimals import unscaled_decimals
+from txstream.sources.debezium.decimals import unscaled_decimals
 
 
 def as_mask(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:

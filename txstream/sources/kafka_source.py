@@ -107,7 +107,7 @@ class DecodedBatch:
     skipped: list[int] = field(default_factory=list)
     tombstones: list[int] = field(default_factory=list)
     # Debezium's records that change no row: heartbeats, schema changes, logical decoding
-    # messages (`txstream.sources.debezium_events`); in `skipped` too.
+    # messages (`txstream.sources.debezium.events`); in `skipped` too.
     ignored_events: int = 0
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from txstream.schemas.sources import RecordField, SourceSpec, split_path
-from txstream.sources.debezium_ids import transaction_id
+from txstream.sources.debezium.ids import transaction_id
 from txstream.sources.json_values import walk
 from txstream.sources.kafka_source import BadRecord, Headers, bookkeeping
 
@@ -76,7 +76,7 @@ def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
     sequence column holding its record's index) and the reasons of the tombstones rejected, by
     index. A tombstone of a source with upstream transactions needs an id in a header, except
     a Debezium tombstone read beside transaction metadata: it has none, and is kept only if its
-    key has a row (`txstream.sources.debezium_rows`). Tombstones are few, so this is per
+    key has a row (`txstream.sources.debezium.rows`). Tombstones are few, so this is per
     record."""
     pk = list(spec.table_schema.primary_key)
     rows: list[dict[str, Any]] = []

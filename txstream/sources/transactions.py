@@ -35,8 +35,8 @@ from txstream.schemas.sources import BatchPolicy, SourceSpec
 from txstream.sources.boundaries import PolledRecords, TopicRule, TransactionBoundaries
 from txstream.sources.consumed import raw_records, records_and_ends
 from txstream.sources.dead_letters import DeadLetterWriter
-from txstream.sources.debezium_metadata import end_event, expected_count
-from txstream.sources.debezium_rows import resolve, resolve_updates
+from txstream.sources.debezium.metadata import end_event, expected_count
+from txstream.sources.debezium.rows import resolve, resolve_updates
 from txstream.sources.decoder import SourceDecoder, framed_values
 from txstream.sources.kafka_source import (
     SEQ,
@@ -50,7 +50,7 @@ from txstream.sources.kafka_source import (
 )
 from txstream.sources.pending import PendingChanges, originals
 from txstream.sources.positions import Partition, caught_up, waiting
-from txstream.sources.schema_registry import RegistrySchemas
+from txstream.sources.registry.client import RegistrySchemas
 from txstream.sources.single_records import with_upstream
 from txstream.sources.source_checks import check_sources, metadata_connectors
 from txstream.sources.source_state import IngestStats, SourceState
@@ -288,7 +288,7 @@ class TransactionBuilder:
     def _resolve(self, spec: SourceSpec, batch: DecodedBatch, raw: RawRecords, idx: np.ndarray,
                  seq0: int) -> DecodedBatch:
         """Debezium tombstones and unchanged TOAST values, against each key's latest row of an
-        upsert source, an update's old row otherwise (`txstream.sources.debezium_rows`)."""
+        upsert source, an update's old row otherwise (`txstream.sources.debezium.rows`)."""
         done = resolve(spec, batch.rows, batch.tombstones,
                        lambda keys: self._pending.latest(spec.name, keys)
                        ) if spec.semantics == "upsert" else resolve_updates(spec, batch.rows)

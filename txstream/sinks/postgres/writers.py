@@ -42,7 +42,7 @@ import psycopg
 from psycopg import sql
 from pydantic import BaseModel, ConfigDict
 
-from txstream.sinks.postgres_common import check_identifier
+from txstream.sinks.postgres.common import check_identifier
 from txstream.sinks.sink import FencedError
 
 WRITERS_TABLE = "txstream_writers"

@@ -1,4 +1,4 @@
-"""Protobuf values framed by Confluent's Protobuf serializer (`txstream.sources.framed_values`):
+"""Protobuf values framed by Confluent's Protobuf serializer (`txstream.sources.registry.framed`):
 after the schema id, the message indexes (a zigzag varint count, then that many zigzag varints:
 which message of the schema's file, nested by position; a count of 0 means the first message),
 then the message. Each message is written as the JSON object the decoder reads.
@@ -57,7 +57,7 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from txstream.sources.framed_values import (
+from txstream.sources.registry.framed import (
     FramedValues,
     SchemaUnavailable,
     SchemaUnusable,

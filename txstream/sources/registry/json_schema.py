@@ -1,4 +1,4 @@
-"""JSON values framed by Confluent's JSON Schema serializer (`txstream.sources.framed_values`:
+"""JSON values framed by Confluent's JSON Schema serializer (`txstream.sources.registry.framed`:
 magic byte 0, the schema id, then the JSON document as is). The frame is taken off once the id
 is known to the registry as a JSON Schema; the document is then read exactly as a JSON value.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from txstream.sources.framed_values import FramedValues, SchemaUnusable, WriterSchema
+from txstream.sources.registry.framed import FramedValues, SchemaUnusable, WriterSchema
 
 
 class JsonSchemaValues(FramedValues):

@@ -1,6 +1,6 @@
 """Writer schemas read by id from a Confluent Schema Registry over its REST API (confluent-kafka's
 `SchemaRegistryClient`: `GET /schemas/ids/{id}`, which the client caches; each kind of framed
-value parses a schema once per id, `txstream.sources.framed_values`).
+value parses a schema once per id, `txstream.sources.registry.framed`).
 
 Credentials come from the environment, like Kafka's, never from the configuration file:
 `SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO` (`user:password`, the client's `basic.auth.user.info`),
@@ -26,8 +26,8 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, Schema
 # the client chose), raised once its retries are spent.
 from confluent_kafka.schema_registry.common._httpx_compat import httpx
 
-from txstream.sources.framed_values import Reference, SchemaUnavailable, WriterSchema
 from txstream.sources.kafka_source import KafkaSourceError
+from txstream.sources.registry.framed import Reference, SchemaUnavailable, WriterSchema
 
 # Environment variable -> the client's setting.
 _ENV_SETTINGS = {

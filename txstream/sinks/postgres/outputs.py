@@ -11,7 +11,7 @@ COMMIT whose outcome was lost, adds nothing twice, without reading any output ta
 the row exists, each append table's greatest `time` decides, as for tables an earlier release
 wrote).
 
-With a writer epoch (`fence`, see `txstream.sinks.postgres_writers`), each transaction first
+With a writer epoch (`fence`, see `txstream.sinks.postgres.writers`), each transaction first
 checks that the epoch is still this instance's, so an instance another one took over from
 writes nothing more.
 
@@ -32,8 +32,8 @@ from psycopg import sql
 
 from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy
-from txstream.sinks.postgres_common import Connection, check_identifier
-from txstream.sinks.postgres_writers import WriterEpoch
+from txstream.sinks.postgres.common import Connection, check_identifier
+from txstream.sinks.postgres.writers import WriterEpoch
 
 PROGRESS_TABLE = "txstream_progress"
 

@@ -1,4 +1,4 @@
-"""Avro values in Confluent's wire format (`txstream.sources.framed_values`), decoded by fastavro
+"""Avro values in Confluent's wire format (`txstream.sources.registry.framed`), decoded by fastavro
 with their writer schema and written again as the JSON object Kafka Connect's JsonConverter
 would have written for the same record. The rest of the decoder then reads them exactly as it
 reads JSON: Debezium's Avro envelope has the JSON envelope's field names (`before`, `after`,
@@ -30,7 +30,7 @@ import fastavro
 import msgspec
 from fastavro import schemaless_reader
 
-from txstream.sources.framed_values import FramedValues, SchemaUnusable, WriterSchema
+from txstream.sources.registry.framed import FramedValues, SchemaUnusable, WriterSchema
 
 # What fastavro raises on a body that does not match its schema (truncated, an out-of-range
 # union branch, bad UTF-8, a negative length...).

@@ -8,9 +8,9 @@ only writer and writes transactions in time order (the engine's output), so it s
 change whose time is not above the greatest time already in the table: the time it last wrote,
 or, at start and after a write whose outcome is unknown (the connection failed around COMMIT),
 the table's own greatest time (a scan). Written with the other PostgreSQL outputs of a pipeline
-(`txstream.sinks.postgres_outputs`), the progress row decides instead, without a scan. Rows
+(`txstream.sinks.postgres.outputs`), the progress row decides instead, without a scan. Rows
 PostgreSQL refuses go to the rejects table in the same transaction
-(`txstream.sinks.postgres_rejects`).
+(`txstream.sinks.postgres.rejects`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy
 from txstream.schemas.tables import TableSchema
 from txstream.sinks.conform import conform_changes
-from txstream.sinks.postgres_common import (
+from txstream.sinks.postgres.common import (
     Connection,
     check_identifier,
     copy_into,
     ensure_table,
     max_time,
 )
-from txstream.sinks.postgres_rejects import (
+from txstream.sinks.postgres.rejects import (
     apply_isolating,
     ensure_rejects_table,
     forget_rejects,
@@ -87,7 +87,7 @@ class PostgresAppendSink(SinkBase):
 
     def apply(self, conn: psycopg.Connection[tuple[object, ...]], changes: Changes) -> int:
         """Append `changes` in the caller's transaction, which decides what is new (see
-        `txstream.sinks.postgres_outputs`); the number of rows refused."""
+        `txstream.sinks.postgres.outputs`); the number of rows refused."""
         batch = conform_changes(changes, self.schema).table
 
         def copy(conn: psycopg.Connection[tuple[object, ...]], part: pa.Table) -> None:

@@ -12,7 +12,7 @@ time a +1 beats a -1 because an update is `-1 old, +1 new` in one transaction.
 
 A key may be null (a group-by key, a distinct row): see `ensure_table`. A row PostgreSQL refuses
 is kept in the rejects table and the rest of the batch is written
-(`txstream.sinks.postgres_rejects`).
+(`txstream.sinks.postgres.rejects`).
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from txstream.changes import DIFF, TIME, Changes
 from txstream.schemas.sinks import RetryPolicy, TombstonePurge
 from txstream.schemas.tables import TableSchema
 from txstream.sinks.conform import conform_changes
-from txstream.sinks.postgres_common import (
+from txstream.sinks.postgres.common import (
     Connection,
     check_identifier,
     copy_into,
     ensure_table,
     max_time,
 )
-from txstream.sinks.postgres_rejects import (
+from txstream.sinks.postgres.rejects import (
     apply_isolating,
     ensure_rejects_table,
     forget_rejects,
@@ -162,7 +162,7 @@ class PostgresSnapshotSink(SinkBase):
         self.rejected_rows += self._db.run(lambda conn: self.apply(conn, changes))
 
     def apply(self, conn: psycopg.Connection[tuple[object, ...]], changes: Changes) -> int:
-        """`write`, in the caller's transaction (see `txstream.sinks.postgres_outputs`); the number
+        """`write`, in the caller's transaction (see `txstream.sinks.postgres.outputs`); the number
         of rows refused."""
         conformed = conform_changes(changes, self.schema, by_key=True)
         if not conformed.num_rows:

@@ -116,7 +116,7 @@ def ensure_table(conn: psycopg.Connection[tuple[object, ...]], db_schema: str, t
     A group-by key or a distinct row may be null, so the key is `UNIQUE NULLS NOT DISTINCT`
     where the server has it (PostgreSQL 15+): nulls are values like any other. Older servers get
     a primary key, whose columns cannot hold null; rows with a null key are then refused (see
-    `txstream.sinks.postgres_rejects`). An existing table keyed either way is accepted."""
+    `txstream.sinks.postgres.rejects`). An existing table keyed either way is accepted."""
     ident = sql.Identifier(db_schema, table)
     if replace:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(ident))

@@ -1,8 +1,8 @@
 """Values in Confluent's wire format: magic byte 0, the 4-byte big-endian id of the writer
 schema in a Schema Registry, then the body the serializer wrote (Avro binary, a JSON document,
 or Protobuf's message indexes and message). Each `FramedValues` kind turns a body into the JSON
-object the decoder reads for a JSON value of the same record (`txstream.sources.avro_values`,
-`json_schema_values`, `protobuf_values`), so everything after decoding (envelopes, columns,
+object the decoder reads for a JSON value of the same record (`txstream.sources.registry.avro`,
+`.json_schema`, `.protobuf`), so everything after decoding (envelopes, columns,
 checks, dead letters) is shared with JSON sources.
 
 A record whose value is not in the wire format, names a schema that cannot be had (unknown id,

@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-from txstream.sources.debezium_ids import transaction_id
+from txstream.sources.debezium.ids import transaction_id
 
 
 def end_event(value: bytes | None, connector: str | None = None
               ) -> tuple[str | None, dict[str, int]]:
     """A Debezium transaction metadata event (JSON, with or without the converter's `payload`
     wrapper): for an `END` event its transaction (the id's transaction part as `connector`
-    writes it, `txstream.sources.debezium_ids`) and record count per data collection; for a
+    writes it, `txstream.sources.debezium.ids`) and record count per data collection; for a
     `BEGIN` event, no id. Raises ValueError, naming what is wrong, on anything else."""
     try:
         event = json.loads(value) if value is not None else None
