@@ -34,8 +34,8 @@ from txstream.schemas.tables import TableSchema
 from txstream.service.compose import open_runner
 from txstream.service.embedded.kafka import KafkaEndpoint
 from txstream.service.embedded.postgres import PostgresEndpoint
-from txstream.service.health import HealthServer, Readiness, stall
-from txstream.service.metrics import Metrics, render_metrics
+from txstream.service.health import HealthServer, Readiness, metrics_text, stall
+from txstream.service.metrics import Metrics
 from txstream.sources.transactions import TransactionBuilder
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text"}, primary_key=["id"])
@@ -197,7 +197,7 @@ def test_halted_and_rejected_rows_are_reported() -> None:
     assert readiness.problems(metrics) == [f"halted: {halted}"]
     # Work waits and nothing is delivered, yet a restart would only fail the same way.
     assert stall(metrics, time.monotonic() + 3600, timeout_s=60) is None
-    body = render_metrics(metrics, readiness)
+    body = metrics_text(metrics, readiness)
     assert 'txstream_rejected_rows_total{output="customer_stats"} 2' in body
     assert "txstream_halted 1" in body and "txstream_ready 0" in body
 

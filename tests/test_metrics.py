@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from txstream.service.health import Readiness
-from txstream.service.metrics import Histogram, Metrics, render_metrics
+from txstream.service.health import Readiness, metrics_text
+from txstream.service.metrics import Histogram, Metrics
 
 
 def test_each_stages_recorder_is_rendered() -> None:
@@ -20,7 +20,7 @@ def test_each_stages_recorder_is_rendered() -> None:
     metrics.checkpoint.checkpoints, metrics.checkpoint.last_transaction = 1, 4
     metrics.source.measured({("orders", 0): 2, ("orders", 1): 3})
     metrics.source.end_to_end_seconds.observe(0.2)
-    body = render_metrics(metrics, readiness)
+    body = metrics_text(metrics, readiness)
     values = dict(re.findall(r"^(\S+) (\S+)$", body, re.MULTILINE))
     assert {name: values[name] for name in (
         "txstream_events_total", "txstream_spark_jobs_total",

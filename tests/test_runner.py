@@ -38,8 +38,7 @@ from txstream.service.checkpoint import CheckpointError
 from txstream.service.cli import serve_live
 from txstream.service.compose import open_runner
 from txstream.service.embedded.postgres import EmbeddedPostgres
-from txstream.service.health import HealthServer
-from txstream.service.metrics import render_metrics
+from txstream.service.health import HealthServer, metrics_text
 from txstream.service.startup import EarlierOutputError
 from txstream.updates import same_rows
 
@@ -281,7 +280,7 @@ def test_a_live_subscriber_follows_the_service_across_a_restart(  # type: ignore
         assert seen[0] == 0 and len(seen) > 1 and seen == sorted(set(seen))
         live_bytes = runner.metrics.delivery.live_table_bytes
         assert live_bytes > 0
-        metrics = render_metrics(runner.metrics, runner.readiness)
+        metrics = metrics_text(runner.metrics, runner.readiness)
         assert metric(metrics, "txstream_live_table_bytes") == live_bytes
         assert rows_of(mirrored) == expected_tables(producer.world)["customer_stats"]
         assert runner.checkpoint()

@@ -11,9 +11,9 @@ import pytest
 from test_postgres_outputs import batch, mark, outputs, query
 
 from txstream.service.embedded.postgres import PostgresEndpoint
-from txstream.service.health import HealthServer, Readiness
+from txstream.service.health import HealthServer, Readiness, metrics_text
 from txstream.service.leadership import Leadership
-from txstream.service.metrics import Metrics, render_metrics
+from txstream.service.metrics import Metrics
 from txstream.sinks.postgres.writers import (
     Lease,
     Writer,
@@ -125,7 +125,7 @@ def test_the_service_waits_as_a_standby_then_takes_over(postgres: PostgresEndpoi
         assert [t.epoch if t else None for t in taken] == [2]
         assert readiness.public_problems(metrics) == ["starting"]  # the runner comes next
         standby.fenced(WriterFencedError("p", 2, (3, writer("c", 33))))
-        assert "txstream_fenced_total 1" in render_metrics(metrics, readiness)
+        assert "txstream_fenced_total 1" in metrics_text(metrics, readiness)
         # Fenced, it waits again (`fenced`) for the lease, until told to stop.
         again = threading.Thread(target=lambda: taken.append(standby.wait_for_turn("fenced")))
         assert active.try_take() is not None

@@ -207,7 +207,7 @@ def _halt(exc: ExpressionError | InvariantError, runner: PipelineRunner, stop: t
     process in a loop. The fix is a new pipeline version (an expression), or of txstream (an
     invariant: nothing of the batch was written)."""
     log.error("processing halted: %s", exc)
-    runner.metrics.compute.halted = str(exc)
+    runner.metrics.compute.halt(str(exc))
     try:
         if runner.checkpoint():
             log.info("checkpoint through #%d before halting",
@@ -260,7 +260,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from txstream.service.class_archive import ClassArchiveError, prepare
+    from txstream.service.class_archive import ClassArchiveError
+    from txstream.service.prepare import prepare
 
     try:
         path = prepare()

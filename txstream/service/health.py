@@ -111,6 +111,17 @@ class Readiness:
             return all(d != dependency for d, _ in self._problems)
 
 
+
+# The dependencies whose state `/metrics` reports (`txstream_dependency_up`).
+DEPENDENCIES = ("kafka", "postgresql")
+
+
+def metrics_text(metrics: Metrics, readiness: Readiness) -> str:
+    """`/metrics`: every metric in Prometheus' text format, with the dependencies' state and
+    readiness."""
+    return render_metrics(metrics, {d: readiness.up(d) for d in DEPENDENCIES},
+                          ready=not readiness.problems(metrics))
+
 class HealthServer:
     """Serves the endpoints from a daemon thread; reads the stages' metrics, never blocks them.
 
@@ -174,8 +185,7 @@ class HealthServer:
                 return 503, "not ready: " + "; ".join(problems) + "\n", text
             return 200, "ready\n", text
         if path == "/metrics":
-            return 200, render_metrics(self.metrics, self.readiness), \
-                "text/plain; version=0.0.4"
+            return 200, metrics_text(self.metrics, self.readiness), "text/plain; version=0.0.4"
         return 404, "not found: try /healthz, /readyz, /metrics, /ui\n", text
 
     def _stall(self) -> str | None:

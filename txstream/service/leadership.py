@@ -124,5 +124,5 @@ def report_fenced(exc: FencedError, readiness: Readiness, metrics: Metrics) -> N
     """Not ready (`fenced`) from now on, not once the runner is closed; counted and logged with
     what fenced this instance."""
     readiness.wait_as("fenced")
-    metrics.delivery.fenced += 1
+    metrics.delivery.lost_writer_epoch()
     log.error("fenced: %s", exc)

@@ -3,9 +3,10 @@
 monitor (`SourceMetrics`), gathered in `Metrics`, which the status line and `/metrics`
 (Prometheus text format, `render_metrics`) read.
 
-A recorder's counters are plain attributes, written by one thread and read by any: a reader
-sees each value whole (the GIL), perhaps one batch old. Histograms lock, as the input
-monitor observes too."""
+A recorder's counters are plain attributes, written by one thread through the recorder's
+methods (one per event a stage reports: `polled`, `computed`, `written`, `delivered`, ...) and
+read by any: a reader sees each value whole (the GIL), perhaps one batch old. Histograms lock,
+as the input monitor observes too."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from txstream.service.health import Readiness
+    from txstream.sources.source_state import IngestStats
 
 # Seconds: from a fast Spark job or PostgreSQL write to a slow checkpoint.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -69,13 +70,19 @@ class IngestMetrics:
     # `txstream.service.health.stall`).
     waiting_since: float = field(default_factory=time.monotonic)
 
-    def closed(self, total: int, now: float, committed: int) -> None:
-        """The input has closed `total` transactions since start, as of `now` (monotonic), and
-        `committed` of them are committed to every sink: if none was waiting, work begins to
+    def polled(self, stats: IngestStats, busy_s: float, now: float, committed: int) -> None:
+        """A poll of `busy_s` seconds ended at `now` (monotonic) with the input's totals
+        `stats`; `committed` transactions are committed to every sink. A poll that consumed
+        nothing was waiting, not working. If no closed transaction was waiting, work begins to
         wait now."""
-        if total > self.transactions_closed and self.transactions_closed <= committed:
+        if stats.events != self.events:
+            self.busy_seconds += busy_s
+        self.events, self.bad_records = stats.events, stats.bad_records
+        self.incomplete_upstream = stats.incomplete_upstream
+        if stats.transactions > self.transactions_closed \
+                and self.transactions_closed <= committed:
             self.waiting_since = now
-        self.transactions_closed = total
+        self.transactions_closed = stats.transactions
 
 
 @dataclass
@@ -97,6 +104,24 @@ class ComputeMetrics:
     # input would fail again, so the process stays up and not ready instead of restarting.
     halted: str | None = None
 
+    def computed(self, transactions: int, changes: int, *, engine_s: float, check_s: float,
+                 busy_s: float, jobs: int, stages: int, index_bytes: int) -> None:
+        """A batch of `transactions` with `changes` input rows was computed: `engine_s` in the
+        engine, `check_s` in the invariant checks, `busy_s` in all; the engine's totals since
+        start (`jobs`, `stages`) and its state's index bytes after it."""
+        self.spark_job_seconds.observe(engine_s)
+        self.engine_seconds += engine_s
+        self.check_seconds += check_s
+        self.busy_seconds += busy_s
+        self.spark_jobs, self.spark_stages = jobs, stages
+        self.state_index_bytes = index_bytes
+        self.batch_transactions.observe(transactions)
+        self.batch_changes.observe(changes)
+
+    def halt(self, reason: str) -> None:
+        """Processing stopped for good, for `reason`."""
+        self.halted = reason
+
 
 @dataclass
 class DeliveryMetrics:
@@ -117,6 +142,25 @@ class DeliveryMetrics:
     live_subscribers: int = 0
     fenced: int = 0  # times another instance took the writer epoch from this one
 
+    def resumed(self, last: int) -> None:
+        """The run resumes after transaction `last`, committed by an earlier one."""
+        self.last_transaction = last
+
+    def delivered(self, transactions: int, last: int, *, sink_s: float, busy_s: float,
+                  now: float) -> None:
+        """A batch of `transactions`, the last `last`, was committed to every sink at `now`
+        (monotonic): `sink_s` in the sinks, `busy_s` in all."""
+        self.sink_seconds += sink_s
+        self.last_delivered_at = now
+        self.transactions += transactions
+        self.batches += 1
+        self.last_transaction = last
+        self.busy_seconds += busy_s
+
+    def lost_writer_epoch(self) -> None:
+        """Another instance took the writer epoch."""
+        self.fenced += 1
+
 
 @dataclass
 class CheckpointMetrics:
@@ -128,6 +172,23 @@ class CheckpointMetrics:
     last_transaction: int | None = None  # of the newest checkpoint (written or restored)
     last_at: float | None = None  # monotonic, of one written by this process
     seconds: Histogram = field(default_factory=_seconds)
+
+    def restored(self, transaction: int) -> None:
+        """The run resumed from the checkpoint of `transaction`."""
+        self.last_transaction = transaction
+
+    def written(self, transaction: int, seconds: float, at: float) -> None:
+        """The checkpoint of `transaction` took `seconds` and was complete at `at`
+        (monotonic)."""
+        self.checkpoints += 1
+        self.seconds.observe(seconds)
+        self.busy_seconds += seconds
+        self.last_transaction = transaction
+        self.last_at = at
+
+    def failed(self) -> None:
+        """A checkpoint failed (the next batch retries it)."""
+        self.failures += 1
 
     @property
     def age(self) -> float | None:
@@ -255,8 +316,9 @@ def _families(m: Metrics) -> Iterator[tuple[str, str, str, object]]:
     )
 
 
-def render_metrics(metrics: Metrics, readiness: Readiness) -> str:
-    """Every metric in Prometheus' text format."""
+def render_metrics(metrics: Metrics, up: dict[str, bool], ready: bool) -> str:
+    """Every metric in Prometheus' text format; `up`: whether each dependency answered at its
+    last use, `ready`: whether `/readyz` answers 200 (`txstream.service.health.Readiness`)."""
     lines: list[str] = []
 
     def head(name: str, help_text: str, kind: str) -> None:
@@ -275,8 +337,8 @@ def render_metrics(metrics: Metrics, readiness: Readiness) -> str:
     age = metrics.checkpoint.age
     lines.append(f"txstream_checkpoint_age_seconds {'NaN' if age is None else f'{age:.3f}'}")
     head("txstream_dependency_up", "1 when the dependency answered at its last use", "gauge")
-    lines += [f'txstream_dependency_up{{dependency="{d}"}} {int(readiness.up(d))}'
-              for d in ("kafka", "postgresql")]
+    lines += [f'txstream_dependency_up{{dependency="{d}"}} {int(answered)}'
+              for d, answered in up.items()]
     head("txstream_rejected_rows_total", "rows a sink's destination refused, kept aside",
          "counter")
     lines += [f'txstream_rejected_rows_total{{output="{o}"}} {n}'
@@ -285,5 +347,5 @@ def render_metrics(metrics: Metrics, readiness: Readiness) -> str:
          "stopped", "gauge")
     lines.append(f"txstream_halted {int(metrics.compute.halted is not None)}")
     head("txstream_ready", "1 when /readyz answers 200", "gauge")
-    lines.append(f"txstream_ready {int(not readiness.problems(metrics))}")
+    lines.append(f"txstream_ready {int(ready)}")
     return "\n".join(lines) + "\n"
