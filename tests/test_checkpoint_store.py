@@ -14,13 +14,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from txstream.service.checkpoint import (
-    CheckpointError,
-    CheckpointStore,
-    HadoopStorage,
-    PipelineIdentity,
-)
+from txstream.service.checkpoint import CheckpointStore, PipelineIdentity
 from txstream.service.checkpoint_epochs import CheckpointFencedError
+from txstream.service.checkpoint_storage import CheckpointError, HadoopStorage, open_storage
 from txstream.sinks.postgres.writers import Writer
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionLogEntry
@@ -37,7 +33,7 @@ def _entry(number: int) -> TransactionLogEntry:
 
 def test_checkpoints_on_a_hadoop_file_system(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     identity = PipelineIdentity(pipeline="m:f", sources={"s": "t"}, outputs=["o"])
-    store = CheckpointStore(f"file://{tmp_path}/ck", spark, identity, keep=2)
+    store = CheckpointStore(open_storage(f"file://{tmp_path}/ck", spark), identity, keep=2)
     assert store.latest() is None and not store.has_history()
     store.log([_entry(1), _entry(2)])
     store.log([_entry(3)])
@@ -65,13 +61,13 @@ def test_checkpoints_on_a_hadoop_file_system(spark, tmp_path: Path) -> None:  # 
         "000000000004-000000000004.json"]
     assert [e.number for e in store.logged_after(3)] == [4]
 
-    other = CheckpointStore(f"file://{tmp_path}/ck", spark, identity.model_copy(
+    other = CheckpointStore(open_storage(f"file://{tmp_path}/ck", spark), identity.model_copy(
         update={"sources": {"s": "another-topic"}}))
     with pytest.raises(CheckpointError, match="written by another pipeline"):
         other.latest()
 
 def test_transaction_log_damage_is_reported(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    store = CheckpointStore(str(tmp_path), spark, PipelineIdentity(
+    store = CheckpointStore(open_storage(str(tmp_path), spark), PipelineIdentity(
         pipeline="m:f", sources={}, outputs=[]))
     store.log([_entry(1)])
     store.log([_entry(3)])
@@ -87,7 +83,7 @@ IDENTITY = PipelineIdentity(pipeline="m:f", sources={"s": "t"}, outputs=["o"])
 
 def _instance(spark, location: Path) -> tuple[CheckpointStore, int]:  # type: ignore[no-untyped-def]
     """A store as a starting runner sees it: what it resumes through, read before its epoch."""
-    store = CheckpointStore(str(location), spark, IDENTITY)
+    store = CheckpointStore(open_storage(str(location), spark), IDENTITY)
     latest = store.latest()
     checkpointed = latest.transaction if latest else 0
     return store, checkpointed + len(store.logged_after(checkpointed))
@@ -172,7 +168,7 @@ def test_a_location_without_atomic_create_takes_no_epoch(  # type: ignore[no-unt
     """Only HDFS creates a file with overwrite=false atomically among Hadoop's file systems
     (S3A, and the local one behind file://, check first, then write): such a location is not
     fenced, and says so."""
-    store = CheckpointStore(f"file://{tmp_path}/ck", spark, IDENTITY)
+    store = CheckpointStore(open_storage(f"file://{tmp_path}/ck", spark), IDENTITY)
     with caplog.at_level(logging.WARNING, logger="txstream.service.checkpoint"):
         _take(store, 0, "a")
     assert store.epoch is None

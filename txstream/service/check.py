@@ -12,6 +12,7 @@ from txstream.engine import Engine
 from txstream.kafka_client import client_settings
 from txstream.schemas.config import ConfigError, PipelineConfig
 from txstream.service.checkpoint import CheckpointStore, PipelineIdentity
+from txstream.service.checkpoint_storage import open_storage
 from txstream.service.pipelines import load_pipeline
 from txstream.service.startup import (
     earlier_output,
@@ -92,9 +93,10 @@ def run_checks(config: PipelineConfig) -> list[Check]:
         return f"PostgreSQL {row[0] if row else '?'}"
 
     def store() -> CheckpointStore:
-        return CheckpointStore(config.checkpoint_location, session(), PipelineIdentity(
+        identity = PipelineIdentity(
             pipeline=config.pipeline, sources={s.name: s.topic for s in config.sources},
-            outputs=sorted(load_pipeline(config.pipeline).outputs)))
+            outputs=sorted(load_pipeline(config.pipeline).outputs))
+        return CheckpointStore(open_storage(config.checkpoint_location, session()), identity)
 
     def checkpoint_readable() -> str:
         checkpoints = store()
