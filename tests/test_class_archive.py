@@ -10,7 +10,7 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
-from txstream.service import class_archive
+from txstream.service import class_archive, prepare
 from txstream.service.class_archive import ClassArchiveError
 
 
@@ -74,7 +74,7 @@ def test_the_environment_names_another_archive_or_none(
     monkeypatch.setenv(class_archive.ENV, "off")
     assert class_archive.archive_path() is None and class_archive.java_options() == ""
     with pytest.raises(ClassArchiveError, match="=off"):
-        class_archive.prepare()
+        prepare.prepare()
 
 
 def test_the_session_maps_the_archive_and_prepare_needs_a_jvm_of_its_own(
@@ -85,4 +85,4 @@ def test_the_session_maps_the_archive_and_prepare_needs_a_jvm_of_its_own(
     archive = class_archive.java_options()
     assert used.startswith(archive) and ("-XX:SharedArchiveFile=" in used) == bool(archive)
     with pytest.raises(ClassArchiveError, match="has started a Spark JVM already"):
-        class_archive.prepare()
+        prepare.prepare()

@@ -23,6 +23,8 @@ class-data sharing checks), and an archive is ~160 MiB. The archive is written o
 installation (`make install`), with a file beside it naming its SPARK_HOME, and writing it
 deletes the archives of other Spark versions and of installations since removed (`sweep`: a
 deleted checkout's would otherwise stay); `TXSTREAM_CLASS_ARCHIVE` names another file, or `off`.
+`txstream.service.prepare` writes it.
+
 It is passed as `spark.driver.defaultJavaOptions`, which Spark puts before
 `spark.driver.extraJavaOptions`: JVM options of a user's own belong in the latter (a
 `defaultJavaOptions` of theirs in spark-defaults.conf is overridden: `get_spark` always sets it,
@@ -35,13 +37,9 @@ import hashlib
 import logging
 import os
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import pyspark
-from pyspark import SparkContext
-from pyspark.errors import PySparkException
 
 ENV = "TXSTREAM_CLASS_ARCHIVE"
 
@@ -72,17 +70,17 @@ def archive_path() -> Path | None:
         return None
     stat = java.stat()
     digest = hashlib.sha256(
-        f"{java}:{stat.st_size}:{stat.st_mtime_ns}:{_spark_home()}".encode()
+        f"{java}:{stat.st_size}:{stat.st_mtime_ns}:{spark_home()}".encode()
     ).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "txstream" / f"spark-{pyspark.__version__}-{digest}.jsa"
 
 
-def _spark_home() -> Path:
+def spark_home() -> Path:
     return Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent).resolve()
 
 
-def _owner(archive: Path) -> Path:
+def owner_file(archive: Path) -> Path:
     """The file beside an archive naming the SPARK_HOME it was written for."""
     return archive.with_name(archive.name + ".home")
 
@@ -94,7 +92,7 @@ def sweep(archive: Path) -> list[Path]:
     one written before archives named their SPARK_HOME is kept. The archives deleted."""
     deleted = []
     for old in archive.parent.glob("spark-*.jsa"):
-        owner = _owner(old)
+        owner = owner_file(old)
         home_gone = owner.is_file() and not Path(owner.read_text().strip()).exists()
         if old != archive and (home_gone or
                                not old.name.startswith(f"spark-{pyspark.__version__}-")):
@@ -111,54 +109,3 @@ def java_options() -> str:
         return ""
     # Quoted: Spark's launcher splits JVM options at blanks outside quotes.
     return f'"-XX:SharedArchiveFile={path}"'
-
-
-def prepare(timeout_s: float = 300.0) -> Path:
-    """Write this installation's archive, and delete those beside it no installation can use
-    (`sweep`); its path. Starts, uses and ends a Spark JVM of its own, so call it in
-    a process that has started none."""
-    # Here, not at the top: every Spark session's start imports this module for its options,
-    # and needs neither the engine nor the example pipeline (nor can import `get_spark`'s
-    # module, which imports this one).
-    from txstream.engine import Engine
-    from txstream.examples.orders import pipeline
-    from txstream.service.spark import get_spark
-
-    path = archive_path()
-    if path is None:
-        raise ClassArchiveError(f"no archive to write: {ENV}=off, or no `java` found "
-                                "(JAVA_HOME or PATH)")
-    if SparkContext._gateway is not None:
-        raise ClassArchiveError("prepare: this process has started a Spark JVM already; the "
-                                "archive is written by a JVM of its own as it exits")
-    partial = path.with_name(path.name + ".partial")
-    started = time.monotonic()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.unlink(missing_ok=True)
-        spark = get_spark(java_options=f'"-XX:ArchiveClassesAtExit={partial}"')
-        # The classes a batch loads: plans of every operator kind, compiled and run.
-        Engine(pipeline(), spark).warm_up(1_000)
-        gateway = SparkContext._gateway
-        spark.stop()
-    except (OSError, PySparkException) as exc:
-        raise ClassArchiveError(f"could not run the JVM that writes the archive: {exc}") from exc
-    assert gateway is not None
-    SparkContext._gateway = SparkContext._jvm = None  # this JVM is about to exit
-    gateway.proc.stdin.close()  # the gateway's cue to exit (System.exit), writing the archive
-    try:
-        code = gateway.proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        gateway.proc.kill()
-        gateway.proc.wait()
-        raise ClassArchiveError(f"the JVM did not exit within {timeout_s:.0f} s of being "
-                                "told to; no archive written") from exc
-    if code != 0 or not partial.is_file():
-        raise ClassArchiveError(f"the JVM exited with {code} and wrote no archive to "
-                                f"{partial}; see its output above (logger `spark`)")
-    partial.replace(path)
-    _owner(path).write_text(f"{_spark_home()}\n")
-    sweep(path)
-    log.info("class archive written to %s (%.0f MiB) in %.0f s", path,
-             path.stat().st_size / 2**20, time.monotonic() - started)
-    return path
