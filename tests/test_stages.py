@@ -6,7 +6,6 @@ unavailable dependency."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pyarrow as pa
 import pytest
@@ -71,28 +70,48 @@ def test_a_backlog_that_holds_a_batch_fills_it_before_compute_takes_it() -> None
     assert numbers(stages.take_batch(timeout=0.01)) == [9]
 
 
+class Clock:
+    """Monotonic seconds that move only when the test moves them."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_a_backlog_holds_ready_transactions_at_most_the_backlog_wait() -> None:
-    stages = Stages(batch_transactions=100, serving=False, backlog_wait_s=1.0)
+    clock = Clock()
+    stages = Stages(batch_transactions=100, serving=False, backlog_wait_s=1.0, clock=clock)
     stages.backlog(waiting=10**6, per_transaction=1000)
     assert stages.offer(batch(1, 2))
-    assert stages.take_batch(timeout=0.05) is None
-    started = time.monotonic()
-    assert numbers(stages.take_batch(timeout=10)) == [1, 2]
-    assert time.monotonic() - started < 3.0, "taken once the first ready one waited 1 s"
+    assert stages.take_batch(timeout=0) is None
+    clock.now += 0.99
+    assert stages.take_batch(timeout=0) is None
+    clock.now += 0.01
+    assert numbers(stages.take_batch(timeout=0)) == [1, 2], "the first ready one waited 1 s"
 
 
 def test_the_rest_of_a_split_batch_waits_from_the_take() -> None:
     """What a take leaves begins the next batch then: it waits for the backlog from there,
     not from when it arrived."""
-    stages = Stages(batch_transactions=2, serving=False, backlog_wait_s=1.0)
+    clock = Clock()
+    stages = Stages(batch_transactions=2, serving=False, backlog_wait_s=1.0, clock=clock)
     stages.backlog(waiting=10**6, per_transaction=1000)
     assert stages.offer(batch(1, 3))
-    time.sleep(0.8)
-    assert numbers(stages.take_batch(timeout=0.01)) == [1, 2], "full: taken at once"
-    # Counted from its arrival, the rest's wait would be over 0.2 s from now.
-    assert stages.take_batch(timeout=0.5) is None, "the rest waits for the backlog"
+    clock.now += 0.8
+    assert numbers(stages.take_batch(timeout=0)) == [1, 2], "full: taken at once"
+    clock.now += 0.5  # counted from its arrival, the rest's wait would be over
+    assert stages.take_batch(timeout=0) is None, "the rest waits for the backlog"
     assert stages.offer(batch(4, 1))
-    assert numbers(stages.take_batch(timeout=0.01)) == [3, 4]
+    assert numbers(stages.take_batch(timeout=0)) == [3, 4]
+
+
+def test_a_take_waits_for_an_offer_up_to_its_timeout() -> None:
+    """Compute blocks in `take_batch` until ingest offers, not for a fixed time."""
+    stages = Stages(batch_transactions=4, serving=False)
+    threading.Timer(0.05, lambda: stages.offer(batch(1, 1))).start()
+    assert numbers(stages.take_batch(timeout=30)) == [1]
 
 
 def test_without_a_backlog_wait_compute_takes_what_is_ready() -> None:

@@ -82,7 +82,7 @@ class Checkpointing:
             except Exception:
                 # The storage may be back by the next one; until then a crash replays more
                 # (an incomplete checkpoint has no manifest and is never read).
-                self._metrics.failures += 1
+                self._metrics.failed()
                 log.exception("checkpoint failed; retried after a later batch")
             finally:
                 stages.checkpointing.clear()
@@ -102,12 +102,7 @@ class Checkpointing:
         elapsed = time.monotonic() - started
         self.checkpointed = number
         self._last_at = time.monotonic()
-        metrics = self._metrics
-        metrics.checkpoints += 1
-        metrics.seconds.observe(elapsed)
-        metrics.busy_seconds += elapsed
-        metrics.last_transaction = number
-        metrics.last_at = self._last_at
+        self._metrics.written(number, elapsed, at=self._last_at)
         log.info("checkpoint through transaction #%d in %.2fs (%s)", number, elapsed,
                  prepared.name)
 

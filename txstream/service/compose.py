@@ -1,7 +1,7 @@
 """Composing a runner for a configured pipeline: the pipeline checked against the configuration
 (`txstream.service.startup`), then the parts that need Spark (the session, the engine, the
-checkpoint store), handed to `txstream.service.runner.PipelineRunner`, which knows neither
-Spark nor Kafka."""
+checkpoint store) and Kafka (the input, `txstream.sources.kafka_input.KafkaInput`), handed to
+`txstream.service.runner.PipelineRunner`, which knows neither Spark nor Kafka."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from txstream.engine import Engine, Pipeline
 from txstream.engine.warmup import WarmUp
 from txstream.schemas.config import ConfigError, PipelineConfig
 from txstream.service.checkpoint import CheckpointStore, PipelineIdentity
+from txstream.service.checkpoint_storage import open_storage
 from txstream.service.health import Readiness
 from txstream.service.metrics import Metrics
 from txstream.service.pipelines import load_pipeline
@@ -23,6 +24,7 @@ from txstream.service.startup import refuse, sinks_fit, sources_fit
 from txstream.sinks.live.serving import LiveTables
 from txstream.sinks.live.table import LiveTable, LiveTableError
 from txstream.sinks.postgres.writers import WriterEpoch
+from txstream.sources.kafka_input import KafkaInput
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +56,12 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
         return target.warming_up(config.warm_up_rows)
 
     checkpoints = CheckpointStore(
-        config.checkpoint_location, spark, keep=config.checkpoints_kept,
+        open_storage(config.checkpoint_location, spark), keep=config.checkpoints_kept,
         identity=PipelineIdentity(pipeline=config.pipeline,
                                   sources={s.name: s.topic for s in config.sources},
                                   outputs=sorted(engine.outputs)))
-    return PipelineRunner(config, engine=engine, checkpoints=checkpoints, metrics=metrics,
+    return PipelineRunner(config, engine=engine, checkpoints=checkpoints,
+                          open_input=partial(KafkaInput, config), metrics=metrics,
                           readiness=readiness, live=live_tables(config, engine), fence=fence,
                           warm_up=warming_up if config.warm_up_rows else None)
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from txstream.sinks.sink import SinkWriteError
-from txstream.sources.kafka_input import KafkaInput
 from txstream.sources.kafka_source import KafkaSourceError
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionBatch
@@ -26,6 +25,10 @@ if TYPE_CHECKING:
     from txstream.changes import Changes
     from txstream.engine import EngineVersion
     from txstream.service.health import Readiness
+    from txstream.service.input import Input
+
+# Seconds, monotonic: what `Stages` measures the backlog wait with (a test hands in its own).
+Clock = Callable[[], float]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -109,10 +112,12 @@ class Stages:
     write, one at a time. The input is not thread-safe: while the ingest thread serves, the
     other stages' calls to it (`call_input`) run there, between two polls."""
 
-    def __init__(self, batch_transactions: int, serving: bool, backlog_wait_s: float = 0.0
-                 ) -> None:
+    def __init__(self, batch_transactions: int, serving: bool, backlog_wait_s: float = 0.0,
+                 clock: Clock = time.monotonic) -> None:
         """`serving`: whether an ingest thread will run the other stages' calls to the input.
-        `backlog_wait_s`: how long compute may wait for a backlog to fill a batch."""
+        `backlog_wait_s`: how long compute may wait for a backlog to fill a batch, as `clock`
+        measures it."""
+        self._clock = clock
         self.batch_transactions = batch_transactions
         self.backlog_wait_s = backlog_wait_s
         self._ready: deque[TransactionBatch] = deque()
@@ -131,7 +136,7 @@ class Stages:
         self.computing_done = threading.Event()
         self.halt = threading.Event()  # every stage but ingest is done
         self.failure: BaseException | None = None
-        self._calls: queue.Queue[tuple[Callable[[KafkaInput], Any], Future[Any]]] = \
+        self._calls: queue.Queue[tuple[Callable[[Input], Any], Future[Any]]] = \
             queue.Queue()
         self._serving = serving
 
@@ -160,7 +165,7 @@ class Stages:
                     lambda: self._ready_count < self.batch_transactions, timeout=0.02):
                 return False
             if not self._ready:
-                self._first_ready_at = time.monotonic()
+                self._first_ready_at = self._clock()
             self._ready.append(batch)
             self._ready_count += len(batch)
             self._room.notify_all()
@@ -189,25 +194,24 @@ class Stages:
         missing = self.batch_transactions - self._ready_count
         return (missing > 0 and self._per_transaction > 0
                 and self._waiting >= max(missing - 1, 1) * self._per_transaction
-                and time.monotonic() < self._first_ready_at + self.backlog_wait_s)
+                and self._clock() < self._first_ready_at + self.backlog_wait_s)
 
     def take_batch(self, timeout: float) -> TransactionBatch | None:
         """Every transaction ready, up to a batch's worth, once at least one is and no backlog
         is filling the batch (`_filling`): adaptive batching, one transaction at low load,
         more under a backlog, a full batch when the backlog holds one. A ready batch too large
         for it is split at a transaction boundary, its rest taken next time. None: nothing to
-        take within `timeout`."""
+        take after waiting once, until an offer or at most `timeout` (less when the backlog
+        wait ends first); the caller asks again."""
         taken: list[TransactionBatch] = []
-        deadline = time.monotonic() + timeout
         with self._room:
-            while not self._ready or self._filling():
-                now = time.monotonic()
-                left = deadline - now
-                if left <= 0:
-                    return None
+            if not self._ready or self._filling():
+                wait = timeout
                 if self._ready:  # filling, until at most the backlog wait is over
-                    left = min(left, self._first_ready_at + self.backlog_wait_s - now)
-                self._room.wait(max(left, 0.001))
+                    wait = min(wait, self._first_ready_at + self.backlog_wait_s - self._clock())
+                self._room.wait(max(wait, 0.0))
+                if not self._ready or self._filling():
+                    return None
             count = 0
             while self._ready and count < self.batch_transactions:
                 head, rest = self._ready.popleft().split(self.batch_transactions - count)
@@ -217,7 +221,7 @@ class Stages:
                 count += len(head)
             self._ready_count -= count
             if self._ready:  # the rest begins the next batch now
-                self._first_ready_at = time.monotonic()
+                self._first_ready_at = self._clock()
             self._room.notify_all()
         return TransactionBatch.join(taken)
 
@@ -256,7 +260,7 @@ class Stages:
 
     # other stages -> the input, through ingest
 
-    def call_input(self, source: KafkaInput, work: Callable[[KafkaInput], _T]) -> _T:
+    def call_input(self, source: Input, work: Callable[[Input], _T]) -> _T:
         """`work(source)`, run by the ingest thread between two polls while it serves calls,
         else here (no other thread uses the input then)."""
         done: Future[_T] = Future()
@@ -266,7 +270,7 @@ class Stages:
                 self._calls.put((work, done))
         return done.result() if serving else work(source)
 
-    def serve_input(self, source: KafkaInput) -> None:
+    def serve_input(self, source: Input) -> None:
         while True:
             try:
                 work, done = self._calls.get_nowait()
@@ -277,7 +281,7 @@ class Stages:
             except BaseException as exc:
                 done.set_exception(exc)
 
-    def stop_serving(self, source: KafkaInput) -> None:
+    def stop_serving(self, source: Input) -> None:
         with self._lock:
             self._serving = False
         self.serve_input(source)

@@ -17,7 +17,6 @@ from txstream.schemas.sinks import (
 )
 from txstream.schemas.tables import TableSchema
 from txstream.sinks.file_sink import FileSink
-from txstream.sinks.kafka_sink import KafkaSink
 from txstream.sinks.live.serving import LiveTables
 from txstream.sinks.live.sink import LiveSink
 from txstream.sinks.postgres.append import PostgresAppendSink
@@ -62,6 +61,8 @@ def open_sink(settings: SinkSettings, output: str, schema: TableSchema, *,
             raise SinkSchemaError(f"the Kafka sink of {output!r} needs bootstrap servers")
         case KafkaSinkSettings():
             assert kafka_bootstrap_servers is not None
+            # Here: Kafka's client loads only for a pipeline with a Kafka sink.
+            from txstream.sinks.kafka_sink import KafkaSink
             return KafkaSink(kafka_bootstrap_servers, settings.topic, output, schema,
                              transactional_id=settings.transactional_id,
                              format=settings.format, retry=settings.retry,
