@@ -81,3 +81,58 @@ def test_the_package_is_the_only_top_level_name() -> None:
     assert beside == [], f"top-level packages beside txstream: {beside}"
     text = (root / "pyproject.toml").read_text()
     assert 'include = ["txstream*"]' in text
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The modules of txstream that `path` imports, wherever the import stands (a cycle through
+    an import under TYPE_CHECKING or inside a function is still two modules that need each
+    other); `from package import name` counts as the module `package.name` when that is one."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            found.update(name if name in known else node.module for name in names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found & known
+
+
+def test_no_import_cycle_inside_a_room() -> None:
+    """Modules that import each other, directly or around a circle, are one job in two files
+    (or a third module both need is missing). Packages' `__init__` modules, which gather names
+    for the public surface, are left out."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = {name for name, p in paths.items() if p.name != "__init__.py"}
+    graph = {name: _imported_modules(paths[name], set(paths)) & modules for name in modules}
+    cycles = []
+    for start in sorted(modules):
+        way = _way_back(graph, start)
+        if way is not None and min(way) == start:  # each circle once, from its first module
+            cycles.append(" -> ".join([*way, start]))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def _way_back(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """The shortest chain of imports from `start` to a module that imports `start`."""
+    came_from: dict[str, str | None] = {start: None}
+    frontier = [start]
+    while frontier:
+        for module in frontier:
+            if start in graph[module]:
+                way = [module]
+                while (before := came_from[way[-1]]) is not None:
+                    way.append(before)
+                return way[::-1]
+        following = []
+        for module in frontier:
+            for imported in sorted(graph[module] - came_from.keys()):
+                came_from[imported] = module
+                following.append(imported)
+        frontier = following
+    return None
