@@ -36,6 +36,7 @@ from txstream.service.embedded.kafka import KafkaEndpoint
 from txstream.service.embedded.postgres import PostgresEndpoint
 from txstream.service.health import HealthServer, Readiness, metrics_text, stall
 from txstream.service.metrics import Metrics
+from txstream.sources.source_state import IngestStats
 from txstream.sources.transactions import TransactionBuilder
 
 SCHEMA = TableSchema.of({"id": "bigint", "name": "text"}, primary_key=["id"])
@@ -55,7 +56,8 @@ def metrics_at(*, closed: int, committed: int, delivered_at: float, waiting_sinc
 
 def close(metrics: Metrics, total: int, now: float) -> None:
     """The ingest stage saw the input close `total` transactions at `now`."""
-    metrics.ingest.closed(total, now, committed=metrics.delivery.transactions)
+    metrics.ingest.polled(IngestStats(transactions=total), busy_s=0.0, now=now,
+                          committed=metrics.delivery.transactions)
 
 
 def test_idle_is_healthy_however_long_ago_the_last_batch() -> None:
