@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from support.runner import Background
 
 from txstream.changes import DIFF, TIME, Changes
 from txstream.engine.errors import ExpressionError
@@ -161,7 +162,7 @@ class Clock:
         return self.now
 
 
-class Runner:
+class Runner(Background):
     """A runner over a `MemoryInput` and a `PassThrough` engine into the file `out`, run in a
     thread."""
 
@@ -185,40 +186,22 @@ class Runner:
             inputs.append(MemoryInput(*args))
             return inputs[0]
 
-        self.runner = PipelineRunner(self.config, engine=self.engine,  # type: ignore[arg-type]
-                                     checkpoints=self.checkpoints, open_input=open_input,
-                                     warm_up=warm_up, clock=clock)
+        runner = PipelineRunner(self.config, engine=self.engine,  # type: ignore[arg-type]
+                                checkpoints=self.checkpoints, open_input=open_input,
+                                warm_up=warm_up, clock=clock)
+        super().__init__(runner)
         self.input = inputs[0]
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        try:
-            self.runner.run()
-        except BaseException as exc:
-            self.error = exc
-
-    def __enter__(self) -> Runner:
-        self._thread.start()
-        return self
+    def failure(self) -> BaseException | None:
+        """What ended the run, which ends by itself."""
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the run goes on"
+        return self.error
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self.runner.request_stop()
-        self._thread.join(30)
+        super().__exit__(*exc)
         assert not self._thread.is_alive(), "the run did not stop"
         self.runner.close()
-
-    def until(self, what: str, condition: Callable[[], bool], timeout: float = 30) -> None:
-        """Wait (on the condition, not a fixed time) until it holds."""
-        deadline = time.monotonic() + timeout
-        done = threading.Event()
-        while not condition():
-            assert self.error is None, f"the run failed waiting for {what}: {self.error!r}"
-            assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-            done.wait(0.01)
 
     def written(self) -> list[tuple[int, str]]:
         """The (time, v) of every change the file sink holds, in its order."""
@@ -234,7 +217,7 @@ def test_batches_are_logged_before_compute_and_delivered_and_committed_in_order(
         for value in "abcdefgh":
             run.input.add(value)
         run.input.add("i", "j", "k", "l")  # one poll, more than a batch: split
-        run.until("12 committed", lambda: len(run.input.committed) == 12)
+        run.wait("12 committed", lambda: len(run.input.committed) == 12)
     assert run.input.committed == list(range(1, 13))
     assert run.written() == list(enumerate("abcdefghijkl", start=1))
     calls = run.engine.calls
@@ -249,8 +232,7 @@ def test_an_expression_error_stops_at_its_transaction_after_applying_those_befor
         tmp_path: Path) -> None:
     with Runner(tmp_path, batch_transactions=10) as run:
         run.input.add("a", "b", "c", POISON, "e")
-        run.until("the failure", lambda: run.error is not None)
-    assert isinstance(run.error, ExpressionError)
+        assert isinstance(run.failure(), ExpressionError)
     assert run.engine.calls[0] == [1, 2, 3, 4, 5], "first the batch whole"
     assert run.engine.calls[1:] == [[1], [2], [3], [4]], "then one by one, up to the failing one"
     assert run.written() == [(1, "a"), (2, "b"), (3, "c")]
@@ -262,19 +244,19 @@ def test_a_backlog_fills_the_batch_at_most_the_backlog_wait(tmp_path: Path) -> N
     with Runner(tmp_path, clock=clock, batch_transactions=4, backlog_wait_ms=5_000) as run:
         run.input.waiting = 10_000  # far more than the batch's missing transactions hold
         run.input.add("a")
-        run.until("the first transaction polled", lambda: run.input.stats.transactions == 1)
+        run.wait("the first transaction polled", lambda: run.input.stats.transactions == 1)
         run.input.add("b")
-        run.until("the second transaction polled", lambda: run.input.stats.transactions == 2)
+        run.wait("the second transaction polled", lambda: run.input.stats.transactions == 2)
         assert run.engine.calls == [], "the backlog fills the batch first"
         clock.now += 4.9
         run.input.add("c")
-        run.until("the third transaction polled", lambda: run.input.stats.transactions == 3)
+        run.wait("the third transaction polled", lambda: run.input.stats.transactions == 3)
         assert run.engine.calls == [], "still within the backlog wait"
         clock.now += 0.2  # the first ready one has waited 5.1 s
-        run.until("the batch computed", lambda: run.engine.calls != [])
+        run.wait("the batch computed", lambda: run.engine.calls != [])
         assert run.engine.calls == [[1, 2, 3]], "taken short of a full batch, once waited out"
         run.input.add("d", "e", "f", "g")
-        run.until("a full batch computed", lambda: len(run.engine.calls) == 2)
+        run.wait("a full batch computed", lambda: len(run.engine.calls) == 2)
         assert run.engine.calls[1] == [4, 5, 6, 7], "a full batch is taken at once"
 
 
@@ -311,10 +293,10 @@ def test_a_transaction_to_compute_cuts_a_warm_up_step_short(tmp_path: Path,
     warm_up = BlockingWarmUp()
     with caplog.at_level("INFO", logger="txstream.service.idle_warm_up"), \
             Runner(tmp_path, warm_up=lambda: warm_up) as run:
-        run.until("the warm-up's step under way", warm_up.began.is_set)
+        run.wait("the warm-up's step under way", warm_up.began.is_set)
         assert not warm_up.cancelled.is_set()
         run.input.add("a")
-        run.until("the transaction committed", lambda: run.input.committed == [1])
+        run.wait("the transaction committed", lambda: run.input.committed == [1])
     assert warm_up.cancelled.is_set()
     assert run.engine.calls == [[1]]
     assert any("cut short by a batch to compute" in r.getMessage() for r in caplog.records)

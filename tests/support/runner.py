@@ -61,7 +61,7 @@ class Background:
         while not condition():
             assert self.error is None, f"the loop failed: {self.error!r}"
             assert time.monotonic() < deadline, f"timed out waiting for: {what}"
-            time.sleep(0.2)
+            time.sleep(0.02)
 
     def problems(self) -> list[str]:
         return self.runner.readiness.problems(self.runner.metrics)
