@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from txstream.changes import Changes
-from txstream.engine import codegen, run_index, warmup
+from txstream.engine import codegen, run_index
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import PART
 from txstream.engine.errors import (
@@ -279,34 +279,9 @@ class Engine:
         """Whether the engine has neither loaded state nor processed a batch."""
         return self.last_batch is None and not any(s.runs for s in self._states().values())
 
-    def warm_up(self, rows: int) -> float:
-        """Warm the engine up at once (`warming_up` run through); the seconds it took."""
-        started = time.perf_counter()
-        for _ in self.warming_up(rows):
-            pass
-        return time.perf_counter() - started
-
-    def warming_up(self, rows: int) -> warmup.WarmUp:
-        """Run made-up changes through the pipeline, one batch per step, then forget them:
-        Spark plans, compiles and JIT-compiles the pipeline's plans now, not on the first real
-        batches (see `txstream.engine.warmup`). `warmup.WARM_UP_ROUNDS` rounds of three batches
-        of every source, the state emptied between two: `rows` insertions into empty state;
-        half of them deleted and as many inserted; then ten insertions (a lone transaction's
-        path). Yields the number of batches done after each.
-        Only for a fresh engine, which nothing else may use until the warm-up is run through or
-        closed: both empty its state again. The plans it recorded (for batches with changes of
-        every source, into empty and non-empty state) stay until `load_state` replaces the
-        state; the compiled code stays in any case, for every engine of the JVM. It never
-        fails: it is only an optimization, and what went wrong is logged. Another thread may
-        cut a step short (`WarmUp.cancel`)."""
-        if not self.fresh:
-            raise EngineStateError("warm_up: only a fresh engine warms up, before it loads "
-                                   "state or processes a batch")
-        return warmup.WarmUp(self, rows)
-
     def forget(self) -> None:
         """Back to fresh: empty state, no batch run (for the warm-up: the plans it recorded
-        stay; see `warming_up`)."""
+        stay; see `txstream.engine.warmup.warming_up`)."""
         for state in self._states().values():
             state.install(())
         self._index(list(self._states().values()))

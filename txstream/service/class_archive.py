@@ -121,6 +121,7 @@ def prepare(timeout_s: float = 300.0) -> Path:
     # and needs neither the engine nor the example pipeline (nor can import `get_spark`'s
     # module, which imports this one).
     from txstream.engine import Engine
+    from txstream.engine.warmup import warm_up
     from txstream.examples.orders import pipeline
     from txstream.service.spark import get_spark
 
@@ -138,7 +139,7 @@ def prepare(timeout_s: float = 300.0) -> Path:
         partial.unlink(missing_ok=True)
         spark = get_spark(java_options=f'"-XX:ArchiveClassesAtExit={partial}"')
         # The classes a batch loads: plans of every operator kind, compiled and run.
-        Engine(pipeline(), spark).warm_up(1_000)
+        warm_up(Engine(pipeline(), spark), 1_000)
         gateway = SparkContext._gateway
         spark.stop()
     except (OSError, PySparkException) as exc:
