@@ -26,25 +26,23 @@ spreading and would pay a stage per exchange.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyspark.errors import AnalysisException, PySparkException
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from txstream.changes import Changes
-from txstream.engine import codegen, run_index
+from txstream.engine import codegen, persistence, run_index
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import PART
 from txstream.engine.errors import (
     EngineInputError,
-    EngineStateError,
     ExpressionError,
     PipelineDefinitionError,
 )
@@ -54,9 +52,9 @@ from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, first_line, tell_readers
 from txstream.engine.replicas import keep_replicated
 from txstream.engine.results import ResultLayout
-from txstream.engine.spark_internals import materialize, plan_now, rdd_leaf, rdd_of
+from txstream.engine.spark_internals import plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
-from txstream.engine.state import Run, Runs, StagedRuns, ZSetState
+from txstream.engine.state import Runs, StagedRuns, ZSetState
 from txstream.engine.table import Node, Pipeline
 from txstream.engine.templates import Template, instantiate, ready, record
 from txstream.schemas.tables import Column, ColumnType, TableSchema
@@ -412,63 +410,16 @@ class Engine:
 
     def save_state(self, path: str, version: EngineVersion | None = None) -> None:
         """Write every operator's state (as of `version`, by default now) under `path`, a new
-        directory (local or any Hadoop-compatible URI). The manifest is written last: a state
-        without it is incomplete."""
-        version = version or self.version()
-        saved = []
-        weights = {}
-        row_types = {}
-        for name, (state, runs) in version.states.items():
-            if runs:
-                state.save(f"{path}/{name}", runs)
-                saved.append(name)
-                weights[name] = sum(run.weight for run in runs)
-                assert state.row_type is not None  # fixed by the rows the runs hold
-                row_types[name] = state.row_type.jsonValue()
-        manifest = json.dumps({"format": 1, "operators": self._fingerprint(), "states": saved,
-                               "weights": weights, "row_types": row_types})
-        self.spark.createDataFrame([(manifest,)], "manifest STRING").coalesce(1) \
-            .write.text(f"{path}/_manifest")
+        directory (local or any Hadoop-compatible URI; see `txstream.engine.persistence`)."""
+        persistence.save(self.spark, path, self._fingerprint(),
+                         (version or self.version()).states)
 
     def load_state(self, path: str) -> None:
-        """Replace the engine's state with the one `save_state` wrote at `path`."""
-        try:
-            text = self.spark.read.text(f"{path}/_manifest").first()
-        except AnalysisException as exc:
-            raise EngineStateError(f"no complete engine state at {path}: {exc}") from exc
-        if text is None:
-            raise EngineStateError(f"no complete engine state at {path}: empty manifest")
-        manifest = json.loads(text[0])
-        mine = self._fingerprint()
-        if manifest.get("operators") != mine:
-            theirs = manifest.get("operators", [])
-            diff = next((f"{a!r} vs now {b!r}" for a, b in zip(theirs, mine, strict=False)
-                         if a != b), f"{len(theirs)} operators vs now {len(mine)}")
-            raise EngineStateError(
-                f"the state at {path} was saved by a different pipeline definition or "
-                f"engine version (first difference: {diff}); start from empty state instead"
-            )
-        saved = set(manifest.get("states", []))
-        # The runs' weights as saved, where they cannot make the run look large enough for an
-        # index (a weight counts input rows, not the rows left): a state written before they
-        # were, or one that may be large, is counted (a job).
-        weights = {name: weight for name, weight in manifest.get("weights", {}).items()
-                   if weight < self.index_rows}
-        # The row types, saved since manifests hold them (earlier ones: read from the files).
-        row_types = {name: StructType.fromJson(value)
-                     for name, value in manifest.get("row_types", {}).items()}
-        self._templates.clear()
+        """Replace the engine's state with the one `save_state` wrote at `path`, and drop the
+        plans recorded for the old one."""
         states = self._states()
-        restored = {}
+        runs = persistence.load(self.spark, path, self._fingerprint(), states, self.index_rows)
+        self._templates.clear()
         for name, state in states.items():
-            state.install(())
-            if name in saved:
-                restored[name] = state.restored(self.spark, f"{path}/{name}", row_types.get(name))
-        # One Spark job, not one or two per state (but a state saved without weight: counted).
-        materialize(self.spark, [rdd_of(frame) for frame in restored.values()])
-        for name, frame in restored.items():
-            # Weighed (by its rows, or the input rows it summarizes), so that small batches
-            # after a restore do not rewrite it.
-            weight = weights.get(name)
-            states[name].install((Run(frame, frame.count() if weight is None else weight),))
+            state.install(runs.get(name, ()))
         self._index(list(states.values()))

@@ -477,21 +477,10 @@ class ZSetState:
         self._indexes.clear()
         self._leaf = {}
 
-    def save(self, path: str, runs: Runs) -> None:
-        """Write a version's consolidated collection as Parquet under `path` (any
-        Hadoop-compatible location Spark can write), in the row type, which `restored` reads
-        it in (a sum of an int column of the runs would be a long)."""
-        whole = self.consolidated(runs)
-        if whole is not None:
-            self.typed(whole).write.parquet(path)
-
-    def restored(self, spark: SparkSession, path: str, row_type: StructType | None) -> DataFrame:
-        """The collection `save` wrote at `path`, in the state's partitions, as a lazy local
-        checkpoint: computed by the first job that reads it (`Engine.load_state` runs one for
-        every state), after which the files may be deleted. `row_type`: the type its rows
-        were saved in, which spares Spark a job reading it from the files (None: read)."""
-        reader = spark.read if row_type is None else spark.read.schema(row_type)
-        frame = self.typed(reader.parquet(path))
-        # Whatever parallelism saved it: a restart with another one repartitions here.
+    def new_run(self, rows: DataFrame) -> DataFrame:
+        """`rows` (the state's keys and weights, consolidated, in any partitioning: a saved
+        state's, whatever parallelism saved it) as a run's frame: typed, in the state's
+        partitions, a lazy local checkpoint, computed by the first job that reads it."""
+        frame = self.typed(rows)
         spread = frame.coalesce(1) if self.partitions == 1 else self._hashed(frame)
         return self._local_checkpoint(spread, eager=False)
