@@ -44,12 +44,13 @@ class BatchPlan:
     spark: SparkSession
     # Rows of input in the batch: the weight of the runs it stages (see ZSetState.merge).
     weight: int
+    # The partitions the batch is planned for: the engine's parallelism P, or 1 for a small
+    # batch (see txstream.engine.engine); every plan of the batch is given it from here.
+    parallelism: int
     staged: list[StagedRuns] = field(default_factory=list)
     materialized: list[Materialization] = field(default_factory=list)
     # The leaves of merged runs, each with its state.
     merged: list[tuple[DataFrame, ZSetState]] = field(default_factory=list)
-    # Partitions of the exchanged deltas and of every state (see txstream.engine.frames).
-    parallelism: int = 1
     # Frames known to be hash-partitioned into `parallelism` partitions, by id: the frame and
     # its columns (the frame is held so that its id stays its own).
     _clustered: dict[int, tuple[DataFrame, tuple[str, ...]]] = field(default_factory=dict)
@@ -63,10 +64,10 @@ class BatchPlan:
         # Typed first: the first rows fix the state's row type.
         changes = state.typed(self.clustered(delta, state.partition_on))
         merge = state.merge(self.weight)
-        merged = state.leaf(self.spark, merge.merged)
+        merged = state.leaf(self.spark, merge.merged, self.parallelism)
         self.merged.append((merged, state))
-        source = state.staged_frame(changes, merged)
-        run = state.checkpoint(source)
+        source = state.staged_frame(changes, merged, self.parallelism)
+        run = state.checkpoint(source, self.parallelism)
         self.materialized.append(Materialization("run", source, run, state))
         self.staged.append(StagedRuns(state, (*merge.kept, Run(run, merge.new_weight))))
 

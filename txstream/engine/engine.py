@@ -46,7 +46,7 @@ from txstream.engine.errors import (
     ExpressionError,
     PipelineDefinitionError,
 )
-from txstream.engine.frames import spread, union_all
+from txstream.engine.frames import union_all
 from txstream.engine.indexing import StateIndexes
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, first_line, tell_readers
@@ -54,7 +54,7 @@ from txstream.engine.replicas import keep_replicated
 from txstream.engine.results import ResultLayout
 from txstream.engine.spark_internals import plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
-from txstream.engine.state import Runs, StagedRuns, ZSetState
+from txstream.engine.state import Runs, StagedRuns, StatePlacement, ZSetState
 from txstream.engine.table import Node, Pipeline
 from txstream.engine.templates import Template, instantiate, ready, record
 from txstream.schemas.tables import Column, ColumnType, TableSchema
@@ -151,12 +151,14 @@ class Engine:
         # Files under `index_dir` (TXSTREAM_INDEX_DIR, else the system's temporary directory).
         self._indexing = StateIndexes(
             index_rows, index_dir or os.environ.get("TXSTREAM_INDEX_DIR") or None)
+        # Every state is made in the engine's P partitions (see the module doc).
+        placement = StatePlacement(partitions=parallelism, replicas=state_replicas)
         self._ops: list[Operator] = []
         by_id: dict[int, Operator] = {}
         keys: dict[int, Key] = {}  # a set of unique columns of each node, where one is known
         for node in pipeline.nodes():
             op_type = OPERATORS[type(node)]
-            op = op_type(spark, node, [by_id[i.id].schema for i in node.inputs])
+            op = op_type(spark, node, [by_id[i.id].schema for i in node.inputs], placement)
             by_id[node.id] = op
             keys[node.id] = op.key([keys[i.id] for i in node.inputs])
             self._ops.append(op)
@@ -180,9 +182,6 @@ class Engine:
                                             by_id[out.node.id].emit_pairs else None)
                                      for name, out in self.outputs.items()})
         self._templates: dict[tuple[object, ...], Template] = {}
-        for state in self._states().values():
-            state.partitions = parallelism
-            state.replicas = state_replicas
         self.state_replicas = state_replicas
         self.state_replications = 0  # times runs were copied again (`txstream.engine.replicas`)
 
@@ -221,13 +220,13 @@ class Engine:
             # Read when a plan is made: an aggregate of deltas alone gets P partitions, as the
             # state it meets has (a session setting, so set for every batch, whichever engine).
             self.spark.conf.set("spark.sql.shuffle.partitions", str(self.parallelism))
-        with call_site(self.spark.sparkContext, "txstream engine batch"), spread(planned):
+        with call_site(self.spark.sparkContext, "txstream engine batch"):
             if template is not None and not ready(self.spark, template):
                 del self._templates[shape]  # built by the operators, as every batch of its shape
                 template = None
             if template is not None:
                 rows = {name: self.sources[name].rows(t, planned) for name, t in present.items()}
-                final, staged = instantiate(self.spark, template, rows, weight)
+                final, staged = instantiate(self.spark, template, rows, weight, planned)
                 outputs: tuple[str, ...] = template.outputs
             else:
                 final, outputs, staged, recorded = self._build(present, weight, planned)
@@ -342,10 +341,11 @@ class Engine:
             return None, present
         parts = [outputs[name].select(*self._result.columns(name)) for name in present]  # type: ignore[union-attr]
         if batch.frames:
-            hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames])
+            hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames],
+                               batch.parallelism)
             parts.append(hidden.where(F.spark_partition_id() < 0)
                          .select(*self._result.columns(None)))
-        final = union_all(parts)
+        final = union_all(parts, batch.parallelism)
         if batch.parallelism > 1:
             # The union has every partition of every part (P per output and per hidden frame),
             # each a task that deserializes the job's plan: 30 tasks at P = 2 for the example

@@ -41,7 +41,8 @@ def save(spark: SparkSession, path: str, fingerprint: Sequence[str],
     row_types = {}
     for name, (state, runs) in version.items():
         if runs:
-            whole = state.consolidated(runs)
+            # Outside any batch: read in one partition, as a batch planned in one reads it.
+            whole = state.consolidated(runs, planned=1)
             assert whole is not None  # of runs
             state.typed(whole).write.parquet(f"{path}/{name}")
             saved.append(name)

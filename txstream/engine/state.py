@@ -65,7 +65,6 @@ from txstream.engine.frames import (
     col,
     join,
     null_safe_on,
-    parallelism,
     prefixed,
     semi_join,
     union_all,
@@ -132,6 +131,15 @@ class StagedRuns:
         return self.runs[-1].frame
 
 
+@dataclass(frozen=True)
+class StatePlacement:
+    """Where every run of a state lives: in `partitions` partitions (the engine's parallelism
+    P, see the module doc), each block on `replicas` executors (see `checkpoint`)."""
+
+    partitions: int = 1
+    replicas: int = 1
+
+
 def _row_type(schema: StructType, weights: Sequence[str]) -> StructType:
     """Decimal weights at precision 38, the bound their sums widen to, so a merge keeps the
     type. Keys keep theirs: a decimal of more than 18 digits is a BigDecimal in every row that
@@ -154,17 +162,17 @@ class ZSetState:
     """
 
     def __init__(self, keys: Sequence[str], weights: Sequence[str], empty_when: str | None = None,
-                 lookup: Sequence[str] | None = None) -> None:
+                 lookup: Sequence[str] | None = None, *, placement: StatePlacement) -> None:
         self.keys = list(keys)
         self.weights = list(weights)
         self._empty_when = empty_when
         # The columns every lookup matches on (None: never looked up, never indexed).
         self.lookup_on = list(lookup) if lookup is not None else None
         # The partitions of every run, and the columns they are hashed by (see the module doc).
-        self.partitions = 1
+        self.partitions = placement.partitions
         self.partition_on = self.lookup_on if self.lookup_on is not None else self.keys
         # Copies of each run's blocks on distinct executors (see `checkpoint`).
-        self.replicas = 1
+        self.replicas = placement.replicas
         self.runs: Runs = ()
         # Fixed by the first rows the state gets: every run holds this type.
         self.row_type: StructType | None = None
@@ -219,23 +227,23 @@ class ZSetState:
         template's)."""
         return rows_scan(spark, *self._rows(spark, runs))
 
-    def leaf(self, spark: SparkSession, runs: Runs) -> DataFrame:
+    def leaf(self, spark: SparkSession, runs: Runs, planned: int) -> DataFrame:
         """The rows of `runs` (none: no rows) as one leaf, unconsolidated: in the runs' P
-        partitions, or in one for a batch planned in one (see `txstream.engine.engine`)."""
+        partitions, or in one for a batch `planned` in one (see `txstream.engine.engine`)."""
         assert self._prototype is not None, "typed() fixes the row type before any leaf"
         node = rdd_node(spark, self._prototype, *self._rows(spark, runs))
         leaf = frame_of(spark, node.newInstance())
-        return leaf.coalesce(1) if parallelism() == 1 else leaf
+        return leaf.coalesce(1) if planned == 1 else leaf
 
-    def checkpoint(self, source: DataFrame) -> DataFrame:
-        """A staged run: `source` (a `staged_frame`) as a lazy local checkpoint (computed, and
-        its lineage cut, by the batch's job). At P > 1 it must come out hash-partitioned as
-        the state's leaves declare: in a batch planned in one partition `staged_frame` split
-        it so; otherwise Spark's checkpoint records the partitioning of its physical plan,
-        which is read here, and a plan that lost it (an exchange the planner chose by other
-        columns) is repartitioned explicitly, which costs a shuffle of the run but never a
-        wrong pair."""
-        if self._split_here():
+    def checkpoint(self, source: DataFrame, planned: int) -> DataFrame:
+        """A staged run: `source` (a `staged_frame`, of a batch planned for `planned`
+        partitions) as a lazy local checkpoint (computed, and its lineage cut, by the batch's
+        job). At P > 1 it must come out hash-partitioned as the state's leaves declare: in a
+        batch planned in one partition `staged_frame` split it so; otherwise Spark's
+        checkpoint records the partitioning of its physical plan, which is read here, and a
+        plan that lost it (an exchange the planner chose by other columns) is repartitioned
+        explicitly, which costs a shuffle of the run but never a wrong pair."""
+        if self._split_here(planned):
             return self._local_checkpoint(source, eager=False)
         run = self._local_checkpoint(source, eager=False)
         wanted = (list(self.partition_on), self.partitions)
@@ -296,19 +304,20 @@ class ZSetState:
             useDisk=True, useMemory=True, useOffHeap=False, deserialized=True,
             replication=self.replicas))
 
-    def staged_frame(self, changes: DataFrame, merged: DataFrame) -> DataFrame:
+    def staged_frame(self, changes: DataFrame, merged: DataFrame, planned: int) -> DataFrame:
         """A new run: the batch's `changes` (`typed`, not necessarily consolidated; at P > 1
         clustered by `partition_on`, see `BatchPlan.clustered`) plus the `merged` runs (a
-        `leaf`), consolidated; at P > 1 in a batch planned in one partition, split into the
+        `leaf`), consolidated, for a batch `planned` for that many partitions; at P > 1 in a
+        batch planned in one partition, split into the
         state's P partitions (`_split`), so that a template records the split with the rest
         of the run's plan and a rebound batch does not build it again."""
-        run = self.typed(self._consolidate(union_all([changes, merged]), whole=False))
-        return self._split(run) if self._split_here() else run
+        run = self.typed(self._consolidate(union_all([changes, merged], planned), whole=False))
+        return self._split(run) if self._split_here(planned) else run
 
-    def _split_here(self) -> bool:
-        """Whether a new run is split by `staged_frame` (at P > 1, in a batch planned in one
+    def _split_here(self, planned: int) -> bool:
+        """Whether a new run is split by `staged_frame` (at P > 1, in a batch `planned` in one
         partition), which `checkpoint` then takes as partitioned."""
-        return self.partitions > 1 and parallelism() == 1
+        return self.partitions > 1 and planned == 1
 
     def install(self, runs: Runs) -> None:
         self.runs = runs
@@ -346,15 +355,15 @@ class ZSetState:
         """What a batch's plans depend on: whether runs are streamed, whether any is indexed."""
         return bool(self.streamed()), bool(self.indexed())
 
-    def frame(self) -> DataFrame | None:
-        """The current version's streamed runs as one leaf, unconsolidated: equal keys may
-        appear in several runs (sum their weights). The indexed runs are read by `matches`."""
+    def frame(self, planned: int) -> DataFrame | None:
+        """The current version's streamed runs as one leaf for a batch `planned` for that many
+        partitions (see `leaf`), unconsolidated: equal keys may appear in several runs (sum
+        their weights). The indexed runs are read by `matches`."""
         streamed = self.streamed()
         if not streamed:
             return None
-        planned = parallelism()
         if planned not in self._leaf:
-            self._leaf[planned] = self.leaf(streamed[0].frame.sparkSession, streamed)
+            self._leaf[planned] = self.leaf(streamed[0].frame.sparkSession, streamed, planned)
         return self._leaf[planned]
 
     def index_frame(self) -> DataFrame | None:
@@ -395,10 +404,11 @@ class ZSetState:
         return prefixed(probe.select(*[self._typing[c] for c in self.lookup_on]).distinct(),
                         "__p_")
 
-    def matches(self, probe: DataFrame) -> list[DataFrame]:
+    def matches(self, probe: DataFrame, planned: int) -> list[DataFrame]:
         """The indexed runs' rows whose lookup columns equal (nulls equal) a row of `probe`,
-        unconsolidated (none, or one frame: at P > 1 partitioned as the state's leaves are);
-        the streamed runs are left to the caller (`frame`)."""
+        unconsolidated (none, or one frame: in a batch `planned` for P > 1 partitions,
+        partitioned as the state's leaves are); the streamed runs are left to the caller
+        (`frame`)."""
         files = self.index_frame()
         if files is None:
             return []
@@ -408,31 +418,34 @@ class ZSetState:
         candidates = run_index.lookups(keys, probe_cols, files, self.row_type)
         # Both sides in one partition: the join needs no exchange.
         found = join(candidates, build_side(keys),
-                     null_safe_on(candidates, keys, self.lookup_on, probe_cols), "inner") \
-            .select(*[candidates[f"`{c}`"] for c in self.row_type.names])
-        return [found.coalesce(1) if parallelism() == 1 else self._hashed(found)]
+                     null_safe_on(candidates, keys, self.lookup_on, probe_cols), "inner",
+                     planned).select(*[candidates[f"`{c}`"] for c in self.row_type.names])
+        return [found.coalesce(1) if planned == 1 else self._hashed(found)]
 
-    def consolidated(self, runs: Runs) -> DataFrame | None:
+    def consolidated(self, runs: Runs, planned: int) -> DataFrame | None:
+        """The collection `runs` hold, read whole (see `empty_when`) for a plan of `planned`
+        partitions; None for no runs."""
         if not runs:
             return None
-        return self._consolidate(self.leaf(runs[0].frame.sparkSession, runs), whole=True)
+        return self._consolidate(self.leaf(runs[0].frame.sparkSession, runs, planned),
+                                 whole=True)
 
-    def lookup(self, probe: DataFrame, on: Sequence[str]) -> DataFrame | None:
+    def lookup(self, probe: DataFrame, on: Sequence[str], planned: int) -> DataFrame | None:
         """The consolidated rows whose `on` columns (the state's lookup columns) equal (nulls
-        equal) a row of `probe`."""
+        equal) a row of `probe`, for a batch `planned` for that many partitions."""
         assert list(on) == self.lookup_on, f"looked up by {on}, declared {self.lookup_on}"
-        whole = self.frame()
+        whole = self.frame(planned)
         parts = []
         if whole is not None:
             assert self.row_type is not None  # fixed by the rows the runs hold
             # At P > 1 joined on the struct of the lookup columns, by which the leaf declares
             # its partitioning too: state is read in place, only the probe's keys move.
             key_types = StructType([self.row_type[c] for c in on])
-            parts.append(semi_join(whole, probe, on, key_types))
-        parts += self.matches(probe)
+            parts.append(semi_join(whole, probe, on, key_types, planned))
+        parts += self.matches(probe, planned)
         if not parts:
             return None
-        return self._consolidate(union_all(parts), whole=True)
+        return self._consolidate(union_all(parts, planned), whole=True)
 
     def refresh_indexes(self, index_rows: int, directory: Callable[[], str]) -> None:
         """Index the current version's runs of at least `index_rows` rows (a Spark job each,

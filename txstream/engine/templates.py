@@ -108,7 +108,7 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
         return None
     roles: dict[LeafKey, Role] = {leaf_key(f): ("source", name) for name, f in sources.items()}
     for state in states:
-        current = state.frame()
+        current = state.frame(batch.parallelism)
         if current is not None:
             roles[leaf_key(current)] = ("state", state)
         files = state.index_frame()
@@ -157,9 +157,10 @@ def ready(spark: SparkSession, template: Template) -> bool:
 
 
 def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, SourceRows],
-                weight: int) -> tuple[DataFrame, list[StagedRuns]]:
+                weight: int, planned: int) -> tuple[DataFrame, list[StagedRuns]]:
     """The batch's final frame and staged runs, for `sources` (name -> its changes) and a
-    batch of `weight` input rows, from the template of its shape (`ready`): each recorded
+    batch of `weight` input rows planned for `planned` partitions (part of its shape), from
+    the template of its shape (`ready`): each recorded
     physical plan over this batch's leaves (`frame_over`), neither optimized nor planned
     again."""
     merges: dict[int, Merge] = {}
@@ -194,7 +195,7 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
                                   else rows_scan(spark, rows, step.clustering))
             continue
         assert step.state is not None
-        run = step.state.checkpoint(frame(step.plan))
+        run = step.state.checkpoint(frame(step.plan), planned)
         bindings[step.key] = rows_scan(spark, rdd_of(run))
         merge = merge_of(step.state)
         staged.append(StagedRuns(step.state, (*merge.kept, Run(run, merge.new_weight))))
