@@ -52,15 +52,16 @@ from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, first_line, tell_readers
 from txstream.engine.replicas import keep_replicated
 from txstream.engine.results import ResultLayout
+from txstream.engine.runs import Runs
 from txstream.engine.spark_internals import plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
-from txstream.engine.state import Runs, StagedRuns, StatePlacement, ZSetState
+from txstream.engine.state import StagedRuns, StatePlacement, ZSetState
 from txstream.engine.table import Node, Pipeline
 from txstream.engine.templates import Template, instantiate, ready, record
 from txstream.schemas.tables import Column, ColumnType, TableSchema
 
 # A state run holding at least this many rows gets an index, so lookups probe it instead of
-# streaming it (see `txstream.engine.state`): streaming costs ~0.1 s per million rows per
+# streaming it (see `txstream.engine.indexed_runs`): streaming costs ~0.1 s per million rows per
 # lookup, an index one job when the run is made (its partitions sorted and written as files by
 # the executors) and a Python task in every batch that probes it.
 INDEX_ROWS = 1_000_000
@@ -297,7 +298,7 @@ class Engine:
     @property
     def index_bytes(self) -> int:
         """What the state indexes' files hold."""
-        return sum(s.index_bytes for s in self._states().values())
+        return sum(s.indexes.bytes(s.runs) for s in self._states().values())
 
     def _build(self, changes: Mapping[str, Changes], weight: int, planned: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:

@@ -24,8 +24,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from txstream.engine.errors import EngineStateError
+from txstream.engine.runs import Run, Runs
 from txstream.engine.spark_internals import materialize, rdd_of
-from txstream.engine.state import Run, Runs, ZSetState
+from txstream.engine.state import ZSetState
 
 _FORMAT = 1
 _MANIFEST = "_manifest"

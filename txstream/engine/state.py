@@ -1,45 +1,28 @@
-"""Operator state: Z-sets held in Spark as a few consolidated runs (a log-structured merge),
-in versions.
+"""Operator state: a Z-set held in Spark as a few consolidated runs, in versions.
 
-A batch stages its delta, consolidated, as a new run, weighed by the batch's size; a run is
-merged into the one before it while that one weighs no more than what is being merged (size
-tiers, a binary counter when batches are equal). Each row is rewritten O(log) times, the number
-of runs stays logarithmic, and a small batch never rewrites a large state: appending costs
-O(delta) amortized, not O(state).
-
-A state's value is an immutable tuple of runs (a version). Staging builds the next version's
-plan without running anything; the engine materializes every staged run of a batch in the
-batch's one Spark job and only then installs the new versions, so a failed batch leaves every
-state as it was, and an older version stays readable (for a checkpoint) while later batches
-run. Runs are lazy local checkpoints: computed once, by the job that first reads them, then
-read from Spark's memory with their lineage cut, so plans do not grow with the number of
-batches.
+The rule: a state's value is an immutable tuple of runs (a version), replaced whole. Staging
+builds the next version's plan without running anything (the batch's changes as a new run,
+merged with the runs size tiers say, `txstream.engine.runs`); the engine materializes every
+staged run of a batch in the batch's one Spark job and only then installs the new versions, so
+a failed batch leaves every state as it was, and an older version stays readable (for a
+checkpoint, `txstream.engine.persistence`) while later batches run.
 
 At parallelism 1 runs live in one partition, like every frame of a batch (see
-`txstream.engine.engine`). At P > 1 (`partitions`) every run is hash-partitioned into P
-partitions by the state's lookup columns (`partition_on`), partition i of each run holding the
-same keys, and the leaf declares it: a join or an aggregate by those columns reads each
-partition where it is, and only the batch's delta is exchanged to meet it. A run is checked to
-be so partitioned when it is staged (`checkpoint`); the declaration is a promise the planner
-trusts, and a false one would pair rows that never meet.
+`txstream.engine.engine`). At P > 1 (`StatePlacement.partitions`, given when the state is made)
+every run is hash-partitioned into P partitions by the state's lookup columns
+(`partition_on`), partition i of each run holding the same keys, and the leaf declares it: a
+join or an aggregate by those columns reads each partition where it is, and only the batch's
+delta is exchanged to meet it. A run is checked to be so partitioned when it is staged
+(`checkpoint`); the declaration is a promise the planner trusts, and a false one would pair
+rows that never meet.
 
 A plan reads a state's small runs as one leaf, whatever their number: a `LogicalRDD` over the
 union of the runs' RDDs (`txstream.engine.spark_internals`), so a batch's plans have the same
 shape from one batch to the next and can be rebound to the next version's runs instead of built
 again (`txstream.engine.templates`). For that, every run holds its rows in the state's one row type
 (`row_type`): decimal weights sum to precision 38 at once instead of widening with each merge.
-
-A lookup streams those runs past a hash table of the batch's keys, which costs every row of
-them (at P > 1, a partition's rows per task). A large run (`index`: at least `index_rows` rows)
-therefore gets an index on the state's lookup columns once it is installed: its partitions
-sorted by a hash of those columns and written as files by the executors (one job), probed by
-binary search in every later lookup (`txstream.engine.run_index`), and deleted when the run is
-merged away. A run's weight (rows of input) bounds its rows, so only runs that weigh
-`index_rows` are built; one whose build counts fewer rows (a group-by's few groups) is dropped
-at once and stays streamed. Size tiers keep the streamed runs' weight below about twice
-`index_rows`, or their rows below `index_rows` each, so a lookup costs O(delta + index_rows)
-rows, not O(state), at any P; the driver holds a path per partition of an index, never its
-rows.
+A lookup streams those runs and probes the large runs' indexes (`txstream.engine.indexed_runs`
+keeps which runs have one).
 """
 
 from __future__ import annotations
@@ -47,13 +30,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
-import pyarrow as pa
 from py4j.java_gateway import JavaObject
-from py4j.protocol import Py4JJavaError
-from pyspark import StorageLevel
-from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructField, StructType
@@ -69,17 +47,15 @@ from txstream.engine.frames import (
     semi_join,
     union_all,
 )
-from txstream.engine.run_index import RunIndex
-from txstream.engine.spark_input import input_rows
+from txstream.engine.indexed_runs import IndexedRuns
+from txstream.engine.runs import Run, Runs, kept
 from txstream.engine.spark_internals import (
     Clustering,
     Replacement,
     attributes,
     frame_of,
     hash_clusterings,
-    id_of,
     rdd_node,
-    rdd_of,
     rows_scan,
     union_rdd,
 )
@@ -89,33 +65,6 @@ log = logging.getLogger(__name__)
 
 # The partition number a small batch's new run is split by (see ZSetState._split).
 _PARTITION = "__partition"
-
-
-@dataclass(frozen=True)
-class Run:
-    frame: DataFrame  # a local checkpoint: its plan is a LogicalRDD
-    weight: int  # rows of input the run summarizes (an estimate of its size, never counted)
-
-    @cached_property
-    def rdd(self) -> JavaObject:
-        return rdd_of(self.frame)
-
-    @cached_property
-    def rdd_id(self) -> int:
-        return id_of(self.rdd)
-
-
-Runs = tuple[Run, ...]
-
-
-@dataclass(frozen=True)
-class Merge:
-    """What adding a batch of `weight` rows does to a version: its runs split into those kept
-    and those merged with the batch's changes into one new run of `new_weight`."""
-
-    kept: Runs
-    merged: Runs
-    new_weight: int
 
 
 @dataclass(frozen=True)
@@ -180,13 +129,10 @@ class ZSetState:
         # `row_type`'s columns cast and named, made once: a cast to a type object costs about six
         # round trips to the JVM, and a batch's plans type every delta of every state.
         self._typing: dict[str, Column] = {}  # by column name, in `row_type`'s order
-        # The current version's small runs as one leaf, and the list of its indexes' files.
+        # The current version's streamed runs as one leaf.
         self._leaf: dict[int, DataFrame] = {}  # by the parallelism of the plans reading it
-        # The indexed runs it lists, by RDD id, with the leaf's session, attributes and rows.
-        self._index_files: tuple[tuple[int, ...], SparkSession, JavaObject, JavaObject] | None \
-            = None
-        self._indexes: dict[int, RunIndex] = {}  # by the run's RDD id
-        self._unindexed: set[int] = set()  # runs whose build found fewer than index_rows rows
+        # Which of the runs have an index, which lookups probe instead of streaming the run.
+        self.indexes = IndexedRuns(self.lookup_on)
         self._splitting: tuple[DataFrame, Column] | None = None  # see _split
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
@@ -257,18 +203,6 @@ class ZSetState:
                                    f"into {self.partitions} partitions: {hash_clusterings(run)}")
         return run
 
-    def merge(self, weight: int) -> Merge:
-        """The runs a batch of `weight` input rows merges with (size tiers: a run merges into
-        the one before it while that one weighs no more than what is being merged)."""
-        runs = list(self.runs)
-        weight = max(1, weight)
-        merged: list[Run] = []
-        while runs and runs[-1].weight <= weight:
-            run = runs.pop()
-            merged.insert(0, run)
-            weight += run.weight
-        return Merge(tuple(runs), tuple(merged), weight)
-
     def _hashed(self, frame: DataFrame) -> DataFrame:
         """`frame` exchanged into the state's P partitions by `partition_on`."""
         return frame.repartition(self.partitions, *[col(c) for c in self.partition_on])
@@ -292,17 +226,8 @@ class ZSetState:
         return frame.crossJoin(numbers).where(keep).drop(_PARTITION)
 
     def _local_checkpoint(self, frame: DataFrame, eager: bool) -> DataFrame:
-        """`frame` checkpointed into the executors' block managers: a local checkpoint has no
-        lineage, so a block lost with its executor is lost for good (Spark fails the job,
-        CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND) unless a replica exists. With `replicas` above 1
-        each block is also copied to other executors, from which a task reads it when its
-        own is gone (Spark's `spark.storage.replication.proactive` then copies it again);
-        rows stay deserialized, as the default level keeps them."""
-        if self.replicas == 1:
-            return frame.localCheckpoint(eager=eager)
-        return frame.localCheckpoint(eager=eager, storageLevel=StorageLevel(
-            useDisk=True, useMemory=True, useOffHeap=False, deserialized=True,
-            replication=self.replicas))
+        """`frame` kept as a run of this state: on `replicas` executors (`runs.kept`)."""
+        return kept(frame, self.replicas, eager)
 
     def staged_frame(self, changes: DataFrame, merged: DataFrame, planned: int) -> DataFrame:
         """A new run: the batch's `changes` (`typed`, not necessarily consolidated; at P > 1
@@ -331,25 +256,17 @@ class ZSetState:
         for run in self.runs:
             if run.rdd_id in rdd_ids:
                 copy = Run(self._local_checkpoint(run.frame, eager=True), run.weight)
-                if run.rdd_id in self._indexes:
-                    self._indexes[copy.rdd_id] = self._indexes.pop(run.rdd_id)
-                if run.rdd_id in self._unindexed:
-                    self._unindexed.add(copy.rdd_id)
+                self.indexes.copied(run, copy)
                 run = copy
             runs.append(run)
         self.install(tuple(runs))
 
     def streamed(self) -> Runs:
         """The current version's runs without an index: lookups stream their rows."""
-        return tuple(r for r in self.runs if r.rdd_id not in self._indexes)
+        return self.indexes.streamed(self.runs)
 
     def indexed(self) -> Runs:
-        return tuple(r for r in self.runs if r.rdd_id in self._indexes)
-
-    @property
-    def index_bytes(self) -> int:
-        """What the files of the current version's indexes hold."""
-        return sum(self._indexes[r.rdd_id].bytes for r in self.indexed())
+        return self.indexes.indexed(self.runs)
 
     def shape(self) -> tuple[bool, bool]:
         """What a batch's plans depend on: whether runs are streamed, whether any is indexed."""
@@ -369,7 +286,7 @@ class ZSetState:
     def index_frame(self) -> DataFrame | None:
         """The files of the current version's indexed runs as a leaf (one row per file, see
         `run_index.FILES_TYPE`), or None when no run is indexed."""
-        listed = self._listed()
+        listed = self.indexes.files(self.runs)
         if listed is None:
             return None
         spark, output, rows = listed
@@ -378,25 +295,10 @@ class ZSetState:
     def index_scan(self) -> Replacement:
         """A physical leaf reading the files of the current indexed runs in place of a
         recorded one (a template's)."""
-        listed = self._listed()
+        listed = self.indexes.files(self.runs)
         assert listed is not None, "a plan reads index files only when some exist"
         spark, _, rows = listed
         return rows_scan(spark, rows)
-
-    def _listed(self) -> tuple[SparkSession, JavaObject, JavaObject] | None:
-        """The session, attributes and rows of a leaf listing the index files of the current
-        version's indexed runs (made again when they change)."""
-        indexed = self.indexed()
-        if not indexed:
-            return None
-        ids = tuple(r.rdd_id for r in indexed)
-        if self._index_files is None or self._index_files[0] != ids:
-            spark = indexed[0].frame.sparkSession
-            paths = pa.table({run_index.PATH: pa.array(
-                [f for i in ids for f in self._indexes[i].files], pa.string())})
-            self._index_files = (ids, spark,
-                                 *input_rows(spark, paths, run_index.FILES_TYPE, columnar=False))
-        return self._index_files[1:]
 
     def _probe_keys(self, probe: DataFrame) -> DataFrame:
         """The distinct `lookup_on` values of `probe` in the state's types, as `__p_` columns."""
@@ -448,46 +350,14 @@ class ZSetState:
         return self._consolidate(union_all(parts, planned), whole=True)
 
     def refresh_indexes(self, index_rows: int, directory: Callable[[], str]) -> None:
-        """Index the current version's runs of at least `index_rows` rows (a Spark job each,
-        writing files under `directory()`), and drop the indexes of runs no longer in it. A
-        run that cannot be indexed stays streamed, with a warning."""
-        current = {r.rdd_id for r in self.runs}
-        before = set(self._indexes)
-        for rdd_id in [i for i in self._indexes if i not in current]:
-            self._indexes.pop(rdd_id).drop()
-        self._unindexed &= current
-        if self.lookup_on is not None:
-            for run in self.runs:
-                if (run.weight >= index_rows and run.rdd_id not in self._indexes
-                        and run.rdd_id not in self._unindexed):
-                    self._index(run, index_rows, directory)
-        if set(self._indexes) != before:  # runs moved between streamed and indexed
-            self._leaf = {}
-
-    def _index(self, run: Run, index_rows: int, directory: Callable[[], str]) -> None:
-        assert self.lookup_on is not None
-        try:
-            index = run_index.build(run.frame, self.lookup_on, directory())
-        except (Py4JJavaError, PySparkException, OSError) as exc:
-            # Only an optimization: a run that cannot be indexed (its files not written, a
-            # lost executor) is streamed, as a small one is.
-            log.warning("state run of %s rows of input stays unindexed, lookups stream it: %s",
-                        f"{run.weight:,}", str(exc)[:300])
-            self._unindexed.add(run.rdd_id)
-            return
-        if index.rows < index_rows:
-            index.drop()
-            self._unindexed.add(run.rdd_id)
-            return
-        log.info("indexed a state run of %s rows: %.0f MiB of files under %s",
-                 f"{index.rows:,}", index.bytes / 2**20, index.directory)
-        self._indexes[run.rdd_id] = index
+        """Index the current version's runs of at least `index_rows` rows (files under
+        `directory()`) and drop the indexes of runs no longer in it (`IndexedRuns.refresh`)."""
+        if self.indexes.refresh(self.runs, index_rows, directory):
+            self._leaf = {}  # runs moved between streamed and indexed
 
     def drop_indexes(self) -> None:
         """Delete every index: lookups stream every run."""
-        for index in self._indexes.values():
-            index.drop()
-        self._indexes.clear()
+        self.indexes.drop()
         self._leaf = {}
 
     def new_run(self, rows: DataFrame) -> DataFrame:

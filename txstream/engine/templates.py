@@ -39,6 +39,7 @@ from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 
 from txstream.engine.batch import BatchPlan
+from txstream.engine.runs import Merge, Run
 from txstream.engine.spark_input import SourceRows
 from txstream.engine.spark_internals import (
     Clustering,
@@ -63,7 +64,7 @@ from txstream.engine.spark_internals import (
     scans,
     union_rdd,
 )
-from txstream.engine.state import Merge, Run, StagedRuns, ZSetState
+from txstream.engine.state import StagedRuns, ZSetState
 
 # What a leaf of a recorded plan stands for: a source's changes, a state's streamed runs, the
 # runs a batch merges into a state's new run, or the list of a state's index files.
@@ -167,7 +168,7 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
 
     def merge_of(state: ZSetState) -> Merge:
         if id(state) not in merges:
-            merges[id(state)] = state.merge(weight)
+            merges[id(state)] = Merge.of(state.runs, weight)
         return merges[id(state)]
 
     bindings: dict[LeafKey, Replacement] = {}
