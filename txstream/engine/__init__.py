@@ -2,7 +2,8 @@
 DataFrames carrying `time` and `diff`."""
 
 from txstream.engine import reducers
-from txstream.engine.engine import Engine, EngineVersion, OutputTable
+from txstream.engine.compiled import OutputTable
+from txstream.engine.engine import Engine, EngineVersion
 from txstream.engine.errors import (
     EngineInputError,
     EngineStateError,

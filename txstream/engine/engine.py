@@ -1,5 +1,6 @@
-"""The engine: compiles a pipeline once into incremental operators, then turns batches of input
-changes (many consecutive transactions at once) into the output tables' changes.
+"""The engine: runs a pipeline compiled once into incremental operators
+(`txstream.engine.compiled`), turning batches of input changes (many consecutive transactions
+at once) into the output tables' changes.
 
 A batch runs in two phases. First every operator builds its delta plan and stages its state's
 next version (`BatchPlan`), running nothing. Then the engine computes it all with one Spark
@@ -28,19 +29,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from txstream.changes import Changes
 from txstream.engine import codegen, persistence, run_index
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import PART
+from txstream.engine.compiled import CompiledPipeline
 from txstream.engine.errors import (
     EngineInputError,
     ExpressionError,
@@ -48,17 +48,15 @@ from txstream.engine.errors import (
 )
 from txstream.engine.frames import union_all
 from txstream.engine.indexing import StateIndexes
-from txstream.engine.operators import OPERATORS, Operator, SourceOp
-from txstream.engine.operators.base import Key, first_line, tell_readers
+from txstream.engine.operators import SourceOp
+from txstream.engine.operators.base import first_line
 from txstream.engine.replicas import keep_replicated
-from txstream.engine.results import ResultLayout
 from txstream.engine.runs import Runs
 from txstream.engine.spark_internals import plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import StagedRuns, StatePlacement, ZSetState
-from txstream.engine.table import Node, Pipeline
+from txstream.engine.table import Pipeline
 from txstream.engine.templates import Template, instantiate, ready, record
-from txstream.schemas.tables import Column, ColumnType, TableSchema
 
 # A state run holding at least this many rows gets an index, so lookups probe it instead of
 # streaming it (see `txstream.engine.indexed_runs`): streaming costs ~0.1 s per million rows per
@@ -103,34 +101,6 @@ class EngineVersion:
     states: Mapping[str, tuple[ZSetState, Runs]]
 
 
-@dataclass(frozen=True)
-class OutputTable:
-    name: str
-    schema: TableSchema
-    node: Node
-
-
-def _table_schema(name: str, schema: StructType, key: tuple[str, ...] | None, inferred: Key
-                  ) -> TableSchema:
-    """An output's schema: its columns, and its primary key (`key`, else the one the DAG
-    shows, else none)."""
-    primary_key = key if key is not None else (inferred or ())
-    missing = [k for k in primary_key if k not in schema.names]
-    if missing:
-        raise PipelineDefinitionError(
-            f"output {name!r}: primary key column(s) {', '.join(missing)} not in "
-            f"{', '.join(schema.names)}"
-        )
-    # Every column may hold nulls, keys too: a group-by key or a distinct row can be null.
-    return TableSchema(
-        columns=tuple(
-            Column(name=f.name, type=ColumnType.from_spark(f.dataType.simpleString()))
-            for f in schema.fields
-        ),
-        primary_key=tuple(primary_key),
-    )
-
-
 class Engine:
     """Runs one pipeline. Not thread-safe: one batch at a time, in transaction order."""
 
@@ -139,8 +109,6 @@ class Engine:
                  cold_interpreted_rows: int = codegen.COLD_INTERPRETED_ROWS,
                  index_rows: int = INDEX_ROWS, spread_rows: int = SPREAD_ROWS,
                  state_replicas: int = 1, index_dir: str | None = None) -> None:
-        if not pipeline.outputs:
-            raise PipelineDefinitionError("the pipeline has no outputs: call pipeline.output(...)")
         if parallelism < 1:
             raise PipelineDefinitionError(f"parallelism must be at least 1, not {parallelism}")
         self.spark = spark
@@ -153,35 +121,12 @@ class Engine:
         self._indexing = StateIndexes(
             index_rows, index_dir or os.environ.get("TXSTREAM_INDEX_DIR") or None)
         # Every state is made in the engine's P partitions (see the module doc).
-        placement = StatePlacement(partitions=parallelism, replicas=state_replicas)
-        self._ops: list[Operator] = []
-        by_id: dict[int, Operator] = {}
-        keys: dict[int, Key] = {}  # a set of unique columns of each node, where one is known
-        for node in pipeline.nodes():
-            op_type = OPERATORS[type(node)]
-            op = op_type(spark, node, [by_id[i.id].schema for i in node.inputs], placement)
-            by_id[node.id] = op
-            keys[node.id] = op.key([keys[i.id] for i in node.inputs])
-            self._ops.append(op)
-        tell_readers(self._ops, {out.node.id for out in pipeline.outputs.values()})
-        # A delta read by several operators or outputs is computed once (BatchPlan.shared).
-        self._consumers = Counter(i.id for op in self._ops for i in op.node.inputs)
-        self._consumers.update(out.node.id for out in pipeline.outputs.values())
-        outputs = {out.node.id for out in pipeline.outputs.values()}
-        for op in self._ops:  # read by an output alone: as pairs, if it makes them
-            op.emit_pairs = (op.pairs() is not None and op.node.id in outputs
-                             and self._consumers[op.node.id] == 1)
+        self.compiled = CompiledPipeline(
+            pipeline, spark, StatePlacement(partitions=parallelism, replicas=state_replicas))
+        self.outputs = self.compiled.outputs
+        self.sources = self.compiled.sources
         self.last_batch: BatchStats | None = None
         self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
-        self.outputs = {
-            name: OutputTable(name, _table_schema(name, by_id[out.node.id].schema,
-                                                  out.primary_key, keys[out.node.id]), out.node)
-            for name, out in pipeline.outputs.items()
-        }
-        self.sources = {op.name: op for op in self._ops if isinstance(op, SourceOp)}
-        self._result = ResultLayout({name: (out.schema, by_id[out.node.id].pairs() if
-                                            by_id[out.node.id].emit_pairs else None)
-                                     for name, out in self.outputs.items()})
         self._templates: dict[tuple[object, ...], Template] = {}
         self.state_replicas = state_replicas
         self.state_replications = 0  # times runs were copied again (`txstream.engine.replicas`)
@@ -190,7 +135,7 @@ class Engine:
         """What decides every plan of a batch planned for `planned` partitions (see
         `txstream.engine.templates`)."""
         return (planned, tuple(sorted(changes)),
-                tuple(s.shape() for s in self._states().values()))
+                tuple(s.shape() for s in self.compiled.states.values()))
 
     def process(self, changes: Mapping[str, Changes]) -> dict[str, Changes]:
         """Run one batch: `changes` maps source names to their changes (any number of
@@ -214,7 +159,7 @@ class Engine:
         weight = sum(t.num_rows for t in present.values())
         planned = self.parallelism if weight >= self.spread_rows else 1
         shape = self._shape(present, planned)
-        indexes = sum(len(s.indexed()) for s in self._states().values())
+        indexes = sum(len(s.indexed()) for s in self.compiled.states.values())
         template = self._templates.get(shape)
         recorded: Template | None = None
         if self.parallelism > 1:
@@ -241,7 +186,7 @@ class Engine:
                 if run_index.UNREADABLE not in str(exc):
                     raise
                 # The batch changed nothing: run it again, streaming every run.
-                self._indexing.stop(self._states().values(), str(exc))
+                self._indexing.stop(self.compiled.states.values(), str(exc))
                 return self.process(changes)
         for staged_runs in staged:
             staged_runs.state.install(staged_runs.runs)
@@ -270,19 +215,19 @@ class Engine:
         if self.state_replicas > 1:
             with call_site(self.spark.sparkContext, "txstream state re-replication"):
                 self.state_replications += keep_replicated(
-                    self.spark, list(self._states().values()), self.state_replicas)
+                    self.spark, list(self.compiled.states.values()), self.state_replicas)
 
     @property
     def fresh(self) -> bool:
         """Whether the engine has neither loaded state nor processed a batch."""
-        return self.last_batch is None and not any(s.runs for s in self._states().values())
+        return self.last_batch is None and not any(s.runs for s in self.compiled.states.values())
 
     def forget(self) -> None:
         """Back to fresh: empty state, no batch run (for the warm-up: the plans it recorded
         stay; see `txstream.engine.warmup.warming_up`)."""
-        for state in self._states().values():
+        for state in self.compiled.states.values():
             state.install(())
-        self._index(list(self._states().values()))
+        self._index(list(self.compiled.states.values()))
         self.last_batch = None
         self.totals = JobCount(0, 0)
 
@@ -298,7 +243,7 @@ class Engine:
     @property
     def index_bytes(self) -> int:
         """What the state indexes' files hold."""
-        return sum(s.indexes.bytes(s.runs) for s in self._states().values())
+        return sum(s.indexes.bytes(s.runs) for s in self.compiled.states.values())
 
     def _build(self, changes: Mapping[str, Changes], weight: int, planned: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:
@@ -307,7 +252,7 @@ class Engine:
         batch = BatchPlan(self.spark, weight, parallelism=planned)
         deltas: dict[int, DataFrame | None] = {}
         sources: dict[str, DataFrame] = {}
-        for op in self._ops:
+        for op in self.compiled.operators:
             if isinstance(op, SourceOp):
                 delta = None
                 if op.name in changes:
@@ -320,15 +265,15 @@ class Engine:
                         batch.declared(delta, rows.clustered_by)
             else:
                 delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
-            if delta is not None and self._consumers[op.node.id] > 1:
+            if delta is not None and self.compiled.consumers[op.node.id] > 1:
                 delta = batch.shared(delta, clustered_by=batch.clustering_of(delta))
             deltas[op.node.id] = delta
         outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
         final, present = self._final_frame(outputs, batch)
         template = None
         if final is not None:
-            template = record(self.spark, batch, sources, list(self._states().values()), final,
-                              present)
+            template = record(self.spark, batch, sources, list(self.compiled.states.values()),
+                              final, present)
         return final, present, batch.staged, template
 
     def _final_frame(self, outputs: Mapping[str, DataFrame | None], batch: BatchPlan
@@ -340,12 +285,12 @@ class Engine:
         present = tuple(name for name, frame in outputs.items() if frame is not None)
         if not present and not batch.frames:
             return None, present
-        parts = [outputs[name].select(*self._result.columns(name)) for name in present]  # type: ignore[union-attr]
+        parts = [outputs[name].select(*self.compiled.result.columns(name)) for name in present]  # type: ignore[union-attr]
         if batch.frames:
             hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames],
                                batch.parallelism)
             parts.append(hidden.where(F.spark_partition_id() < 0)
-                         .select(*self._result.columns(None)))
+                         .select(*self.compiled.result.columns(None)))
         final = union_all(parts, batch.parallelism)
         if batch.parallelism > 1:
             # The union has every partition of every part (P per output and per hidden frame),
@@ -361,7 +306,7 @@ class Engine:
         """Compute the batch's frame with one Spark action (its expressions `interpreted`, see
         `txstream.engine.codegen`); every output's changes."""
         if final is None:
-            return self._result.read(None, ()), 0.0, JobCount(0, 0)
+            return self.compiled.result.read(None, ()), 0.0, JobCount(0, 0)
         plan_now(final)  # so that the execution is timed alone
         codegen.evaluate(self.spark, interpreted)
         # Spark cuts the lineage of the first checkpointed frames it meets, not of the runs
@@ -376,13 +321,13 @@ class Engine:
                 raise
             raise self._expression_error(exc) from exc
         executed = time.perf_counter() - started
-        return self._result.read(table, present), executed, count
+        return self.compiled.result.read(table, present), executed, count
 
     def _expression_error(self, exc: PySparkException) -> ExpressionError:
         """The failure of a batch's data in terms of the pipeline: Spark's query context gives
         the failing fragment of SQL, which is found in the expressions of the tables."""
         fragments = [c.fragment() for c in exc.getQueryContext() if c.fragment()]
-        tables = [op.node.label for op in self._ops if any(
+        tables = [op.node.label for op in self.compiled.operators if any(
             f in text for f in fragments for text in op.expressions())]
         where = f"table {' / '.join(tables)}" if tables else "an expression of the pipeline"
         failing = f" (expression `{fragments[0]}`)" if fragments else ""
@@ -395,31 +340,23 @@ class Engine:
             "table or a changed type changes the pipeline, whose saved state then no longer "
             "fits: that needs a start from scratch)")
 
-    def _fingerprint(self) -> list[str]:
-        """What a saved state must match: each operator's output schema and states' layout."""
-        return [f"{op.node.label} -> {op.schema.simpleString()} {op.state_layout()}".rstrip()
-                for op in self._ops]
-
-    def _states(self) -> dict[str, ZSetState]:
-        # Operators are numbered in DAG order, which is stable for one pipeline definition.
-        return {f"{i:03d}-{type(op).__name__}-{name}": state
-                for i, op in enumerate(self._ops) for name, state in op.states().items()}
-
     def version(self) -> EngineVersion:
         """The state as of the last batch; valid (and saveable) while later batches run."""
-        return EngineVersion({name: (state, state.runs) for name, state in self._states().items()})
+        return EngineVersion({name: (state, state.runs)
+                              for name, state in self.compiled.states.items()})
 
     def save_state(self, path: str, version: EngineVersion | None = None) -> None:
         """Write every operator's state (as of `version`, by default now) under `path`, a new
         directory (local or any Hadoop-compatible URI; see `txstream.engine.persistence`)."""
-        persistence.save(self.spark, path, self._fingerprint(),
+        persistence.save(self.spark, path, self.compiled.fingerprint(),
                          (version or self.version()).states)
 
     def load_state(self, path: str) -> None:
         """Replace the engine's state with the one `save_state` wrote at `path`, and drop the
         plans recorded for the old one."""
-        states = self._states()
-        runs = persistence.load(self.spark, path, self._fingerprint(), states, self.index_rows)
+        states = self.compiled.states
+        runs = persistence.load(self.spark, path, self.compiled.fingerprint(), states,
+                                self.index_rows)
         self._templates.clear()
         for name, state in states.items():
             state.install(runs.get(name, ()))
