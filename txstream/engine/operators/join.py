@@ -4,7 +4,7 @@ Delta rule: d(A join B) = dA join (B + dB) + A join dB, where A and B are the st
 batch; a pair's time is the later of its two times and its diff the product of their diffs.
 State: both sides' Z-sets, looked up by the join key. The hash table is built from the deltas;
 state's small runs are streamed past it, its large runs probed through their indexes (see
-`txstream.engine.state`).
+`txstream.engine.indexed_runs`).
 
 Columns no reader reads (`Operator.needed`) are null in the pairs and in the states: with p
 the projection that nulls them, p(dA join B) = p(dA) join p(B), and p(dA) is consolidated before
