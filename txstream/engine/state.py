@@ -233,9 +233,9 @@ class ZSetState:
         """A new run: the batch's `changes` (`typed`, not necessarily consolidated; at P > 1
         clustered by `partition_on`, see `BatchPlan.clustered`) plus the `merged` runs (a
         `leaf`), consolidated, for a batch `planned` for that many partitions; at P > 1 in a
-        batch planned in one partition, split into the
-        state's P partitions (`_split`), so that a template records the split with the rest
-        of the run's plan and a rebound batch does not build it again."""
+        batch planned in one partition, split into the state's P partitions (`_split`), so
+        that a template records the split with the rest of the run's plan and a rebound batch
+        does not build it again."""
         run = self.typed(self._consolidate(union_all([changes, merged], planned), whole=False))
         return self._split(run) if self._split_here(planned) else run
 
