@@ -441,7 +441,7 @@ def test_a_group_by_read_by_an_output_alone_comes_as_pairs(spark: SparkSession) 
             (1, 2, 5, 5, 3, -1), (1, 1, None, None, 3, 1),
             (1, 1, None, None, 4, -1), (1, 1, 7, 7, 4, 1), (1, 1, 7, 7, 5, -1)]
     whole = Engine(pipeline(), spark)
-    assert whole._ops[-1].emit_pairs
+    assert whole.compiled.operators[-1].emit_pairs
     out = process(whole, table(changes))["s"]
     assert [tuple(r.values()) for r in out.to_pylist()] == want
     one_by_one = Engine(pipeline(), spark)
@@ -457,7 +457,8 @@ def test_a_group_by_downstream_of_a_join_aggregates_before_its_window(spark: Spa
     downstream of one sums its rows by group and time before its window sorts them; one that
     reads a source's rows (Pathway's group-by workload) sorts them as they come."""
     many = {op.node.label.split(" of ")[0]: op.many_per_key
-            for op in Engine(orders_pipeline(), spark)._ops if isinstance(op, ReduceOp)}
+            for op in Engine(orders_pipeline(), spark).compiled.operators
+            if isinstance(op, ReduceOp)}
     assert many == {"groupby(region).reduce": True, "groupby(customer_id, name).reduce": True}
-    assert [op.many_per_key for op in Engine(groupby_pipeline(), spark)._ops
+    assert [op.many_per_key for op in Engine(groupby_pipeline(), spark).compiled.operators
             if isinstance(op, ReduceOp)] == [False]
