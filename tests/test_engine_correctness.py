@@ -174,7 +174,7 @@ def test_unread_columns_are_exercised(spark: SparkSession) -> None:
     without columns no reader reads, as the example pipeline's left join does (a customer's
     region)."""
     def unread(pipeline: Pipeline) -> list[str]:
-        return [c for op in Engine(pipeline, spark)._ops if isinstance(op, JoinOp)
+        return [c for op in Engine(pipeline, spark).compiled.operators if isinstance(op, JoinOp)
                 for c in op.columns if c not in op.needed]
 
     assert unread(orders_pipeline()) == ["status", "name", "region", "region"]

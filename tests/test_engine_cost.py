@@ -176,7 +176,8 @@ def test_a_change_of_columns_no_reader_reads_cancels_before_the_join(spark: Spar
     stream = events(random.Random(3), 20)
     rows: dict[str, dict[int, dict[str, object]]] = {}
     process(engine, as_changes([next(stream) for _ in range(500)], rows, 1))
-    joins = {op.node.label.split(" of ")[0]: op for op in engine._ops if isinstance(op, JoinOp)}
+    joins = {op.node.label.split(" of ")[0]: op for op in engine.compiled.operators
+             if isinstance(op, JoinOp)}
     left, paid = joins["left join"], joins["inner join"]
 
     def customers_rows() -> tuple[int, int]:
@@ -200,7 +201,8 @@ def test_changes_are_consolidated_where_they_are_read_so(spark: SparkSession) ->
     output, and what a distinct reads, are consolidated."""
     engine = Engine(orders_pipeline(), spark)
     consolidated = {f"{type(op).__name__}: {op.node.label.split(' of ')[0]}":
-                    op.consolidate_output for op in engine._ops if not isinstance(op, SourceOp)}
+                    op.consolidate_output for op in engine.compiled.operators
+                    if not isinstance(op, SourceOp)}
     assert consolidated == {
         "FilterOp: filter(status = 'paid')": False,
         "JoinOp: inner join": False,  # read by a select, which consolidates what it keeps
@@ -417,7 +419,7 @@ def test_a_group_by_read_by_an_output_alone_comes_as_pairs(spark: SparkSession) 
     (txstream.engine.results): a group inserted, updated (to a null sum and back), and
     deleted, in one batch and in batches of one transaction, gives the same changes."""
     engine = Engine(orders_pipeline(), spark)
-    paired = {op.node.label.split(" of ")[0] for op in engine._ops if op.emit_pairs}
+    paired = {op.node.label.split(" of ")[0] for op in engine.compiled.operators if op.emit_pairs}
     assert paired == {"groupby(region).reduce"}  # customer_stats' group-by is read by a select
 
     def pipeline() -> Pipeline:
@@ -439,7 +441,7 @@ def test_a_group_by_read_by_an_output_alone_comes_as_pairs(spark: SparkSession) 
             (1, 2, 5, 5, 3, -1), (1, 1, None, None, 3, 1),
             (1, 1, None, None, 4, -1), (1, 1, 7, 7, 4, 1), (1, 1, 7, 7, 5, -1)]
     whole = Engine(pipeline(), spark)
-    assert whole._ops[-1].emit_pairs
+    assert whole.compiled.operators[-1].emit_pairs
     out = process(whole, table(changes))["s"]
     assert [tuple(r.values()) for r in out.to_pylist()] == want
     one_by_one = Engine(pipeline(), spark)
@@ -455,7 +457,8 @@ def test_a_group_by_downstream_of_a_join_aggregates_before_its_window(spark: Spa
     downstream of one sums its rows by group and time before its window sorts them; one that
     reads a source's rows (Pathway's group-by workload) sorts them as they come."""
     many = {op.node.label.split(" of ")[0]: op.many_per_key
-            for op in Engine(orders_pipeline(), spark)._ops if isinstance(op, ReduceOp)}
+            for op in Engine(orders_pipeline(), spark).compiled.operators
+            if isinstance(op, ReduceOp)}
     assert many == {"groupby(region).reduce": True, "groupby(customer_id, name).reduce": True}
-    assert [op.many_per_key for op in Engine(groupby_pipeline(), spark)._ops
+    assert [op.many_per_key for op in Engine(groupby_pipeline(), spark).compiled.operators
             if isinstance(op, ReduceOp)] == [False]

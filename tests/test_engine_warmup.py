@@ -1,4 +1,4 @@
-"""Warming an engine up with made-up rows (`Engine.warm_up`): it leaves no trace in what the
+"""Warming an engine up with made-up rows (`txstream.engine.warmup`): it leaves no trace in what the
 engine computes, and the first real batch reuses the plans it recorded."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, EngineStateError, Pipeline
 from txstream.engine import reducers as r
-from txstream.engine.warmup import synthetic_changes
+from txstream.engine.warmup import synthetic_changes, warm_up, warming_up
 from txstream.examples.order_events import as_changes, events
 from txstream.examples.orders import pipeline as orders_pipeline
 from txstream.schemas.tables import TableSchema
@@ -51,7 +51,7 @@ def _stream(seed: int) -> list[dict[str, pa.Table]]:
 
 def test_a_warmed_up_engine_computes_what_a_fresh_one_does(spark: SparkSession) -> None:
     warmed = Engine(orders_pipeline(), spark)
-    assert warmed.warm_up(600) > 0
+    assert warm_up(warmed, 600) > 0
     assert all(not state.runs for state, _ in warmed.version().states.values())
     assert warmed.last_batch is None and warmed.totals.jobs == 0
     fresh = Engine(orders_pipeline(), spark)
@@ -63,7 +63,7 @@ def test_a_warmed_up_engine_computes_what_a_fresh_one_does(spark: SparkSession) 
             assert warmed.last_batch is not None and warmed.last_batch.rebound, \
                 "the first real batch reuses the plans the warm-up recorded"
     with pytest.raises(EngineStateError, match="fresh engine"):
-        warmed.warm_up(600)
+        warm_up(warmed, 600)
 
 
 @pytest.mark.parametrize(("predicate", "logged"), [
@@ -84,7 +84,7 @@ def test_a_failed_warm_up_is_logged_and_leaves_the_engine_fresh(
              .groupby("k").reduce(n=r.count()), primary_key=["k"])
     engine = Engine(p, spark)
     with caplog.at_level("INFO", logger="txstream.engine.warmup"):
-        engine.warm_up(600)
+        warm_up(engine, 600)
     assert logged in caplog.text, caplog.text
     assert engine.last_batch is None
     assert all(not state.runs for state, _ in engine.version().states.values())
@@ -100,7 +100,7 @@ def test_a_warm_up_closed_after_its_first_batch_leaves_the_engine_fresh(
     (`PipelineRunner`): closed between batches, the made-up state is gone and the engine
     computes what a fresh one does."""
     warmed = Engine(orders_pipeline(), spark)
-    steps = warmed.warming_up(600)
+    steps = warming_up(warmed, 600)
     assert next(steps) == 1
     assert not warmed.fresh, "the made-up batch left state, as a real one would"
     steps.close()
@@ -110,7 +110,7 @@ def test_a_warm_up_closed_after_its_first_batch_leaves_the_engine_fresh(
         ours, theirs = process(warmed, batch), process(fresh, batch)
         assert all(ours[name].equals(theirs[name]) for name in ours), f"batch {i}"
     with pytest.raises(EngineStateError, match="fresh engine"):
-        warmed.warming_up(600)  # refused at once, not at the first step
+        warming_up(warmed, 600)  # refused at once, not at the first step
 
 
 def test_a_warm_up_step_cancelled_during_its_job_ends_the_warm_up(
@@ -121,7 +121,7 @@ def test_a_warm_up_step_cancelled_during_its_job_ends_the_warm_up(
     what a fresh one does. The made-up batch is large, so that its job runs for a second or
     more, even on a warm JVM, while the cancel arrives within milliseconds."""
     warmed = Engine(orders_pipeline(), spark)
-    steps = warmed.warming_up(100_000)
+    steps = warming_up(warmed, 100_000)
     tracker = spark.sparkContext.statusTracker()
     returned = threading.Event()
     cancelled_during = []

@@ -124,9 +124,9 @@ def test_indexed_runs_find_what_streamed_runs_do(spark: SparkSession, parallelis
         assert indexed.last_batch is not None
         if time > 1:
             assert indexed.last_batch.indexes > 0, indexed.last_batch
-    states = indexed._states().values()
+    states = indexed.compiled.states.values()
     directory = Path(indexed._indexing.directory())
-    files = {Path(f) for s in states for i in s._indexes.values() for f in i.files}
+    files = {Path(f) for s in states for i in s.indexes._indexes.values() for f in i.files}
     assert files == set(directory.glob("*/*.arrow")), "files of runs merged away are left"
     # The rows' files and their hashes' (`*.hashes.npy`).
     assert indexed.index_bytes == sum(f.stat().st_size for f in directory.glob("*/*"))

@@ -1,5 +1,40 @@
 """The incremental engine: a Table API over a DAG, compiled to Spark plans over delta
-DataFrames carrying `time` and `diff`."""
+DataFrames carrying `time` and `diff`.
+
+Defining a pipeline (no Spark job):
+    table              the Table API: Pipeline, Table, GroupedTable, a DAG of immutable nodes
+    reducers           count, sum, avg, min, max, count_distinct for groupby(...).reduce(...)
+    exact_sums         exact sums of decimals and doubles, kept as two longs
+    errors             what a bad definition, a bad input, a saved state or an expression raises
+Compiling it and running its batches:
+    compiled           CompiledPipeline: the DAG's operators, told once what their readers need
+    operators/         one incremental rule per node kind: base (what every operator is),
+                       rowwise (source, select, filter, negate, concat), join (inner joins and
+                       the padding of outer ones), reduce (group-by), distinct
+    engine             Engine: a batch in two phases, planned then computed by one Spark action
+    batch              BatchPlan: what a batch's job computes besides the outputs
+    frames             DataFrame helpers, given the partitions a batch is planned for
+    consolidation      summing the diffs of equal (row, time) pairs inside a plan
+    results            the batch's one result, cut into each output's changes
+    templates          a batch shape's plans recorded once, rebound to later batches' leaves
+    codegen            whether a batch's expressions run interpreted or as generated code
+    columns            the columns the engine adds, and its helper columns' prefix
+    warmup             warming_up, warm_up: made-up batches through a fresh engine, forgotten
+Operator state:
+    state              ZSetState: a Z-set in versions of runs, read and staged in its partitions
+    runs               Run: a lazy local checkpoint on `replicas` executors; size-tier merges
+    indexed_runs       which of a state's runs have an index, probed instead of streamed
+    run_index          one run's index: sorted files the executors write and search
+    indexing           StateIndexes: which runs an engine indexes, and where the files go
+    replicas           every state block kept on `replicas` executors across executors' losses
+    persistence        the engine's state on disk: a manifest, each state's Parquet, the restore
+Spark's internal API and the driver's side of Spark (checked on a Spark upgrade):
+    spark_internals    the plans' leaves: built, declared partitioned, rebound
+    spark_input        a source's changes into the JVM as rows, split by partition
+    spark_expressions  Catalyst expressions pyspark does not expose
+    hash_partitions    Spark's hash partitioning of Arrow data, computed on the driver
+    sparkjobs          counting the Spark jobs and stages a piece of driver code runs
+"""
 
 from __future__ import annotations
 
@@ -16,12 +51,13 @@ from txstream.engine.errors import (
 
 if TYPE_CHECKING:
     from txstream.engine import reducers
-    from txstream.engine.engine import Engine, EngineVersion, OutputTable
+    from txstream.engine.compiled import OutputTable
+    from txstream.engine.engine import Engine, EngineVersion
     from txstream.engine.table import GroupedTable, Pipeline, Table
 
 # Imported on first use, not with the package: they load Spark, which a module that needs only
 # the engine's errors (the service's runner) must not.
-_LAZY = {"Engine": "engine", "EngineVersion": "engine", "OutputTable": "engine",
+_LAZY = {"Engine": "engine", "EngineVersion": "engine", "OutputTable": "compiled",
          "GroupedTable": "table", "Pipeline": "table", "Table": "table", "reducers": None}
 
 
@@ -32,6 +68,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         return importlib.import_module(f"txstream.engine.{name}")
     return getattr(importlib.import_module(f"txstream.engine.{module}"), name)
+
 
 __all__ = [
     "Engine",

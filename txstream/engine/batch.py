@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from txstream.engine.consolidation import consolidate
 from txstream.engine.frames import col
+from txstream.engine.runs import Merge, Run
 from txstream.engine.spark_internals import (
     Clustering,
     cached_relation,
@@ -24,7 +25,7 @@ from txstream.engine.spark_internals import (
     frame_of,
     rdd_leaf,
 )
-from txstream.engine.state import Run, StagedRuns, ZSetState
+from txstream.engine.state import StagedRuns, ZSetState
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,15 @@ class Materialization:
 @dataclass
 class BatchPlan:
     spark: SparkSession
-    # Rows of input in the batch: the weight of the runs it stages (see ZSetState.merge).
+    # Rows of input in the batch: the weight of the runs it stages (see `runs.Merge`).
     weight: int
+    # The partitions the batch is planned for: the engine's parallelism P, or 1 for a small
+    # batch (see txstream.engine.engine); every plan of the batch is given it from here.
+    parallelism: int
     staged: list[StagedRuns] = field(default_factory=list)
     materialized: list[Materialization] = field(default_factory=list)
     # The leaves of merged runs, each with its state.
     merged: list[tuple[DataFrame, ZSetState]] = field(default_factory=list)
-    # Partitions of the exchanged deltas and of every state (see txstream.engine.frames).
-    parallelism: int = 1
     # Frames known to be hash-partitioned into `parallelism` partitions, by id: the frame and
     # its columns (the frame is held so that its id stays its own).
     _clustered: dict[int, tuple[DataFrame, tuple[str, ...]]] = field(default_factory=dict)
@@ -62,11 +64,11 @@ class BatchPlan:
         `state`'s next version."""
         # Typed first: the first rows fix the state's row type.
         changes = state.typed(self.clustered(delta, state.partition_on))
-        merge = state.merge(self.weight)
-        merged = state.leaf(self.spark, merge.merged)
+        merge = Merge.of(state.runs, self.weight)
+        merged = state.leaf(self.spark, merge.merged, self.parallelism)
         self.merged.append((merged, state))
-        source = state.staged_frame(changes, merged)
-        run = state.checkpoint(source)
+        source = state.staged_frame(changes, merged, self.parallelism)
+        run = state.checkpoint(source, self.parallelism)
         self.materialized.append(Materialization("run", source, run, state))
         self.staged.append(StagedRuns(state, (*merge.kept, Run(run, merge.new_weight))))
 

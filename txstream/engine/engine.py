@@ -1,5 +1,6 @@
-"""The engine: compiles a pipeline once into incremental operators, then turns batches of input
-changes (many consecutive transactions at once) into the output tables' changes.
+"""The engine: runs a pipeline compiled once into incremental operators
+(`txstream.engine.compiled`), turning batches of input changes (many consecutive transactions
+at once) into the output tables' changes.
 
 A batch runs in two phases. First every operator builds its delta plan and stages its state's
 next version (`BatchPlan`), running nothing. Then the engine computes it all with one Spark
@@ -26,43 +27,39 @@ spreading and would pay a stage per exchange.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyspark.errors import AnalysisException, PySparkException
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from txstream.changes import Changes
-from txstream.engine import codegen, run_index, warmup
+from txstream.engine import codegen, persistence, run_index
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import PART
+from txstream.engine.compiled import CompiledPipeline
 from txstream.engine.errors import (
     EngineInputError,
-    EngineStateError,
     ExpressionError,
     PipelineDefinitionError,
 )
-from txstream.engine.frames import spread, union_all
+from txstream.engine.frames import union_all
 from txstream.engine.indexing import StateIndexes
-from txstream.engine.operators import OPERATORS, Operator, SourceOp
-from txstream.engine.operators.base import Key, first_line, tell_readers
+from txstream.engine.operators import SourceOp
+from txstream.engine.operators.base import first_line
 from txstream.engine.replicas import keep_replicated
-from txstream.engine.results import ResultLayout
-from txstream.engine.spark_internals import materialize, plan_now, rdd_leaf, rdd_of
+from txstream.engine.runs import Runs
+from txstream.engine.spark_internals import plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
-from txstream.engine.state import Run, Runs, StagedRuns, ZSetState
-from txstream.engine.table import Node, Pipeline
+from txstream.engine.state import StagedRuns, StatePlacement, ZSetState
+from txstream.engine.table import Pipeline
 from txstream.engine.templates import Template, instantiate, ready, record
-from txstream.schemas.tables import Column, ColumnType, TableSchema
 
 # A state run holding at least this many rows gets an index, so lookups probe it instead of
-# streaming it (see `txstream.engine.state`): streaming costs ~0.1 s per million rows per
+# streaming it (see `txstream.engine.indexed_runs`): streaming costs ~0.1 s per million rows per
 # lookup, an index one job when the run is made (its partitions sorted and written as files by
 # the executors) and a Python task in every batch that probes it.
 INDEX_ROWS = 1_000_000
@@ -104,34 +101,6 @@ class EngineVersion:
     states: Mapping[str, tuple[ZSetState, Runs]]
 
 
-@dataclass(frozen=True)
-class OutputTable:
-    name: str
-    schema: TableSchema
-    node: Node
-
-
-def _table_schema(name: str, schema: StructType, key: tuple[str, ...] | None, inferred: Key
-                  ) -> TableSchema:
-    """An output's schema: its columns, and its primary key (`key`, else the one the DAG
-    shows, else none)."""
-    primary_key = key if key is not None else (inferred or ())
-    missing = [k for k in primary_key if k not in schema.names]
-    if missing:
-        raise PipelineDefinitionError(
-            f"output {name!r}: primary key column(s) {', '.join(missing)} not in "
-            f"{', '.join(schema.names)}"
-        )
-    # Every column may hold nulls, keys too: a group-by key or a distinct row can be null.
-    return TableSchema(
-        columns=tuple(
-            Column(name=f.name, type=ColumnType.from_spark(f.dataType.simpleString()))
-            for f in schema.fields
-        ),
-        primary_key=tuple(primary_key),
-    )
-
-
 class Engine:
     """Runs one pipeline. Not thread-safe: one batch at a time, in transaction order."""
 
@@ -140,8 +109,6 @@ class Engine:
                  cold_interpreted_rows: int = codegen.COLD_INTERPRETED_ROWS,
                  index_rows: int = INDEX_ROWS, spread_rows: int = SPREAD_ROWS,
                  state_replicas: int = 1, index_dir: str | None = None) -> None:
-        if not pipeline.outputs:
-            raise PipelineDefinitionError("the pipeline has no outputs: call pipeline.output(...)")
         if parallelism < 1:
             raise PipelineDefinitionError(f"parallelism must be at least 1, not {parallelism}")
         self.spark = spark
@@ -153,38 +120,14 @@ class Engine:
         # Files under `index_dir` (TXSTREAM_INDEX_DIR, else the system's temporary directory).
         self._indexing = StateIndexes(
             index_rows, index_dir or os.environ.get("TXSTREAM_INDEX_DIR") or None)
-        self._ops: list[Operator] = []
-        by_id: dict[int, Operator] = {}
-        keys: dict[int, Key] = {}  # a set of unique columns of each node, where one is known
-        for node in pipeline.nodes():
-            op_type = OPERATORS[type(node)]
-            op = op_type(spark, node, [by_id[i.id].schema for i in node.inputs])
-            by_id[node.id] = op
-            keys[node.id] = op.key([keys[i.id] for i in node.inputs])
-            self._ops.append(op)
-        tell_readers(self._ops, {out.node.id for out in pipeline.outputs.values()})
-        # A delta read by several operators or outputs is computed once (BatchPlan.shared).
-        self._consumers = Counter(i.id for op in self._ops for i in op.node.inputs)
-        self._consumers.update(out.node.id for out in pipeline.outputs.values())
-        outputs = {out.node.id for out in pipeline.outputs.values()}
-        for op in self._ops:  # read by an output alone: as pairs, if it makes them
-            op.emit_pairs = (op.pairs() is not None and op.node.id in outputs
-                             and self._consumers[op.node.id] == 1)
+        # Every state is made in the engine's P partitions (see the module doc).
+        self.compiled = CompiledPipeline(
+            pipeline, spark, StatePlacement(partitions=parallelism, replicas=state_replicas))
+        self.outputs = self.compiled.outputs
+        self.sources = self.compiled.sources
         self.last_batch: BatchStats | None = None
         self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
-        self.outputs = {
-            name: OutputTable(name, _table_schema(name, by_id[out.node.id].schema,
-                                                  out.primary_key, keys[out.node.id]), out.node)
-            for name, out in pipeline.outputs.items()
-        }
-        self.sources = {op.name: op for op in self._ops if isinstance(op, SourceOp)}
-        self._result = ResultLayout({name: (out.schema, by_id[out.node.id].pairs() if
-                                            by_id[out.node.id].emit_pairs else None)
-                                     for name, out in self.outputs.items()})
         self._templates: dict[tuple[object, ...], Template] = {}
-        for state in self._states().values():
-            state.partitions = parallelism
-            state.replicas = state_replicas
         self.state_replicas = state_replicas
         self.state_replications = 0  # times runs were copied again (`txstream.engine.replicas`)
 
@@ -192,7 +135,7 @@ class Engine:
         """What decides every plan of a batch planned for `planned` partitions (see
         `txstream.engine.templates`)."""
         return (planned, tuple(sorted(changes)),
-                tuple(s.shape() for s in self._states().values()))
+                tuple(s.shape() for s in self.compiled.states.values()))
 
     def process(self, changes: Mapping[str, Changes]) -> dict[str, Changes]:
         """Run one batch: `changes` maps source names to their changes (any number of
@@ -216,20 +159,20 @@ class Engine:
         weight = sum(t.num_rows for t in present.values())
         planned = self.parallelism if weight >= self.spread_rows else 1
         shape = self._shape(present, planned)
-        indexes = sum(len(s.indexed()) for s in self._states().values())
+        indexes = sum(len(s.indexed()) for s in self.compiled.states.values())
         template = self._templates.get(shape)
         recorded: Template | None = None
         if self.parallelism > 1:
             # Read when a plan is made: an aggregate of deltas alone gets P partitions, as the
             # state it meets has (a session setting, so set for every batch, whichever engine).
             self.spark.conf.set("spark.sql.shuffle.partitions", str(self.parallelism))
-        with call_site(self.spark.sparkContext, "txstream engine batch"), spread(planned):
+        with call_site(self.spark.sparkContext, "txstream engine batch"):
             if template is not None and not ready(self.spark, template):
                 del self._templates[shape]  # built by the operators, as every batch of its shape
                 template = None
             if template is not None:
                 rows = {name: self.sources[name].rows(t, planned) for name, t in present.items()}
-                final, staged = instantiate(self.spark, template, rows, weight)
+                final, staged = instantiate(self.spark, template, rows, weight, planned)
                 outputs: tuple[str, ...] = template.outputs
             else:
                 final, outputs, staged, recorded = self._build(present, weight, planned)
@@ -243,7 +186,7 @@ class Engine:
                 if run_index.UNREADABLE not in str(exc):
                     raise
                 # The batch changed nothing: run it again, streaming every run.
-                self._indexing.stop(self._states().values(), str(exc))
+                self._indexing.stop(self.compiled.states.values(), str(exc))
                 return self.process(changes)
         for staged_runs in staged:
             staged_runs.state.install(staged_runs.runs)
@@ -272,44 +215,19 @@ class Engine:
         if self.state_replicas > 1:
             with call_site(self.spark.sparkContext, "txstream state re-replication"):
                 self.state_replications += keep_replicated(
-                    self.spark, list(self._states().values()), self.state_replicas)
+                    self.spark, list(self.compiled.states.values()), self.state_replicas)
 
     @property
     def fresh(self) -> bool:
         """Whether the engine has neither loaded state nor processed a batch."""
-        return self.last_batch is None and not any(s.runs for s in self._states().values())
-
-    def warm_up(self, rows: int) -> float:
-        """Warm the engine up at once (`warming_up` run through); the seconds it took."""
-        started = time.perf_counter()
-        for _ in self.warming_up(rows):
-            pass
-        return time.perf_counter() - started
-
-    def warming_up(self, rows: int) -> warmup.WarmUp:
-        """Run made-up changes through the pipeline, one batch per step, then forget them:
-        Spark plans, compiles and JIT-compiles the pipeline's plans now, not on the first real
-        batches (see `txstream.engine.warmup`). `warmup.WARM_UP_ROUNDS` rounds of three batches
-        of every source, the state emptied between two: `rows` insertions into empty state;
-        half of them deleted and as many inserted; then ten insertions (a lone transaction's
-        path). Yields the number of batches done after each.
-        Only for a fresh engine, which nothing else may use until the warm-up is run through or
-        closed: both empty its state again. The plans it recorded (for batches with changes of
-        every source, into empty and non-empty state) stay until `load_state` replaces the
-        state; the compiled code stays in any case, for every engine of the JVM. It never
-        fails: it is only an optimization, and what went wrong is logged. Another thread may
-        cut a step short (`WarmUp.cancel`)."""
-        if not self.fresh:
-            raise EngineStateError("warm_up: only a fresh engine warms up, before it loads "
-                                   "state or processes a batch")
-        return warmup.WarmUp(self, rows)
+        return self.last_batch is None and not any(s.runs for s in self.compiled.states.values())
 
     def forget(self) -> None:
         """Back to fresh: empty state, no batch run (for the warm-up: the plans it recorded
-        stay; see `warming_up`)."""
-        for state in self._states().values():
+        stay; see `txstream.engine.warmup.warming_up`)."""
+        for state in self.compiled.states.values():
             state.install(())
-        self._index(list(self._states().values()))
+        self._index(list(self.compiled.states.values()))
         self.last_batch = None
         self.totals = JobCount(0, 0)
 
@@ -325,7 +243,7 @@ class Engine:
     @property
     def index_bytes(self) -> int:
         """What the state indexes' files hold."""
-        return sum(s.index_bytes for s in self._states().values())
+        return sum(s.indexes.bytes(s.runs) for s in self.compiled.states.values())
 
     def _build(self, changes: Mapping[str, Changes], weight: int, planned: int
                ) -> tuple[DataFrame | None, tuple[str, ...], list[StagedRuns], Template | None]:
@@ -334,7 +252,7 @@ class Engine:
         batch = BatchPlan(self.spark, weight, parallelism=planned)
         deltas: dict[int, DataFrame | None] = {}
         sources: dict[str, DataFrame] = {}
-        for op in self._ops:
+        for op in self.compiled.operators:
             if isinstance(op, SourceOp):
                 delta = None
                 if op.name in changes:
@@ -347,15 +265,15 @@ class Engine:
                         batch.declared(delta, rows.clustered_by)
             else:
                 delta = op.plan([deltas[i.id] for i in op.node.inputs], batch)
-            if delta is not None and self._consumers[op.node.id] > 1:
+            if delta is not None and self.compiled.consumers[op.node.id] > 1:
                 delta = batch.shared(delta, clustered_by=batch.clustering_of(delta))
             deltas[op.node.id] = delta
         outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
         final, present = self._final_frame(outputs, batch)
         template = None
         if final is not None:
-            template = record(self.spark, batch, sources, list(self._states().values()), final,
-                              present)
+            template = record(self.spark, batch, sources, list(self.compiled.states.values()),
+                              final, present)
         return final, present, batch.staged, template
 
     def _final_frame(self, outputs: Mapping[str, DataFrame | None], batch: BatchPlan
@@ -367,12 +285,13 @@ class Engine:
         present = tuple(name for name, frame in outputs.items() if frame is not None)
         if not present and not batch.frames:
             return None, present
-        parts = [outputs[name].select(*self._result.columns(name)) for name in present]  # type: ignore[union-attr]
+        parts = [outputs[name].select(*self.compiled.result.columns(name)) for name in present]  # type: ignore[union-attr]
         if batch.frames:
-            hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames])
+            hidden = union_all([f.select(F.lit(-1).alias(PART)) for f in batch.frames],
+                               batch.parallelism)
             parts.append(hidden.where(F.spark_partition_id() < 0)
-                         .select(*self._result.columns(None)))
-        final = union_all(parts)
+                         .select(*self.compiled.result.columns(None)))
+        final = union_all(parts, batch.parallelism)
         if batch.parallelism > 1:
             # The union has every partition of every part (P per output and per hidden frame),
             # each a task that deserializes the job's plan: 30 tasks at P = 2 for the example
@@ -387,7 +306,7 @@ class Engine:
         """Compute the batch's frame with one Spark action (its expressions `interpreted`, see
         `txstream.engine.codegen`); every output's changes."""
         if final is None:
-            return self._result.read(None, ()), 0.0, JobCount(0, 0)
+            return self.compiled.result.read(None, ()), 0.0, JobCount(0, 0)
         plan_now(final)  # so that the execution is timed alone
         codegen.evaluate(self.spark, interpreted)
         # Spark cuts the lineage of the first checkpointed frames it meets, not of the runs
@@ -402,13 +321,13 @@ class Engine:
                 raise
             raise self._expression_error(exc) from exc
         executed = time.perf_counter() - started
-        return self._result.read(table, present), executed, count
+        return self.compiled.result.read(table, present), executed, count
 
     def _expression_error(self, exc: PySparkException) -> ExpressionError:
         """The failure of a batch's data in terms of the pipeline: Spark's query context gives
         the failing fragment of SQL, which is found in the expressions of the tables."""
         fragments = [c.fragment() for c in exc.getQueryContext() if c.fragment()]
-        tables = [op.node.label for op in self._ops if any(
+        tables = [op.node.label for op in self.compiled.operators if any(
             f in text for f in fragments for text in op.expressions())]
         where = f"table {' / '.join(tables)}" if tables else "an expression of the pipeline"
         failing = f" (expression `{fragments[0]}`)" if fragments else ""
@@ -421,79 +340,24 @@ class Engine:
             "table or a changed type changes the pipeline, whose saved state then no longer "
             "fits: that needs a start from scratch)")
 
-    def _fingerprint(self) -> list[str]:
-        """What a saved state must match: each operator's output schema and states' layout."""
-        return [f"{op.node.label} -> {op.schema.simpleString()} {op.state_layout()}".rstrip()
-                for op in self._ops]
-
-    def _states(self) -> dict[str, ZSetState]:
-        # Operators are numbered in DAG order, which is stable for one pipeline definition.
-        return {f"{i:03d}-{type(op).__name__}-{name}": state
-                for i, op in enumerate(self._ops) for name, state in op.states().items()}
-
     def version(self) -> EngineVersion:
         """The state as of the last batch; valid (and saveable) while later batches run."""
-        return EngineVersion({name: (state, state.runs) for name, state in self._states().items()})
+        return EngineVersion({name: (state, state.runs)
+                              for name, state in self.compiled.states.items()})
 
     def save_state(self, path: str, version: EngineVersion | None = None) -> None:
         """Write every operator's state (as of `version`, by default now) under `path`, a new
-        directory (local or any Hadoop-compatible URI). The manifest is written last: a state
-        without it is incomplete."""
-        version = version or self.version()
-        saved = []
-        weights = {}
-        row_types = {}
-        for name, (state, runs) in version.states.items():
-            if runs:
-                state.save(f"{path}/{name}", runs)
-                saved.append(name)
-                weights[name] = sum(run.weight for run in runs)
-                assert state.row_type is not None  # fixed by the rows the runs hold
-                row_types[name] = state.row_type.jsonValue()
-        manifest = json.dumps({"format": 1, "operators": self._fingerprint(), "states": saved,
-                               "weights": weights, "row_types": row_types})
-        self.spark.createDataFrame([(manifest,)], "manifest STRING").coalesce(1) \
-            .write.text(f"{path}/_manifest")
+        directory (local or any Hadoop-compatible URI; see `txstream.engine.persistence`)."""
+        persistence.save(self.spark, path, self.compiled.fingerprint(),
+                         (version or self.version()).states)
 
     def load_state(self, path: str) -> None:
-        """Replace the engine's state with the one `save_state` wrote at `path`."""
-        try:
-            text = self.spark.read.text(f"{path}/_manifest").first()
-        except AnalysisException as exc:
-            raise EngineStateError(f"no complete engine state at {path}: {exc}") from exc
-        if text is None:
-            raise EngineStateError(f"no complete engine state at {path}: empty manifest")
-        manifest = json.loads(text[0])
-        mine = self._fingerprint()
-        if manifest.get("operators") != mine:
-            theirs = manifest.get("operators", [])
-            diff = next((f"{a!r} vs now {b!r}" for a, b in zip(theirs, mine, strict=False)
-                         if a != b), f"{len(theirs)} operators vs now {len(mine)}")
-            raise EngineStateError(
-                f"the state at {path} was saved by a different pipeline definition or "
-                f"engine version (first difference: {diff}); start from empty state instead"
-            )
-        saved = set(manifest.get("states", []))
-        # The runs' weights as saved, where they cannot make the run look large enough for an
-        # index (a weight counts input rows, not the rows left): a state written before they
-        # were, or one that may be large, is counted (a job).
-        weights = {name: weight for name, weight in manifest.get("weights", {}).items()
-                   if weight < self.index_rows}
-        # The row types, saved since manifests hold them (earlier ones: read from the files).
-        row_types = {name: StructType.fromJson(value)
-                     for name, value in manifest.get("row_types", {}).items()}
+        """Replace the engine's state with the one `save_state` wrote at `path`, and drop the
+        plans recorded for the old one."""
+        states = self.compiled.states
+        runs = persistence.load(self.spark, path, self.compiled.fingerprint(), states,
+                                self.index_rows)
         self._templates.clear()
-        states = self._states()
-        restored = {}
         for name, state in states.items():
-            state.install(())
-            if name in saved:
-                restored[name] = state.restored(self.spark, f"{path}/{name}", row_types.get(name))
-        # One Spark job, not one or two per state (but a state saved without weight: counted).
-        materialize(self.spark, [rdd_of(frame) for frame in restored.values()])
-        for name, frame in restored.items():
-            # Weighed (by its rows, or the input rows it summarizes), so that small batches
-            # after a restore do not rewrite it.
-            weight = weights.get(name)
-            states[name].install((Run(frame, frame.count() if weight is None else weight),))
+            state.install(runs.get(name, ()))
         self._index(list(states.values()))

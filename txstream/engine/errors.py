@@ -1,4 +1,6 @@
-"""Errors of pipeline definitions and of engine input."""
+"""The engine's errors: a pipeline's definition, a batch's input, a saved state, an expression
+failing on a batch's data, a broken invariant. Each message says what went wrong in the
+pipeline's terms (its tables, columns, expressions) and what to do about it."""
 
 
 class PipelineDefinitionError(ValueError):

@@ -1,41 +1,24 @@
-"""Small DataFrame helpers shared by the operators, and the parallelism they plan for.
+"""Small DataFrame helpers shared by the operators; those whose plan depends on partitions
+(`union_all`, `join`, `semi_join`) are given the parallelism P of the batch being planned
+(`BatchPlan.parallelism`, which the caller passes on).
 
-A batch is planned for a parallelism P (`spread`, set by the engine around its planning). At
-P = 1 every frame of a batch lives in one partition: the helpers keep it there (a narrow
-coalesce, a bounded join), so no join, aggregate or window needs an exchange and a batch is one
-stage. At P > 1 they leave partitioning to Spark's planner, which adds an exchange wherever an
-operator needs its input clustered by key; state leaves declare their hash partitioning (see
-`txstream.engine.state`), so those exchanges move deltas, not state, as long as a delta that
-meets state in a union was clustered the same way first (`BatchPlan.clustered`).
+The rule: at P = 1 every frame of a batch lives in one partition, and the helpers keep it there
+(a narrow coalesce, a bounded join), so no join, aggregate or window needs an exchange and a
+batch is one stage. At P > 1 they leave partitioning to Spark's planner, which adds an exchange
+wherever an operator needs its input clustered by key; state leaves declare their hash
+partitioning (see `txstream.engine.state`), so those exchanges move deltas, not state, as long
+as a delta that meets state in a union was clustered the same way first
+(`BatchPlan.clustered`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from functools import cache, reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
-
-# The parallelism of the batch being planned (see the module doc).
-_PARALLELISM: ContextVar[int] = ContextVar("txstream_parallelism", default=1)
-
-
-@contextmanager
-def spread(parallelism: int) -> Iterator[None]:
-    """Plan frames for `parallelism` partitions within the block."""
-    token = _PARALLELISM.set(parallelism)
-    try:
-        yield
-    finally:
-        _PARALLELISM.reset(token)
-
-
-def parallelism() -> int:
-    return _PARALLELISM.get()
 
 
 def null(field: StructField) -> Column:
@@ -50,13 +33,13 @@ def col(name: str) -> Column:
     return F.col(f"`{name}`")
 
 
-def union_all(frames: Sequence[DataFrame]) -> DataFrame:
+def union_all(frames: Sequence[DataFrame], parallelism: int) -> DataFrame:
     """The frames' rows; at P = 1 in one partition. Spark's union reports a known partitioning
     only when its inputs report the very same one (a join's pair of partitionings does not
     qualify), and an unknown one would make every later aggregate shuffle: the narrow coalesce
     says it."""
     union = reduce(lambda a, b: a.unionByName(b), frames)
-    return union.coalesce(1) if parallelism() == 1 else union
+    return union.coalesce(1) if parallelism == 1 else union
 
 
 def null_safe_on(left: DataFrame, right: DataFrame, left_cols: Sequence[str],
@@ -99,7 +82,8 @@ def build_side(frame: DataFrame) -> DataFrame:
 _ROWS_BOUND = 2**31 - 1
 
 
-def join(left: DataFrame, right: DataFrame, on: Column, how: str) -> DataFrame:
+def join(left: DataFrame, right: DataFrame, on: Column, how: str, parallelism: int
+         ) -> DataFrame:
     """`left.join(right, on, how)`; at P = 1 in one partition, with no exchange.
 
     Spark keeps a join of single-partition inputs in one partition only while each input's
@@ -108,13 +92,13 @@ def join(left: DataFrame, right: DataFrame, on: Column, how: str) -> DataFrame:
     estimate is its row count times the row size: the inputs are bounded that way. The output
     is coalesced because an inner join reports its two inputs' partitionings, which Spark does
     not take for one partition at the next join."""
-    if parallelism() > 1:  # a limit would gather each input into one partition
+    if parallelism > 1:  # a limit would gather each input into one partition
         return left.join(right, on, how)
     return left.limit(_ROWS_BOUND).join(right.limit(_ROWS_BOUND), on, how).coalesce(1)
 
 
-def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], struct_types: StructType
-              ) -> DataFrame:
+def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], struct_types: StructType,
+              parallelism: int) -> DataFrame:
     """The rows of `frame` whose `on` columns equal (nulls equal) a row of `probe`. Written as
     an inner join with the distinct probe keys: Spark plans a semi join between
     single-partition inputs with two exchanges. `struct_types`: the types of `frame`'s `on`
@@ -122,7 +106,7 @@ def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], struct_type
     `spark_internals.rdd_node`)."""
     keys = build_side(prefixed(probe.select(*[col(c) for c in on]).distinct(), "__p_"))
     probe_cols = [f"__p_{c}" for c in on]
-    if parallelism() > 1:
+    if parallelism > 1:
         # Structs compare field by field with nulls equal, and `frame` is partitioned by the
         # struct of `on`: joined on it, `frame` is read in place and only the probe's distinct
         # keys are exchanged (cast to `frame`'s types after `distinct`, which keeps the
@@ -131,4 +115,5 @@ def semi_join(frame: DataFrame, probe: DataFrame, on: Sequence[str], struct_type
         cond = struct_key(frame, on) == struct_key(keys, probe_cols, struct_types)
     else:
         cond = null_safe_on(frame, keys, on, probe_cols)
-    return join(frame, keys, cond, "inner").select(*[frame[f"`{c}`"] for c in frame.columns])
+    return join(frame, keys, cond, "inner", parallelism).select(
+        *[frame[f"`{c}`"] for c in frame.columns])

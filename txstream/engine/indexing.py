@@ -1,5 +1,5 @@
 """Which state runs an engine indexes, and where the index files go (`txstream.engine.run_index`
-writes and probes them, `ZSetState.refresh_indexes` keeps each state's).
+writes and probes them, `txstream.engine.indexed_runs` keeps each state's).
 
 An index is only an optimization: whatever goes wrong with one leaves the run streamed, as a
 small run is. A run whose files cannot be written (no directory, no room) stays unindexed,

@@ -5,7 +5,7 @@
     its new runs ──►     ▼ are alive to hold them
                      copy those runs anew (`ZSetState.replicate`), then look again
 
-A state run is a local checkpoint (`ZSetState._local_checkpoint`): it has no lineage, so a block
+A state run is a local checkpoint (`txstream.engine.runs.kept`): it has no lineage, so a block
 lost with its executor is lost for good (CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND) unless another
 executor holds a copy. Spark writes each block to `replicas` executors, but not always:
 

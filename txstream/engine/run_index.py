@@ -20,7 +20,7 @@ Why files and not Spark's broadcast hash table (what the engine built before): a
 built and held in the driver's memory, 110-120 bytes per row, so the largest state was what the
 driver could hold (a 10M-row join needed a 12 GB driver). Here the driver holds a path per
 partition; the rows stay with the executors, on disk and in the OS page cache, and a file
-outlives the executor that wrote it (the run's blocks do not: see `ZSetState.replicas`). The
+outlives the executor that wrote it (the run's blocks do not: see `runs.kept`). The
 files must be where every executor reads and writes them at the same path: the system's
 temporary directory serves `local[N]` and executors on the driver's own filesystem; executors
 in other containers or hosts need a volume they all mount (`Engine(index_dir=)`,

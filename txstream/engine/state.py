@@ -1,45 +1,28 @@
-"""Operator state: Z-sets held in Spark as a few consolidated runs (a log-structured merge),
-in versions.
+"""Operator state: a Z-set held in Spark as a few consolidated runs, in versions.
 
-A batch stages its delta, consolidated, as a new run, weighed by the batch's size; a run is
-merged into the one before it while that one weighs no more than what is being merged (size
-tiers, a binary counter when batches are equal). Each row is rewritten O(log) times, the number
-of runs stays logarithmic, and a small batch never rewrites a large state: appending costs
-O(delta) amortized, not O(state).
-
-A state's value is an immutable tuple of runs (a version). Staging builds the next version's
-plan without running anything; the engine materializes every staged run of a batch in the
-batch's one Spark job and only then installs the new versions, so a failed batch leaves every
-state as it was, and an older version stays readable (for a checkpoint) while later batches
-run. Runs are lazy local checkpoints: computed once, by the job that first reads them, then
-read from Spark's memory with their lineage cut, so plans do not grow with the number of
-batches.
+The rule: a state's value is an immutable tuple of runs (a version), replaced whole. Staging
+builds the next version's plan without running anything (the batch's changes as a new run,
+merged with the runs size tiers say, `txstream.engine.runs`); the engine materializes every
+staged run of a batch in the batch's one Spark job and only then installs the new versions, so
+a failed batch leaves every state as it was, and an older version stays readable (for a
+checkpoint, `txstream.engine.persistence`) while later batches run.
 
 At parallelism 1 runs live in one partition, like every frame of a batch (see
-`txstream.engine.engine`). At P > 1 (`partitions`) every run is hash-partitioned into P
-partitions by the state's lookup columns (`partition_on`), partition i of each run holding the
-same keys, and the leaf declares it: a join or an aggregate by those columns reads each
-partition where it is, and only the batch's delta is exchanged to meet it. A run is checked to
-be so partitioned when it is staged (`checkpoint`); the declaration is a promise the planner
-trusts, and a false one would pair rows that never meet.
+`txstream.engine.engine`). At P > 1 (`StatePlacement.partitions`, given when the state is made)
+every run is hash-partitioned into P partitions by the state's lookup columns
+(`partition_on`), partition i of each run holding the same keys, and the leaf declares it: a
+join or an aggregate by those columns reads each partition where it is, and only the batch's
+delta is exchanged to meet it. A run is checked to be so partitioned when it is staged
+(`checkpoint`); the declaration is a promise the planner trusts, and a false one would pair
+rows that never meet.
 
 A plan reads a state's small runs as one leaf, whatever their number: a `LogicalRDD` over the
 union of the runs' RDDs (`txstream.engine.spark_internals`), so a batch's plans have the same
 shape from one batch to the next and can be rebound to the next version's runs instead of built
 again (`txstream.engine.templates`). For that, every run holds its rows in the state's one row type
 (`row_type`): decimal weights sum to precision 38 at once instead of widening with each merge.
-
-A lookup streams those runs past a hash table of the batch's keys, which costs every row of
-them (at P > 1, a partition's rows per task). A large run (`index`: at least `index_rows` rows)
-therefore gets an index on the state's lookup columns once it is installed: its partitions
-sorted by a hash of those columns and written as files by the executors (one job), probed by
-binary search in every later lookup (`txstream.engine.run_index`), and deleted when the run is
-merged away. A run's weight (rows of input) bounds its rows, so only runs that weigh
-`index_rows` are built; one whose build counts fewer rows (a group-by's few groups) is dropped
-at once and stays streamed. Size tiers keep the streamed runs' weight below about twice
-`index_rows`, or their rows below `index_rows` each, so a lookup costs O(delta + index_rows)
-rows, not O(state), at any P; the driver holds a path per partition of an index, never its
-rows.
+A lookup streams those runs and probes the large runs' indexes (`txstream.engine.indexed_runs`
+keeps which runs have one).
 """
 
 from __future__ import annotations
@@ -47,13 +30,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
-import pyarrow as pa
 from py4j.java_gateway import JavaObject
-from py4j.protocol import Py4JJavaError
-from pyspark import StorageLevel
-from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, StructField, StructType
@@ -65,22 +43,19 @@ from txstream.engine.frames import (
     col,
     join,
     null_safe_on,
-    parallelism,
     prefixed,
     semi_join,
     union_all,
 )
-from txstream.engine.run_index import RunIndex
-from txstream.engine.spark_input import input_rows
+from txstream.engine.indexed_runs import IndexedRuns
+from txstream.engine.runs import Run, Runs, kept
 from txstream.engine.spark_internals import (
     Clustering,
     Replacement,
     attributes,
     frame_of,
     hash_clusterings,
-    id_of,
     rdd_node,
-    rdd_of,
     rows_scan,
     union_rdd,
 )
@@ -90,33 +65,6 @@ log = logging.getLogger(__name__)
 
 # The partition number a small batch's new run is split by (see ZSetState._split).
 _PARTITION = "__partition"
-
-
-@dataclass(frozen=True)
-class Run:
-    frame: DataFrame  # a local checkpoint: its plan is a LogicalRDD
-    weight: int  # rows of input the run summarizes (an estimate of its size, never counted)
-
-    @cached_property
-    def rdd(self) -> JavaObject:
-        return rdd_of(self.frame)
-
-    @cached_property
-    def rdd_id(self) -> int:
-        return id_of(self.rdd)
-
-
-Runs = tuple[Run, ...]
-
-
-@dataclass(frozen=True)
-class Merge:
-    """What adding a batch of `weight` rows does to a version: its runs split into those kept
-    and those merged with the batch's changes into one new run of `new_weight`."""
-
-    kept: Runs
-    merged: Runs
-    new_weight: int
 
 
 @dataclass(frozen=True)
@@ -130,6 +78,15 @@ class StagedRuns:
     @property
     def new(self) -> DataFrame:
         return self.runs[-1].frame
+
+
+@dataclass(frozen=True)
+class StatePlacement:
+    """Where every run of a state lives: in `partitions` partitions (the engine's parallelism
+    P, see the module doc), each block on `replicas` executors (see `checkpoint`)."""
+
+    partitions: int = 1
+    replicas: int = 1
 
 
 def _row_type(schema: StructType, weights: Sequence[str]) -> StructType:
@@ -154,17 +111,17 @@ class ZSetState:
     """
 
     def __init__(self, keys: Sequence[str], weights: Sequence[str], empty_when: str | None = None,
-                 lookup: Sequence[str] | None = None) -> None:
+                 lookup: Sequence[str] | None = None, *, placement: StatePlacement) -> None:
         self.keys = list(keys)
         self.weights = list(weights)
         self._empty_when = empty_when
         # The columns every lookup matches on (None: never looked up, never indexed).
         self.lookup_on = list(lookup) if lookup is not None else None
         # The partitions of every run, and the columns they are hashed by (see the module doc).
-        self.partitions = 1
+        self.partitions = placement.partitions
         self.partition_on = self.lookup_on if self.lookup_on is not None else self.keys
         # Copies of each run's blocks on distinct executors (see `checkpoint`).
-        self.replicas = 1
+        self.replicas = placement.replicas
         self.runs: Runs = ()
         # Fixed by the first rows the state gets: every run holds this type.
         self.row_type: StructType | None = None
@@ -172,13 +129,10 @@ class ZSetState:
         # `row_type`'s columns cast and named, made once: a cast to a type object costs about six
         # round trips to the JVM, and a batch's plans type every delta of every state.
         self._typing: dict[str, Column] = {}  # by column name, in `row_type`'s order
-        # The current version's small runs as one leaf, and the list of its indexes' files.
+        # The current version's streamed runs as one leaf.
         self._leaf: dict[int, DataFrame] = {}  # by the parallelism of the plans reading it
-        # The indexed runs it lists, by RDD id, with the leaf's session, attributes and rows.
-        self._index_files: tuple[tuple[int, ...], SparkSession, JavaObject, JavaObject] | None \
-            = None
-        self._indexes: dict[int, RunIndex] = {}  # by the run's RDD id
-        self._unindexed: set[int] = set()  # runs whose build found fewer than index_rows rows
+        # Which of the runs have an index, which lookups probe instead of streaming the run.
+        self.indexes = IndexedRuns(self.lookup_on)
         self._splitting: tuple[DataFrame, Column] | None = None  # see _split
 
     def _consolidate(self, frame: DataFrame, whole: bool) -> DataFrame:
@@ -219,23 +173,23 @@ class ZSetState:
         template's)."""
         return rows_scan(spark, *self._rows(spark, runs))
 
-    def leaf(self, spark: SparkSession, runs: Runs) -> DataFrame:
+    def leaf(self, spark: SparkSession, runs: Runs, planned: int) -> DataFrame:
         """The rows of `runs` (none: no rows) as one leaf, unconsolidated: in the runs' P
-        partitions, or in one for a batch planned in one (see `txstream.engine.engine`)."""
+        partitions, or in one for a batch `planned` in one (see `txstream.engine.engine`)."""
         assert self._prototype is not None, "typed() fixes the row type before any leaf"
         node = rdd_node(spark, self._prototype, *self._rows(spark, runs))
         leaf = frame_of(spark, node.newInstance())
-        return leaf.coalesce(1) if parallelism() == 1 else leaf
+        return leaf.coalesce(1) if planned == 1 else leaf
 
-    def checkpoint(self, source: DataFrame) -> DataFrame:
-        """A staged run: `source` (a `staged_frame`) as a lazy local checkpoint (computed, and
-        its lineage cut, by the batch's job). At P > 1 it must come out hash-partitioned as
-        the state's leaves declare: in a batch planned in one partition `staged_frame` split
-        it so; otherwise Spark's checkpoint records the partitioning of its physical plan,
-        which is read here, and a plan that lost it (an exchange the planner chose by other
-        columns) is repartitioned explicitly, which costs a shuffle of the run but never a
-        wrong pair."""
-        if self._split_here():
+    def checkpoint(self, source: DataFrame, planned: int) -> DataFrame:
+        """A staged run: `source` (a `staged_frame`, of a batch planned for `planned`
+        partitions) as a lazy local checkpoint (computed, and its lineage cut, by the batch's
+        job). At P > 1 it must come out hash-partitioned as the state's leaves declare: in a
+        batch planned in one partition `staged_frame` split it so; otherwise Spark's
+        checkpoint records the partitioning of its physical plan, which is read here, and a
+        plan that lost it (an exchange the planner chose by other columns) is repartitioned
+        explicitly, which costs a shuffle of the run but never a wrong pair."""
+        if self._split_here(planned):
             return self._local_checkpoint(source, eager=False)
         run = self._local_checkpoint(source, eager=False)
         wanted = (list(self.partition_on), self.partitions)
@@ -248,18 +202,6 @@ class ZSetState:
             raise EngineStateError(f"a state run is not hash-partitioned by {self.partition_on} "
                                    f"into {self.partitions} partitions: {hash_clusterings(run)}")
         return run
-
-    def merge(self, weight: int) -> Merge:
-        """The runs a batch of `weight` input rows merges with (size tiers: a run merges into
-        the one before it while that one weighs no more than what is being merged)."""
-        runs = list(self.runs)
-        weight = max(1, weight)
-        merged: list[Run] = []
-        while runs and runs[-1].weight <= weight:
-            run = runs.pop()
-            merged.insert(0, run)
-            weight += run.weight
-        return Merge(tuple(runs), tuple(merged), weight)
 
     def _hashed(self, frame: DataFrame) -> DataFrame:
         """`frame` exchanged into the state's P partitions by `partition_on`."""
@@ -284,31 +226,23 @@ class ZSetState:
         return frame.crossJoin(numbers).where(keep).drop(_PARTITION)
 
     def _local_checkpoint(self, frame: DataFrame, eager: bool) -> DataFrame:
-        """`frame` checkpointed into the executors' block managers: a local checkpoint has no
-        lineage, so a block lost with its executor is lost for good (Spark fails the job,
-        CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND) unless a replica exists. With `replicas` above 1
-        each block is also copied to other executors, from which a task reads it when its
-        own is gone (Spark's `spark.storage.replication.proactive` then copies it again);
-        rows stay deserialized, as the default level keeps them."""
-        if self.replicas == 1:
-            return frame.localCheckpoint(eager=eager)
-        return frame.localCheckpoint(eager=eager, storageLevel=StorageLevel(
-            useDisk=True, useMemory=True, useOffHeap=False, deserialized=True,
-            replication=self.replicas))
+        """`frame` kept as a run of this state: on `replicas` executors (`runs.kept`)."""
+        return kept(frame, self.replicas, eager)
 
-    def staged_frame(self, changes: DataFrame, merged: DataFrame) -> DataFrame:
+    def staged_frame(self, changes: DataFrame, merged: DataFrame, planned: int) -> DataFrame:
         """A new run: the batch's `changes` (`typed`, not necessarily consolidated; at P > 1
         clustered by `partition_on`, see `BatchPlan.clustered`) plus the `merged` runs (a
-        `leaf`), consolidated; at P > 1 in a batch planned in one partition, split into the
-        state's P partitions (`_split`), so that a template records the split with the rest
-        of the run's plan and a rebound batch does not build it again."""
-        run = self.typed(self._consolidate(union_all([changes, merged]), whole=False))
-        return self._split(run) if self._split_here() else run
+        `leaf`), consolidated, for a batch `planned` for that many partitions; at P > 1 in a
+        batch planned in one partition, split into the state's P partitions (`_split`), so
+        that a template records the split with the rest of the run's plan and a rebound batch
+        does not build it again."""
+        run = self.typed(self._consolidate(union_all([changes, merged], planned), whole=False))
+        return self._split(run) if self._split_here(planned) else run
 
-    def _split_here(self) -> bool:
-        """Whether a new run is split by `staged_frame` (at P > 1, in a batch planned in one
+    def _split_here(self, planned: int) -> bool:
+        """Whether a new run is split by `staged_frame` (at P > 1, in a batch `planned` in one
         partition), which `checkpoint` then takes as partitioned."""
-        return self.partitions > 1 and parallelism() == 1
+        return self.partitions > 1 and planned == 1
 
     def install(self, runs: Runs) -> None:
         self.runs = runs
@@ -322,45 +256,37 @@ class ZSetState:
         for run in self.runs:
             if run.rdd_id in rdd_ids:
                 copy = Run(self._local_checkpoint(run.frame, eager=True), run.weight)
-                if run.rdd_id in self._indexes:
-                    self._indexes[copy.rdd_id] = self._indexes.pop(run.rdd_id)
-                if run.rdd_id in self._unindexed:
-                    self._unindexed.add(copy.rdd_id)
+                self.indexes.copied(run, copy)
                 run = copy
             runs.append(run)
         self.install(tuple(runs))
 
     def streamed(self) -> Runs:
         """The current version's runs without an index: lookups stream their rows."""
-        return tuple(r for r in self.runs if r.rdd_id not in self._indexes)
+        return self.indexes.streamed(self.runs)
 
     def indexed(self) -> Runs:
-        return tuple(r for r in self.runs if r.rdd_id in self._indexes)
-
-    @property
-    def index_bytes(self) -> int:
-        """What the files of the current version's indexes hold."""
-        return sum(self._indexes[r.rdd_id].bytes for r in self.indexed())
+        return self.indexes.indexed(self.runs)
 
     def shape(self) -> tuple[bool, bool]:
         """What a batch's plans depend on: whether runs are streamed, whether any is indexed."""
         return bool(self.streamed()), bool(self.indexed())
 
-    def frame(self) -> DataFrame | None:
-        """The current version's streamed runs as one leaf, unconsolidated: equal keys may
-        appear in several runs (sum their weights). The indexed runs are read by `matches`."""
+    def frame(self, planned: int) -> DataFrame | None:
+        """The current version's streamed runs as one leaf for a batch `planned` for that many
+        partitions (see `leaf`), unconsolidated: equal keys may appear in several runs (sum
+        their weights). The indexed runs are read by `matches`."""
         streamed = self.streamed()
         if not streamed:
             return None
-        planned = parallelism()
         if planned not in self._leaf:
-            self._leaf[planned] = self.leaf(streamed[0].frame.sparkSession, streamed)
+            self._leaf[planned] = self.leaf(streamed[0].frame.sparkSession, streamed, planned)
         return self._leaf[planned]
 
     def index_frame(self) -> DataFrame | None:
         """The files of the current version's indexed runs as a leaf (one row per file, see
         `run_index.FILES_TYPE`), or None when no run is indexed."""
-        listed = self._listed()
+        listed = self.indexes.files(self.runs)
         if listed is None:
             return None
         spark, output, rows = listed
@@ -369,25 +295,10 @@ class ZSetState:
     def index_scan(self) -> Replacement:
         """A physical leaf reading the files of the current indexed runs in place of a
         recorded one (a template's)."""
-        listed = self._listed()
+        listed = self.indexes.files(self.runs)
         assert listed is not None, "a plan reads index files only when some exist"
         spark, _, rows = listed
         return rows_scan(spark, rows)
-
-    def _listed(self) -> tuple[SparkSession, JavaObject, JavaObject] | None:
-        """The session, attributes and rows of a leaf listing the index files of the current
-        version's indexed runs (made again when they change)."""
-        indexed = self.indexed()
-        if not indexed:
-            return None
-        ids = tuple(r.rdd_id for r in indexed)
-        if self._index_files is None or self._index_files[0] != ids:
-            spark = indexed[0].frame.sparkSession
-            paths = pa.table({run_index.PATH: pa.array(
-                [f for i in ids for f in self._indexes[i].files], pa.string())})
-            self._index_files = (ids, spark,
-                                 *input_rows(spark, paths, run_index.FILES_TYPE, columnar=False))
-        return self._index_files[1:]
 
     def _probe_keys(self, probe: DataFrame) -> DataFrame:
         """The distinct `lookup_on` values of `probe` in the state's types, as `__p_` columns."""
@@ -395,10 +306,11 @@ class ZSetState:
         return prefixed(probe.select(*[self._typing[c] for c in self.lookup_on]).distinct(),
                         "__p_")
 
-    def matches(self, probe: DataFrame) -> list[DataFrame]:
+    def matches(self, probe: DataFrame, planned: int) -> list[DataFrame]:
         """The indexed runs' rows whose lookup columns equal (nulls equal) a row of `probe`,
-        unconsolidated (none, or one frame: at P > 1 partitioned as the state's leaves are);
-        the streamed runs are left to the caller (`frame`)."""
+        unconsolidated (none, or one frame: in a batch `planned` for P > 1 partitions,
+        partitioned as the state's leaves are); the streamed runs are left to the caller
+        (`frame`)."""
         files = self.index_frame()
         if files is None:
             return []
@@ -408,90 +320,50 @@ class ZSetState:
         candidates = run_index.lookups(keys, probe_cols, files, self.row_type)
         # Both sides in one partition: the join needs no exchange.
         found = join(candidates, build_side(keys),
-                     null_safe_on(candidates, keys, self.lookup_on, probe_cols), "inner") \
-            .select(*[candidates[f"`{c}`"] for c in self.row_type.names])
-        return [found.coalesce(1) if parallelism() == 1 else self._hashed(found)]
+                     null_safe_on(candidates, keys, self.lookup_on, probe_cols), "inner",
+                     planned).select(*[candidates[f"`{c}`"] for c in self.row_type.names])
+        return [found.coalesce(1) if planned == 1 else self._hashed(found)]
 
-    def consolidated(self, runs: Runs) -> DataFrame | None:
+    def consolidated(self, runs: Runs, planned: int) -> DataFrame | None:
+        """The collection `runs` hold, read whole (see `empty_when`) for a plan of `planned`
+        partitions; None for no runs."""
         if not runs:
             return None
-        return self._consolidate(self.leaf(runs[0].frame.sparkSession, runs), whole=True)
+        return self._consolidate(self.leaf(runs[0].frame.sparkSession, runs, planned),
+                                 whole=True)
 
-    def lookup(self, probe: DataFrame, on: Sequence[str]) -> DataFrame | None:
+    def lookup(self, probe: DataFrame, on: Sequence[str], planned: int) -> DataFrame | None:
         """The consolidated rows whose `on` columns (the state's lookup columns) equal (nulls
-        equal) a row of `probe`."""
+        equal) a row of `probe`, for a batch `planned` for that many partitions."""
         assert list(on) == self.lookup_on, f"looked up by {on}, declared {self.lookup_on}"
-        whole = self.frame()
+        whole = self.frame(planned)
         parts = []
         if whole is not None:
             assert self.row_type is not None  # fixed by the rows the runs hold
             # At P > 1 joined on the struct of the lookup columns, by which the leaf declares
             # its partitioning too: state is read in place, only the probe's keys move.
             key_types = StructType([self.row_type[c] for c in on])
-            parts.append(semi_join(whole, probe, on, key_types))
-        parts += self.matches(probe)
+            parts.append(semi_join(whole, probe, on, key_types, planned))
+        parts += self.matches(probe, planned)
         if not parts:
             return None
-        return self._consolidate(union_all(parts), whole=True)
+        return self._consolidate(union_all(parts, planned), whole=True)
 
     def refresh_indexes(self, index_rows: int, directory: Callable[[], str]) -> None:
-        """Index the current version's runs of at least `index_rows` rows (a Spark job each,
-        writing files under `directory()`), and drop the indexes of runs no longer in it. A
-        run that cannot be indexed stays streamed, with a warning."""
-        current = {r.rdd_id for r in self.runs}
-        before = set(self._indexes)
-        for rdd_id in [i for i in self._indexes if i not in current]:
-            self._indexes.pop(rdd_id).drop()
-        self._unindexed &= current
-        if self.lookup_on is not None:
-            for run in self.runs:
-                if (run.weight >= index_rows and run.rdd_id not in self._indexes
-                        and run.rdd_id not in self._unindexed):
-                    self._index(run, index_rows, directory)
-        if set(self._indexes) != before:  # runs moved between streamed and indexed
-            self._leaf = {}
-
-    def _index(self, run: Run, index_rows: int, directory: Callable[[], str]) -> None:
-        assert self.lookup_on is not None
-        try:
-            index = run_index.build(run.frame, self.lookup_on, directory())
-        except (Py4JJavaError, PySparkException, OSError) as exc:
-            # Only an optimization: a run that cannot be indexed (its files not written, a
-            # lost executor) is streamed, as a small one is.
-            log.warning("state run of %s rows of input stays unindexed, lookups stream it: %s",
-                        f"{run.weight:,}", str(exc)[:300])
-            self._unindexed.add(run.rdd_id)
-            return
-        if index.rows < index_rows:
-            index.drop()
-            self._unindexed.add(run.rdd_id)
-            return
-        log.info("indexed a state run of %s rows: %.0f MiB of files under %s",
-                 f"{index.rows:,}", index.bytes / 2**20, index.directory)
-        self._indexes[run.rdd_id] = index
+        """Index the current version's runs of at least `index_rows` rows (files under
+        `directory()`) and drop the indexes of runs no longer in it (`IndexedRuns.refresh`)."""
+        if self.indexes.refresh(self.runs, index_rows, directory):
+            self._leaf = {}  # runs moved between streamed and indexed
 
     def drop_indexes(self) -> None:
         """Delete every index: lookups stream every run."""
-        for index in self._indexes.values():
-            index.drop()
-        self._indexes.clear()
+        self.indexes.drop()
         self._leaf = {}
 
-    def save(self, path: str, runs: Runs) -> None:
-        """Write a version's consolidated collection as Parquet under `path` (any
-        Hadoop-compatible location Spark can write), in the row type, which `restored` reads
-        it in (a sum of an int column of the runs would be a long)."""
-        whole = self.consolidated(runs)
-        if whole is not None:
-            self.typed(whole).write.parquet(path)
-
-    def restored(self, spark: SparkSession, path: str, row_type: StructType | None) -> DataFrame:
-        """The collection `save` wrote at `path`, in the state's partitions, as a lazy local
-        checkpoint: computed by the first job that reads it (`Engine.load_state` runs one for
-        every state), after which the files may be deleted. `row_type`: the type its rows
-        were saved in, which spares Spark a job reading it from the files (None: read)."""
-        reader = spark.read if row_type is None else spark.read.schema(row_type)
-        frame = self.typed(reader.parquet(path))
-        # Whatever parallelism saved it: a restart with another one repartitions here.
+    def new_run(self, rows: DataFrame) -> DataFrame:
+        """`rows` (the state's keys and weights, consolidated, in any partitioning: a saved
+        state's, whatever parallelism saved it) as a run's frame: typed, in the state's
+        partitions, a lazy local checkpoint, computed by the first job that reads it."""
+        frame = self.typed(rows)
         spread = frame.coalesce(1) if self.partitions == 1 else self._hashed(frame)
         return self._local_checkpoint(spread, eager=False)

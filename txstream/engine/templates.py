@@ -39,6 +39,7 @@ from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 
 from txstream.engine.batch import BatchPlan
+from txstream.engine.runs import Merge, Run
 from txstream.engine.spark_input import SourceRows
 from txstream.engine.spark_internals import (
     Clustering,
@@ -63,7 +64,7 @@ from txstream.engine.spark_internals import (
     scans,
     union_rdd,
 )
-from txstream.engine.state import Merge, Run, StagedRuns, ZSetState
+from txstream.engine.state import StagedRuns, ZSetState
 
 # What a leaf of a recorded plan stands for: a source's changes, a state's streamed runs, the
 # runs a batch merges into a state's new run, or the list of a state's index files.
@@ -108,7 +109,7 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
         return None
     roles: dict[LeafKey, Role] = {leaf_key(f): ("source", name) for name, f in sources.items()}
     for state in states:
-        current = state.frame()
+        current = state.frame(batch.parallelism)
         if current is not None:
             roles[leaf_key(current)] = ("state", state)
         files = state.index_frame()
@@ -157,16 +158,17 @@ def ready(spark: SparkSession, template: Template) -> bool:
 
 
 def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, SourceRows],
-                weight: int) -> tuple[DataFrame, list[StagedRuns]]:
+                weight: int, planned: int) -> tuple[DataFrame, list[StagedRuns]]:
     """The batch's final frame and staged runs, for `sources` (name -> its changes) and a
-    batch of `weight` input rows, from the template of its shape (`ready`): each recorded
+    batch of `weight` input rows planned for `planned` partitions (part of its shape), from
+    the template of its shape (`ready`): each recorded
     physical plan over this batch's leaves (`frame_over`), neither optimized nor planned
     again."""
     merges: dict[int, Merge] = {}
 
     def merge_of(state: ZSetState) -> Merge:
         if id(state) not in merges:
-            merges[id(state)] = state.merge(weight)
+            merges[id(state)] = Merge.of(state.runs, weight)
         return merges[id(state)]
 
     bindings: dict[LeafKey, Replacement] = {}
@@ -194,7 +196,7 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
                                   else rows_scan(spark, rows, step.clustering))
             continue
         assert step.state is not None
-        run = step.state.checkpoint(frame(step.plan))
+        run = step.state.checkpoint(frame(step.plan), planned)
         bindings[step.key] = rows_scan(spark, rdd_of(run))
         merge = merge_of(step.state)
         staged.append(StagedRuns(step.state, (*merge.kept, Run(run, merge.new_weight))))

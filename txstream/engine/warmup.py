@@ -1,4 +1,6 @@
-"""Warming an engine up with synthetic changes (`Engine.warming_up`, `Engine.warm_up`).
+"""Warming an engine up with synthetic changes (`warming_up`, `warm_up`): made-up batches run
+through a fresh engine and forgotten, so that Spark plans and compiles the pipeline's plans at
+start, not on the first real transactions.
 
 A fresh JVM plans, compiles and JIT-compiles a pipeline's Spark plans on its first batches: the
 first 50k-event batch of the group-by example took 6.2 s cold and 0.8 s warm. Warming up runs
@@ -25,20 +27,18 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from txstream.changes import Changes, consolidate
 from txstream.engine import codegen
-from txstream.engine.errors import ExpressionError
+from txstream.engine.engine import Engine
+from txstream.engine.errors import EngineStateError, ExpressionError
 from txstream.engine.operators.base import first_line
 from txstream.schemas.tables import ColumnType, TableSchema
-
-if TYPE_CHECKING:  # the engine imports this module
-    from txstream.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,35 @@ def synthetic_changes(schema: TableSchema, ids: np.ndarray, times: tuple[int, in
     return Changes(pa.Table.from_arrays(columns, schema=schema.arrow_schema(with_changes=True)))
 
 
+def warming_up(engine: Engine, rows: int) -> WarmUp:
+    """Run made-up changes through `engine`'s pipeline, one batch per step, then forget them:
+    Spark plans, compiles and JIT-compiles the pipeline's plans now, not on the first real
+    batches (see the module doc). `WARM_UP_ROUNDS` rounds of three batches of every source,
+    the state emptied between two: `rows` insertions into empty state; half of them deleted
+    and as many inserted; then ten insertions (a lone transaction's path). Yields the number of
+    batches done after each.
+    Only for a fresh engine, which nothing else may use until the warm-up is run through or
+    closed: both empty its state again. The plans it recorded (for batches with changes of
+    every source, into empty and non-empty state) stay until `Engine.load_state` replaces the
+    state; the compiled code stays in any case, for every engine of the JVM. It never fails:
+    it is only an optimization, and what went wrong is logged. Another thread may cut a step
+    short (`WarmUp.cancel`)."""
+    if not engine.fresh:
+        raise EngineStateError("warm_up: only a fresh engine warms up, before it loads "
+                               "state or processes a batch")
+    return WarmUp(engine, rows)
+
+
+def warm_up(engine: Engine, rows: int) -> float:
+    """Warm `engine` up at once (`warming_up` run through); the seconds it took."""
+    started = time.perf_counter()
+    for _ in warming_up(engine, rows):
+        pass
+    return time.perf_counter() - started
+
+
 class WarmUp(Iterator[int]):
-    """The steps of `Engine.warming_up`: an iterator of the made-up batches done, one per step,
+    """The steps of `warming_up`: an iterator of the made-up batches done, one per step,
     which `close` ends between two steps and `cancel`, from another thread, during one. A step
     on a cold JVM takes seconds (planning, then a Spark job), which a real batch arriving
     meanwhile would otherwise wait out: `cancel` cancels the step's Spark jobs (its own job
@@ -118,7 +145,7 @@ class WarmUp(Iterator[int]):
 
 def _steps(engine: Engine, rows: int, tag: str, cancelled: threading.Event
            ) -> Generator[int, None, None]:
-    """The `WARM_UP_BATCHES` batches of `Engine.warming_up` (see there), one per step, their
+    """The `WARM_UP_BATCHES` batches of `warming_up` (see there), one per step, their
     Spark jobs tagged `tag`, with `engine.forget()` after each round, also when the steps are
     closed early, a batch fails or `cancelled` is set. Nothing at all for an engine no longer
     fresh when the first step is taken (its state is real)."""

@@ -10,8 +10,7 @@ from functools import partial
 
 from pyspark.sql import SparkSession
 
-from txstream.engine import Engine, Pipeline
-from txstream.engine.warmup import WarmUp
+from txstream.engine import Engine, Pipeline, warmup
 from txstream.schemas.config import ConfigError, PipelineConfig
 from txstream.service.checkpoint import CheckpointStore, PipelineIdentity
 from txstream.service.checkpoint_storage import open_storage
@@ -47,13 +46,13 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
     log.info("engine parallelism %d", parallelism)
     refuse(sinks_fit(config, engine.outputs))
 
-    def warming_up() -> WarmUp:
+    def warming_up() -> warmup.WarmUp:
         # Of the engine itself while it is fresh: the plans it records then serve the first
         # real batches. After a restore or real batches, of a scratch engine of the pipeline:
         # the code Spark compiled and the JIT's work are the JVM's, whichever engine caused
         # them.
         target = engine if engine.fresh else new_engine()
-        return target.warming_up(config.warm_up_rows)
+        return warmup.warming_up(target, config.warm_up_rows)
 
     checkpoints = CheckpointStore(
         open_storage(config.checkpoint_location, spark), keep=config.checkpoints_kept,

@@ -19,6 +19,7 @@ from pyspark import SparkContext
 from pyspark.errors import PySparkException
 
 from txstream.engine import Engine
+from txstream.engine.warmup import warm_up
 from txstream.examples.orders import pipeline
 from txstream.service.class_archive import (
     ENV,
@@ -51,7 +52,7 @@ def prepare(timeout_s: float = 300.0) -> Path:
         partial.unlink(missing_ok=True)
         spark = get_spark(java_options=f'"-XX:ArchiveClassesAtExit={partial}"')
         # The classes a batch loads: plans of every operator kind, compiled and run.
-        Engine(pipeline(), spark).warm_up(1_000)
+        warm_up(Engine(pipeline(), spark), 1_000)
         gateway = SparkContext._gateway
         spark.stop()
     except (OSError, PySparkException) as exc:

@@ -27,7 +27,7 @@ from txstream.engine.columns import INTERNAL_PREFIX
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.results import Pairs
 from txstream.engine.spark_internals import one_operator
-from txstream.engine.state import ZSetState
+from txstream.engine.state import StatePlacement, ZSetState
 from txstream.engine.table import Node
 from txstream.schemas.tables import RESERVED_COLUMNS, ColumnType, TableSchemaError
 
@@ -115,10 +115,13 @@ class Operator(ABC):
     # key and transaction (see `many_per_key`).
     multiplies_rows: ClassVar[bool] = False
 
-    def __init__(self, spark: SparkSession, node: Node, inputs: Sequence[StructType]) -> None:
+    def __init__(self, spark: SparkSession, node: Node, inputs: Sequence[StructType],
+                 placement: StatePlacement) -> None:
         self.spark = spark
         self.node = node
         self.input_schemas = list(inputs)
+        # Where the runs of every state the operator keeps live (`_resolve` makes them).
+        self.placement = placement
         self.schema = _check_columns(node, self._resolve())
         # The columns readers of this operator's output cluster it by at parallelism above 1
         # (see `input_clustering`), those most readers want first; set by the engine once the

@@ -26,7 +26,7 @@ _AFTER = "__after"
 class DistinctOp(Operator):
     def _resolve(self) -> StructType:
         names = self.input_schemas[0].names
-        self.state = ZSetState(names, [DIFF], lookup=names)
+        self.state = ZSetState(names, [DIFF], lookup=names, placement=self.placement)
         return self.input_schemas[0]
 
     def states(self) -> dict[str, ZSetState]:
@@ -45,7 +45,7 @@ class DistinctOp(Operator):
             return None
         cols = self.columns
         d = batch.clustered(d, cols)  # at P > 1 partitioned as the state is
-        before = self.state.lookup(d, cols)
+        before = self.state.lookup(d, cols, batch.parallelism)
         timeline = d.select(*[col(c) for c in cols], col(TIME), col(DIFF))
         if before is not None:
             timeline = timeline.unionByName(before.withColumn(TIME, F.lit(BEFORE_BATCH)))

@@ -4,7 +4,7 @@ Delta rule: d(A join B) = dA join (B + dB) + A join dB, where A and B are the st
 batch; a pair's time is the later of its two times and its diff the product of their diffs.
 State: both sides' Z-sets, looked up by the join key. The hash table is built from the deltas;
 state's small runs are streamed past it, its large runs probed through their indexes (see
-`txstream.engine.state`).
+`txstream.engine.indexed_runs`).
 
 Columns no reader reads (`Operator.needed`) are null in the pairs and in the states: with p
 the projection that nulls them, p(dA join B) = p(dA) join p(B), and p(dA) is consolidated before
@@ -71,8 +71,10 @@ class JoinOp(Operator):
 
     def _resolve(self) -> StructType:
         self.layout = JoinLayout(self, self.input_schemas[0], self.input_schemas[1], self.node.on)
-        self.left_state = ZSetState(self.input_schemas[0].names, [DIFF], lookup=self.node.on)
-        self.right_state = ZSetState(self.input_schemas[1].names, [DIFF], lookup=self.node.on)
+        self.left_state = ZSetState(self.input_schemas[0].names, [DIFF], lookup=self.node.on,
+                                    placement=self.placement)
+        self.right_state = ZSetState(self.input_schemas[1].names, [DIFF], lookup=self.node.on,
+                                     placement=self.placement)
         return self.layout.schema
 
     def states(self) -> dict[str, ZSetState]:
@@ -91,13 +93,14 @@ class JoinOp(Operator):
             return right
         return tuple(dict.fromkeys(left + right))
 
-    def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
+    def _pairs(self, left: DataFrame, right: DataFrame, batch: BatchPlan) -> DataFrame:
         lay = self.layout
         r = prefixed(right, _RIGHT)
         # SQL join semantics: a null key matches nothing.
         cond = [left[f"`{k}`"] == r[f"`{_RIGHT}{k}`"] for k in lay.on]
         # Both sides' rows, deltas and states, hold nulls in the columns no reader reads.
-        return join(left, r, reduce(lambda a, b: a & b, cond), "inner").select(
+        return join(left, r, reduce(lambda a, b: a & b, cond), "inner",
+                    batch.parallelism).select(
             *[left[f"`{c}`"] for c in lay.on + lay.left_rest],
             *[r[f"`{_RIGHT}{c}`"].alias(c) for c in lay.right_rest],
             F.greatest(left[TIME], r[f"{_RIGHT}{TIME}"]).alias(TIME),
@@ -105,15 +108,16 @@ class JoinOp(Operator):
         )
 
     @staticmethod
-    def _before(state: ZSetState, probe: DataFrame) -> tuple[list[DataFrame], list[DataFrame]]:
+    def _before(state: ZSetState, probe: DataFrame, batch: BatchPlan
+                ) -> tuple[list[DataFrame], list[DataFrame]]:
         """The state's rows that may pair with `probe`'s: its streamed runs whole, and apart
         its indexed runs' rows with `probe`'s keys (at P > 1 a union of the two would declare
         no partitioning, and the join would exchange the streamed runs whole)."""
         def before(frame: DataFrame) -> DataFrame:
             return frame.withColumn(TIME, F.lit(BEFORE_BATCH).cast("long"))
-        whole = state.frame()
+        whole = state.frame(batch.parallelism)
         return ([before(whole)] if whole is not None else [],
-                [before(found) for found in state.matches(probe)])
+                [before(found) for found in state.matches(probe, batch.parallelism)])
 
     def _nulled(self, side: int) -> list[str]:
         """The side's columns no reader reads (never a join key)."""
@@ -150,15 +154,15 @@ class JoinOp(Operator):
             return None
         terms: list[DataFrame] = []
         if d_left is not None:
-            right_all, right_found = self._before(self.right_state, d_left)
+            right_all, right_found = self._before(self.right_state, d_left, batch)
             if d_right is not None:
                 right_all.append(d_right)
-            terms += [self._pairs(build_side(d_left), union_all(side))
+            terms += [self._pairs(build_side(d_left), union_all(side, batch.parallelism), batch)
                       for side in (right_all, right_found) if side]
             batch.append(self.left_state, d_left)
         if d_right is not None:
-            left_before, left_found = self._before(self.left_state, d_right)
-            terms += [self._pairs(union_all(side), build_side(d_right))
+            left_before, left_found = self._before(self.left_state, d_right, batch)
+            terms += [self._pairs(union_all(side, batch.parallelism), build_side(d_right), batch)
                       for side in (left_before, left_found) if side]
             batch.append(self.right_state, d_right)
         if not terms:
@@ -167,7 +171,8 @@ class JoinOp(Operator):
         # the join key too, and consolidated there (where a reader needs them so) rather than
         # exchanged by a reader's key (a group-by on more keys than the join's exchanges its
         # accumulators instead).
-        pairs = batch.keeps(union_all(terms), *[d for d in (d_left, d_right) if d is not None])
+        pairs = batch.keeps(union_all(terms, batch.parallelism),
+                            *[d for d in (d_left, d_right) if d is not None])
         return self._output(pairs, batch)
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:

@@ -102,9 +102,10 @@ class ReduceOp(Operator):
         self.acc_exprs = {self.acc_names[acc]: e for acc, e in accumulators.items()}
         self.acc_cols = [ROW_COUNT, *self.acc_exprs]
         self.acc_state = ZSetState(keys, self.acc_cols, empty_when=f"`{ROW_COUNT}` = 0",
-                                   lookup=keys)
+                                   lookup=keys, placement=self.placement)
         self.value_index = {c: i for i, c in enumerate(value_columns)}
-        self.value_states = {c: ZSetState([*keys, VALUE], [DIFF], lookup=keys)
+        self.value_states = {c: ZSetState([*keys, VALUE], [DIFF], lookup=keys,
+                                          placement=self.placement)
                              for c in value_columns}
         return StructType(fields)
 
@@ -278,7 +279,7 @@ class ReduceOp(Operator):
         # Running accumulators: the state's totals at BEFORE_BATCH, then the batch's rows (in
         # place: their sums by group and time).
         timeline = acc_delta
-        base = self.acc_state.lookup(touched, keys)
+        base = self.acc_state.lookup(touched, keys, batch.parallelism)
         if base is not None:
             timeline = timeline.unionByName(base.withColumn(TIME, F.lit(BEFORE_BATCH)))
         groups = timeline.select(*self._running).where(col(_LAST)).drop(_LAST)
@@ -311,7 +312,7 @@ class ReduceOp(Operator):
         # nulls as the keys must match, and it needs the group's values exchanged at most
         # once (none when they are partitioned by the keys already), where a semi join and an
         # anti join on null-safe keys exchanged all of them twice.
-        current = state.lookup(touched, keys)
+        current = state.lookup(touched, keys, batch.parallelism)
         steady = before = None
         if current is not None:
             tagged = batch.shared(
@@ -347,20 +348,21 @@ class ReduceOp(Operator):
             null_safe_on(queries, iv, keys, [f"{INTERVALS}{k}" for k in keys])
             & (iv[f"{INTERVALS}{FROM}"] <= queries[TIME])
             & (queries[TIME] < iv[f"{INTERVALS}{UNTIL}"]),
-            "inner",
+            "inner", batch.parallelism,
         ).groupBy(*[queries[f"`{k}`"] for k in keys], queries[TIME]).agg(
             *_stats(F.col(f"{INTERVALS}{VALUE}"), TOUCHED_STATS))
         p = build_side(prefixed(present, PRESENT))
         joined = join(
             groups, p,
             null_safe_on(groups, p, [*keys, TIME], [f"{PRESENT}{c}" for c in [*keys, TIME]]),
-            "left",
+            "left", batch.parallelism,
         )
         low, high, count = [F.col(f"{PRESENT}{n}") for n in TOUCHED_STATS]
         if steady is not None:
             q = build_side(prefixed(steady, STEADY))
             joined = join(
-                joined, q, null_safe_on(joined, q, keys, [f"{STEADY}{k}" for k in keys]), "left"
+                joined, q, null_safe_on(joined, q, keys, [f"{STEADY}{k}" for k in keys]), "left",
+                batch.parallelism,
             )
             steady_low, steady_high, steady_count = [F.col(f"{STEADY}{n}") for n in STEADY_STATS]
             low, high = F.least(low, steady_low), F.greatest(high, steady_high)

@@ -247,7 +247,7 @@ class ConcatOp(Operator):
             # union's may.
             return self._output(present[0], batch)
         present = self._co_clustered(present, batch)
-        return self._output(batch.keeps(union_all(present), *present), batch)
+        return self._output(batch.keeps(union_all(present, batch.parallelism), *present), batch)
 
     @staticmethod
     def _co_clustered(present: list[DataFrame], batch: BatchPlan) -> list[DataFrame]:
