@@ -57,6 +57,7 @@ from txstream.engine.results import ResultLayout
 from txstream.engine.spark_internals import materialize, plan_now, rdd_leaf, rdd_of
 from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import Run, Runs, StagedRuns, ZSetState
+from txstream.engine.state_files import write_manifest, write_states
 from txstream.engine.table import Node, Pipeline
 from txstream.engine.templates import Template, instantiate, ready, record
 from txstream.schemas.tables import Column, ColumnType, TableSchema
@@ -440,20 +441,17 @@ class Engine:
         directory (local or any Hadoop-compatible URI). The manifest is written last: a state
         without it is incomplete."""
         version = version or self.version()
-        saved = []
+        saved = {name: (state, runs) for name, (state, runs) in version.states.items() if runs}
+        write_states(path, saved)
         weights = {}
         row_types = {}
-        for name, (state, runs) in version.states.items():
-            if runs:
-                state.save(f"{path}/{name}", runs)
-                saved.append(name)
-                weights[name] = sum(run.weight for run in runs)
-                assert state.row_type is not None  # fixed by the rows the runs hold
-                row_types[name] = state.row_type.jsonValue()
-        manifest = json.dumps({"format": 1, "operators": self._fingerprint(), "states": saved,
-                               "weights": weights, "row_types": row_types})
-        self.spark.createDataFrame([(manifest,)], "manifest STRING").coalesce(1) \
-            .write.text(f"{path}/_manifest")
+        for name, (state, runs) in saved.items():
+            weights[name] = sum(run.weight for run in runs)
+            assert state.row_type is not None  # fixed by the rows the runs hold
+            row_types[name] = state.row_type.jsonValue()
+        manifest = json.dumps({"format": 1, "operators": self._fingerprint(),
+                               "states": list(saved), "weights": weights, "row_types": row_types})
+        write_manifest(self.spark, f"{path}/_manifest", manifest)
 
     def load_state(self, path: str) -> None:
         """Replace the engine's state with the one `save_state` wrote at `path`."""
