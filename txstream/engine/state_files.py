@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from txstream.engine.state import Runs, ZSetState
 
 # Jobs writing states submitted at once (each a few tasks; Spark queues what it cannot run).
-_WRITING = 8
+_WRITING = 16
 
 
 def write_states(path: str, states: Mapping[str, tuple[ZSetState, Runs]]) -> None:
