@@ -39,7 +39,6 @@ from txstream.service.health import HealthServer, Readiness
 from txstream.service.input_reports import InputReports
 from txstream.service.metrics import Metrics
 from txstream.service.outputs import open_sinks
-from txstream.sinks.change_topic_snapshot import ChangeTopicSnapshot
 from txstream.sources.kafka_input import KafkaInput
 from txstream.sources.kafka_monitor import KafkaMonitor
 from txstream.sources.source_state import SourceState
@@ -125,7 +124,7 @@ def test_every_client_of_a_configured_pipeline_gets_the_security_block(
         tmp_path: Path) -> None:
     """The service's own code paths, from a loaded configuration: the input (source consumer,
     dead-letter producer, the monitor's two consumers), the runner's sinks (a Kafka sink's
-    transactional producer), `txstream check`, and a change-topic reader."""
+    transactional producer) and `txstream check`."""
     (tmp_path / "password").write_text(PASSWORD + "\n")
     config = pipeline_config(kafka.bootstrap_servers, SCRAM,
                              {"KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "password")})
@@ -153,11 +152,6 @@ def test_every_client_of_a_configured_pipeline_gets_the_security_block(
     checks = {name: (ok, detail) for name, ok, detail in run_checks(config)}
     assert checks["kafka"][0], checks["kafka"]
 
-    reader = ChangeTopicSnapshot(config.kafka_bootstrap_servers or "", topics_of(config)[-1],
-                                 f"{group}-reader", sink=None,  # type: ignore[arg-type]
-                                 security=config.kafka_security)
-    reader.close()
-
     sink_id = getattr(config.sinks[0].settings, "transactional_id", None)
     roles = {
         "source consumer": [c for c in clients if c.conf.get("group.id") == group],
@@ -166,12 +160,11 @@ def test_every_client_of_a_configured_pipeline_gets_the_security_block(
                                  and "transactional.id" not in c.conf],
         "Kafka sink producer": [c for c in clients if c.conf.get("transactional.id") == sink_id],
         "check consumer": [c for c in clients if c.conf.get("group.id") == f"{group}-check"],
-        "change-topic reader": [c for c in clients if c.conf.get("group.id") == f"{group}-reader"],
     }
     assert {role: len(found) for role, found in roles.items()} == {
         "source consumer": 1, "monitor consumers": 2, "dead-letter producer": 1,
-        "Kafka sink producer": 1, "check consumer": 1, "change-topic reader": 1}
-    assert len(clients) == 7, [c.conf.get("group.id") for c in clients]
+        "Kafka sink producer": 1, "check consumer": 1}
+    assert len(clients) == 6, [c.conf.get("group.id") for c in clients]
     for client in clients:
         assert security_of(client.conf) == SCRAM_SETTINGS, client
 

@@ -1,11 +1,12 @@
 """`txstream run` as a process: SIGTERM while processing exits 0 with a final checkpoint and
-structured logs; an expression failing on the data halts the process, up and not ready,
-instead of a restart loop; the live page refuses a request without its token while the
-service is still starting."""
+structured logs, and a stop outlasting `shutdown_timeout_s` exits 3 without one; an expression
+failing on the data halts the process, up and not ready, instead of a restart loop; the live
+page refuses a request without its token while the service is still starting."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from psycopg import sql
 from support.orders import OrderProducer, write_config
 from support.service_process import ROOT, ServiceProcess, metric, scrape
 
+from txstream.service.cli import EXIT_SHUTDOWN_TIMED_OUT
 from txstream.service.embedded.postgres import free_port
 
 
@@ -50,6 +52,32 @@ def test_sigterm_while_processing_exits_0_with_a_checkpoint(kafka, postgres, pg_
     lines = [line for line in service.log_path.read_text().splitlines() if line.startswith("{")]
     records = [json.loads(line) for line in lines]
     assert any("SIGTERM" in r.get("message", "") for r in records)
+
+def test_a_shutdown_outlasting_its_timeout_exits_3_and_says_what_it_did_not_checkpoint(  # type: ignore[no-untyped-def]
+        kafka, postgres, pg_schema, topics, topic_name, tmp_path) -> None:
+    """The watchdog ends a stop that takes longer than `shutdown_timeout_s` (here any stop:
+    no final checkpoint is written in a millisecond) with its own status, not 0."""
+    producer = OrderProducer(kafka.bootstrap_servers, topics)
+    producer.send(300)
+    port = free_port()
+    config = write_config(tmp_path / "pipeline.yaml", topics, pg_schema, f"g-{topic_name}",
+                          tmp_path / "ck", port, shutdown_timeout_s=0.001)
+    service = ServiceProcess(config, {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+                                      "DATABASE_URL": postgres.url}, tmp_path / "run.log")
+    body = service.wait_for_metrics(
+        port, lambda body: (metric(body, "txstream_transactions_committed_total") or 0) > 0,
+        timeout=600)
+    committed = int(metric(body, "txstream_last_committed_transaction") or 0)
+    service.proc.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=60) == EXIT_SHUTDOWN_TIMED_OUT, service.tail()
+    assert not list((tmp_path / "ck").glob("*/ckpt-*/MANIFEST.json")), "no final checkpoint"
+    said = re.search(r"shutdown took longer than shutdown_timeout_s \(0.001s\): exiting with "
+                     r"status 3 without a final checkpoint \(last committed transaction #(\d+), "
+                     r"last checkpointed #0\): transactions #1 to #(\d+) are committed to the "
+                     r"sinks but in no checkpoint; the next start replays them", service.tail())
+    assert said, service.tail()
+    assert int(said[1]) == int(said[2]) >= committed
+
 
 def test_an_expression_failing_on_the_data_halts_without_a_restart_loop(  # type: ignore[no-untyped-def]
         kafka, postgres, pg_schema, topic_name, tmp_path) -> None:

@@ -11,13 +11,15 @@ misread. Each state's collection is written consolidated, in its row type (a sum
 column of the runs would be a long), with the row type and the input rows it summarizes in the
 manifest: reading it back then needs no job to find the type, and a large state stays weighed
 as large (small batches after a restore do not rewrite it). Whatever parallelism wrote it, a
-state is read back into the reading engine's partitions, all states in one Spark job.
+state is read back into the reading engine's partitions, all states in one Spark job. The
+states are written by Spark jobs submitted at once, the manifest without one.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
@@ -30,6 +32,8 @@ from txstream.engine.state import ZSetState
 
 _FORMAT = 1
 _MANIFEST = "_manifest"
+# Jobs writing states submitted at once (each a few tasks; Spark queues what it cannot run).
+_WRITING = 16
 
 
 def save(spark: SparkSession, path: str, fingerprint: Sequence[str],
@@ -37,23 +41,53 @@ def save(spark: SparkSession, path: str, fingerprint: Sequence[str],
     """Write `version` (each state's name -> the state and its runs as of the version) under
     `path`, a new directory (local or any Hadoop-compatible URI), for a pipeline of
     `fingerprint`; the manifest last."""
-    saved = []
-    weights = {}
+    saved = {name: (state, runs) for name, (state, runs) in version.items() if runs}
+    _write_states(path, saved)
+    weights = {name: sum(run.weight for run in runs) for name, (_, runs) in saved.items()}
     row_types = {}
-    for name, (state, runs) in version.items():
-        if runs:
-            # Outside any batch: read in one partition, as a batch planned in one reads it.
-            whole = state.consolidated(runs, planned=1)
-            assert whole is not None  # of runs
-            state.typed(whole).write.parquet(f"{path}/{name}")
-            saved.append(name)
-            weights[name] = sum(run.weight for run in runs)
-            assert state.row_type is not None  # fixed by the rows the runs hold
-            row_types[name] = state.row_type.jsonValue()
-    manifest = json.dumps({"format": _FORMAT, "operators": list(fingerprint), "states": saved,
-                           "weights": weights, "row_types": row_types})
-    spark.createDataFrame([(manifest,)], "manifest STRING").coalesce(1) \
-        .write.text(f"{path}/{_MANIFEST}")
+    for name, (state, _) in saved.items():
+        assert state.row_type is not None  # fixed by the rows the runs hold
+        row_types[name] = state.row_type.jsonValue()
+    manifest = json.dumps({"format": _FORMAT, "operators": list(fingerprint),
+                           "states": list(saved), "weights": weights, "row_types": row_types})
+    _write_manifest(spark, f"{path}/{_MANIFEST}", manifest)
+
+
+def _write_states(path: str, states: Mapping[str, tuple[ZSetState, Runs]]) -> None:
+    """Write each state's runs under `path`/<its name>, in Spark jobs submitted together: one
+    after the other, a small state's checkpoint (at a stop, while nothing else runs) waited
+    out each job's fixed cost in turn (planning it, starting its tasks, committing its files),
+    not the data, for most of its time."""
+    if not states:
+        return
+    with ThreadPoolExecutor(min(len(states), _WRITING), thread_name_prefix="save-state") as pool:
+        writes = [pool.submit(_write_state, f"{path}/{name}", state, runs)
+                  for name, (state, runs) in states.items()]
+        for write in writes:
+            write.result()  # the first failure, once every write has ended
+
+
+def _write_state(location: str, state: ZSetState, runs: Runs) -> None:
+    # Outside any batch: read in one partition, as a batch planned in one reads it.
+    whole = state.consolidated(runs, planned=1)
+    assert whole is not None  # of runs
+    state.typed(whole).write.parquet(location)
+
+
+def _write_manifest(spark: SparkSession, path: str, text: str) -> None:
+    """`text` as the one file of the directory `path` (what `spark.read.text(path)` reads
+    back), through Hadoop's file system API: a Spark job writing it took seconds in a JVM that
+    had not written text before (a first checkpoint, at a stop)."""
+    sc = spark.sparkContext
+    jvm = sc._jvm
+    assert jvm is not None, "a SparkSession has a JVM gateway"
+    file = jvm.org.apache.hadoop.fs.Path(f"{path}/part-00000.txt")
+    fs = file.getFileSystem(sc._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    out = fs.create(file, False)  # overwrite=false: a state is saved into a new directory
+    try:
+        out.write(bytearray(text.encode()))
+    finally:
+        out.close()
 
 
 def load(spark: SparkSession, path: str, fingerprint: Sequence[str],

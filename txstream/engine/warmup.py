@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -178,6 +179,8 @@ def _steps(engine: Engine, rows: int, tag: str, cancelled: threading.Event
             context.addJobTag(tag)
             try:
                 engine.process(changes(parts))
+                if done == WARM_UP_BATCHES:
+                    _save_made_up_state(engine)
             finally:
                 context.removeJobTag(tag)
             yield done
@@ -194,3 +197,14 @@ def _steps(engine: Engine, rows: int, tag: str, cancelled: threading.Event
                         "plan and compile their code): %s", first_line(exc))
     finally:
         engine.forget()
+
+
+def _save_made_up_state(engine: Engine) -> None:
+    """Save the made-up state into a scratch directory, deleted at once: the first Parquet
+    write of a JVM loads and compiles its writer, which a stop's final checkpoint
+    (`Engine.save_state`) otherwise waits out: most of that checkpoint for a small state. Only
+    where the driver's directory is the executors' too (a local master)."""
+    if not engine.spark.sparkContext.master.startswith("local"):
+        return
+    with tempfile.TemporaryDirectory(prefix="txstream-warm-up-") as scratch:
+        engine.save_state(f"{scratch}/state")

@@ -36,6 +36,10 @@ if TYPE_CHECKING:  # imported when running: it loads Spark
     from txstream.service.runner import PipelineRunner
 
 log = logging.getLogger("txstream.service.cli")
+# The exit status of `txstream run` when its shutdown outlasted `shutdown_timeout_s`: it exited
+# without its final checkpoint (the next start replays what that would have held). A clean stop
+# exits 0; 1 and 2 are `check`'s problems and a refused configuration or start.
+EXIT_SHUTDOWN_TIMED_OUT = 3
 # Our own package logs at --log-level; everything else (py4j, Spark's Python side) at WARNING.
 _OWN_LOGGERS = ("txstream",)
 
@@ -101,8 +105,8 @@ def _run(args: argparse.Namespace) -> int:
         # A batch stuck on an unavailable dependency or a slow checkpoint must not hold the
         # exit: everything is crash-safe, so exiting without the final checkpoint only costs
         # a replay at the next start.
-        threading.Thread(target=_exit_after, args=(config.shutdown_timeout_s,), daemon=True,
-                         name="shutdown-watchdog").start()
+        threading.Thread(target=_exit_after, args=(config.shutdown_timeout_s, metrics),
+                         daemon=True, name="shutdown-watchdog").start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -217,12 +221,23 @@ def _halt(exc: ExpressionError | InvariantError, runner: PipelineRunner, stop: t
     stop.wait()
 
 
-def _exit_after(seconds: float) -> None:
+def _exit_after(seconds: float, metrics: Metrics) -> None:
+    """After `seconds`, exit with EXIT_SHUTDOWN_TIMED_OUT, saying which committed transactions
+    no checkpoint holds: an orchestrator tells a timed-out stop from a clean one by the
+    status, an operator by this line what the next start replays."""
     time.sleep(seconds)
-    log.error("shutdown took longer than %.0fs: exiting without a final checkpoint; the next "
-              "start replays from the last one", seconds)
+    committed = metrics.delivery.last_transaction
+    checkpointed = metrics.checkpoint.last_transaction or 0  # 0: no checkpoint
+    if committed > checkpointed:
+        missing = (f"transactions #{checkpointed + 1} to #{committed} are committed to the "
+                   "sinks but in no checkpoint; the next start replays them")
+    else:
+        missing = "every committed transaction is in a checkpoint"
+    log.error("shutdown took longer than shutdown_timeout_s (%gs): exiting with status %d "
+              "without a final checkpoint (last committed transaction #%d, last checkpointed "
+              "#%d): %s", seconds, EXIT_SHUTDOWN_TIMED_OUT, committed, checkpointed, missing)
     logging.shutdown()
-    os._exit(0)
+    os._exit(EXIT_SHUTDOWN_TIMED_OUT)
 
 
 def _check(args: argparse.Namespace) -> int:

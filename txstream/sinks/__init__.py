@@ -8,7 +8,6 @@ PostgreSQL, Kafka, files or live tables. Every sink implements `sink.Sink`.
     kafka_sink             changes to a Kafka topic, one Kafka transaction per write
     kafka_readback         the last stream transaction a Kafka topic holds (replay skips to it)
     change_json            the JSON form of change rows (Kafka and file sinks)
-    change_topic_snapshot  the live snapshot in PostgreSQL of a change topic read back from Kafka
     file_sink              changes appended to a local file
     update_records         Deephaven-style update records: added, removed, modified per transaction
     live/                  live tables with row keys, served over Arrow Flight and the /ui page

@@ -1,4 +1,4 @@
-"""The JSON form of change rows, shared by the Kafka and file sinks and the change-topic reader.
+"""The JSON form of change rows, written by the Kafka and file sinks, read by `decode_changes`.
 
 A change is one JSON object: the row's columns, then `time` and `diff`. Timestamps are ISO 8601
 in UTC with microseconds (`2024-05-01T12:00:00.000000Z`), dates `YYYY-MM-DD`. Decimals are
