@@ -195,16 +195,14 @@ def render() -> str:
     intro = inspect.cleandoc(config.__doc__ or "")
     found = models()
     contents = "\n".join(f"- [{m.__name__}](#{_anchor(m)})" for m in found)
-    head = (
-        "# Configuration reference\n\n"
-        "<!-- Generated from the pydantic models by `" + COMMAND + "`: do not edit by hand."
-        " -->\n\n"
+    about = textwrap.fill(
         "A pipeline is one YAML file, validated at start against `PipelineConfig`; a wrong file "
         "fails with every problem listed, each with its path. `deploy/pipeline.yaml` is a "
         "complete example. This page is generated from the models "
         "(`txstream/schemas/reference.py`); what each setting does in depth is in "
-        "[the guide](guide.md) and [operations](operations.md).\n\n"
-        f"{intro}\n\n{contents}\n")
+        "[the guide](guide.md) and [operations](operations.md).", 96)
+    head = (f"# Configuration reference\n\n<!-- Generated from the pydantic models by `{COMMAND}`:"
+            f" do not edit by hand. -->\n\n{about}\n\n{intro}\n\n{contents}\n")
     return "\n".join([head, *(render_model(m) for m in found)])
 
 
