@@ -11,10 +11,12 @@ Reads the JSON documents the benchmarks printed, stored unchanged under
 * `latency.png`: produce-to-visible latency at low load and under a backlog (p50, p99, max:
   `bench/end_to_end.py`), and a lone transaction's engine time (`bench/scale.py`);
 * `scale.png`: parallelism 1 against 2 (`bench/scale.py`), txstream and Flink;
-* `startup.png`: the lives of `bench/startup.py`: Spark's start, the first commit, caught up.
+* `startup.png`: the lives of `bench/startup.py`: Spark's start, the first commit, caught up;
+* `stress.png`: which seeds of `bench/stress.py` held, one row per result file (a revision).
 
 Documents of one script are merged in file name order (a later file's sections win), so one
-run may hold the group-by and another the example pipeline. A plot whose figures no document
+run may hold the group-by and another the example pipeline; `bench/stress.py`'s are kept
+apart, one per revision. A plot whose figures no document
 holds is left out, saying so on stderr. matplotlib is a bench-only extra
 (`pip install -e '.[bench]'`).
 
@@ -37,6 +39,7 @@ matplotlib.use("Agg")  # files only: no display on the machines the benchmarks r
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, StrMethodFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,23 +47,32 @@ Document = dict[str, Any]
 TXSTREAM, PEER = "#1f77b4", "#ff7f0e"  # the same colours for the same systems in every plot
 
 
-def load(results: Path) -> dict[str, Document]:
-    """Script name -> its documents merged: `end_to_end-groupby.json` is `end_to_end`'s."""
-    merged: dict[str, Document] = {}
+def load(results: Path) -> dict[str, list[tuple[str, Document]]]:
+    """Script name -> (the rest of the file name, the document) of each of its files, in name
+    order: `end_to_end-groupby.json` is `end_to_end`'s, `groupby`."""
+    found: dict[str, list[tuple[str, Document]]] = {}
     files = sorted(results.glob("*.json"))
     if not files:
         raise SystemExit(f"no result files (*.json) in {results}: store a benchmark's printed "
                          "JSON there first, e.g. bench/startup.py > "
                          f"{results}/startup-<date>.json")
     for path in files:
-        script = path.stem.split("-", 1)[0]
+        script, _, name = path.stem.partition("-")
         try:
             document = json.loads(path.read_text())
         except json.JSONDecodeError as error:
             raise SystemExit(f"{path} is not the JSON a benchmark printed ({error}): keep only "
                              "its stdout in the file") from error
-        merged.setdefault(script, {}).update(document)
-    return merged
+        found.setdefault(script, []).append((name, document))
+    return found
+
+
+def merged(found: dict[str, list[tuple[str, Document]]]) -> dict[str, Document]:
+    """Script name -> its documents merged, a later file's sections winning: one run may hold
+    the group-by and another the example pipeline."""
+    return {script: {key: value for _, document in documents
+                     for key, value in document.items()}
+            for script, documents in found.items()}
 
 
 def _bars(ax: Axes, labels: list[str], values: list[float], colours: list[str],
@@ -223,6 +235,34 @@ def startup(results: dict[str, Document]) -> Figure | None:
     return fig
 
 
+def stress(found: dict[str, list[tuple[str, Document]]]) -> Figure | None:
+    runs = [(name, document) for name, document in found.get("stress", [])
+            if document.get("details")]
+    if not runs:
+        return None
+    seeds = sorted({run["seed"] for _, document in runs for run in document["details"]})
+    fig, ax = plt.subplots(figsize=(11, 1 + 0.7 * len(runs)))
+    for row, (_, document) in enumerate(reversed(runs)):
+        for run in document["details"]:
+            column = seeds.index(run["seed"])
+            ax.add_patch(Rectangle((column, row), 0.9, 0.8,
+                                   color="#74c476" if run["held"] else "#de2d26"))
+            ax.text(column + 0.45, row + 0.4, str(run["batch_transactions"]), ha="center",
+                    va="center", fontsize=7)
+    ax.set_xlim(0, len(seeds))
+    ax.set_ylim(0, len(runs))
+    ax.set_xticks([i + 0.45 for i in range(len(seeds))], [str(s) for s in seeds], fontsize=8)
+    ax.set_yticks([i + 0.4 for i in range(len(runs))],
+                  [f"{name}: {d['held']} of {d['runs']} held"
+                   for name, d in reversed(runs)], fontsize=8)
+    ax.set_xlabel("seed (the number in a cell: its batch_transactions; green held, red failed)")
+    ax.set_title("The example pipeline under load, exact or not (bench/stress.py)", fontsize=9)
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
 PLOTS: dict[str, Callable[[dict[str, Document]], Figure | None]] = {
     "throughput": throughput, "latency": latency, "scale": scale, "startup": startup}
 
@@ -232,10 +272,11 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "benchmarks" / "results")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
     args = parser.parse_args()
-    results = load(args.results)
+    found = load(args.results)
+    results = merged(found)
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, plot in PLOTS.items():
-        figure = plot(results)
+    figures = {name: plot(results) for name, plot in PLOTS.items()} | {"stress": stress(found)}
+    for name, figure in figures.items():
         if figure is None:
             print(f"{name}.png: no result file holds its figures; left out", file=sys.stderr)
             continue
