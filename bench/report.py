@@ -156,6 +156,7 @@ def latency(results: dict[str, Document]) -> Figure | None:
                        if name == "low_load" else
                        f"backlog of {doc['events']:,} events\n{doc['events_per_s']:,} events/s"
                        for name, doc in loads], fontsize=8)
+        ax.set_xlim(-0.75, len(loads) - 0.25)
         ax.set_yscale("log")
         # Bars on a log axis start at its bottom: a fixed one keeps their heights comparable.
         ax.set_ylim(0.1, 2 * max(doc["latency"]["max_ms"] for _, doc in loads) / 1000)
