@@ -83,7 +83,7 @@ def _bars(ax: Axes, labels: list[str], values: list[float], colours: list[str],
     ax.set_ylabel(unit)
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}" if max(values) >= 100
                                                     else "{x:.2f}"))
-    ax.tick_params(axis="x", labelsize=8, rotation=20)
+    ax.tick_params(axis="x", labelsize=7)
 
 
 def _rate(run: Any) -> float | None:
@@ -97,14 +97,17 @@ def throughput(results: dict[str, Document]) -> Figure | None:
                                                        .get("flink_P1"))]
     if groupby is None and not peers:
         return None
-    fig, axes = plt.subplots(1, (groupby is not None) + len(peers), figsize=(12, 4.5),
+    fig, axes = plt.subplots(1, (groupby is not None) + len(peers), figsize=(14, 4.5),
                              squeeze=False)
     column = iter(axes[0])
     if groupby is not None:
         ax = next(column)
         labels, values, colours = [], [], []
         for policy, run in groupby["txstream"].items():
-            labels.append("txstream\n" + policy.replace("transactions_", "").replace("_", " "))
+            # `transactions_of_10000_events` -> "10000 events", `..._closed_every_1500_ms`
+            # -> "every 1500 ms": the label under a bar.
+            labels.append("txstream\n" + policy.removeprefix("transactions_").removeprefix(
+                "of_").removeprefix("closed_").replace("_", " "))
             values.append(run["events_per_s"])
             colours.append(TXSTREAM)
         for peer in ("pathway", "pathway_static"):
