@@ -228,13 +228,16 @@ def startup(results: dict[str, Document]) -> Figure | None:
                 continue
             ax.barh(row, at - before, left=before, color=colour,
                     label=label if row == 0 else None)
-            ax.text(at, row + 0.3, f"{at:.1f}", ha="right", fontsize=8)
+            if at > before:  # caught up with the first commit: one figure, written once
+                ax.text(at, row + 0.3, f"{at:.1f}", ha="right", fontsize=8)
             before = at
-    ax.set_yticks(range(len(lives)), [life.replace("_", " ") for life in reversed(lives)])
+    ax.set_xlim(0, 1.05 * max(document[life].get("caught_up_s") or 0 for life in lives))
+    ax.set_yticks(range(len(lives)), [life.replace("_", " ").replace("kill 9", "kill -9")
+                                      for life in reversed(lives)])
     ax.set_xlabel("seconds from the spawn of txstream run")
     ax.set_title(f"Start-up with a backlog of {document.get('events_per_life', 0):,} events "
                  "per life, seen from PostgreSQL (bench/startup.py)", fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     return fig
 
