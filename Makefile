@@ -36,9 +36,10 @@ demo-stop: $(STAMP)
 	$(BIN)/txstream demo --stop
 
 # Two pytest workers (pytest-xdist), each with its own PostgreSQL, broker and SparkSession: most
-# of the suite waits on subprocesses and brokers, so two overlap (on the 2-core machine the
-# suite took 24-25.5 min instead of 31.5). Three took longer than two (19:53 against 15:52): the
-# service and cluster tests then slow each other down. TEST_WORKERS=0 runs it in one process.
+# of the suite waits on subprocesses and brokers, so two overlap and finish sooner than one
+# process; three took longer than two: the service and cluster tests then slow each other down
+# (the measurements: docs/benchmarks.md, "History"). How long the suite takes is said in one
+# place, the README's "Tests". TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 # Every JVM the tests start (their SparkSessions, the services' drivers, the standalone clusters'
 # masters, workers and executors) compiles with C1 only: they live for seconds to minutes, and on

@@ -1,6 +1,6 @@
 """Snapshot then streaming, in the transaction boundaries' pure core: Debezium's snapshot reads
 (`op: r`, `source.snapshot` first/true/last) carry no transaction and form mini-batches; the
-streamed transactions after them carry ids and close on their END events. What the README's
+streamed transactions after them carry ids and close on their END events. What docs/guide.md's
 Debezium section promises about the first streamed transaction, and where it stops."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A client of txstream's live tables (served over Arrow Flight by the service, see the
-README's "Subscribing to live tables"):
+"""A client of txstream's live tables (served over Arrow Flight by the service, see
+docs/guide.md, "Subscribing to live tables"):
 
     from txstream.client import LiveClient
     from txstream.viewports import Viewport

@@ -5,22 +5,16 @@
       < cold_rows (50,000), in the JVM's first batch of 500 rows or more .. interpreted
       otherwise ........................................................... generated code
 
-Generated code pays off from a few hundred rows on (a 1M-event batch of the example pipeline
-takes 2.8 times as long interpreted), but below that Spark's canonicalizing and looking up the
-generated code of every projection and predicate in each task costs a lone transaction 0.1-0.2 s
-of its 0.3 s of execution.
+Generated code pays off from a few hundred rows on (a large batch runs several times as long
+interpreted), but below that Spark's canonicalizing and looking up the generated code of every
+projection and predicate in each task costs a lone transaction a large part of its execution.
 
 On a cold JVM generating the code costs more than it saves: Janino compiles a few hundred
-classes, itself not yet compiled by the JIT. Measured on the development machine (2 cores), the
-example pipeline's first batch in a new JVM, alternated runs (rows as the engine counts them,
-about 1.5 per event): 29,500 rows (20,000 events in two transactions) took 8.1-8.9 s
-interpreted against 12.1-12.5 s with generated code; 74,000 rows 9.4-10.7 s against 11.7-12.1
-s; 148,000 rows, and 14,600 in one transaction, about as long either way (the next batch then
-paid the compilation, 0.4-2.9 s). In the service (`bench/startup.py`, a backlog of 20,000
-events), a start's first batch of 11,500-31,000 rows executed in 2.3-3.4 s interpreted against
-3.7-4.7 s with generated code (one run each), and the first commit came 9.0-9.2 s after the
-Spark session against 10.1-11.5 s at a cold start, 13.0-14.0 s against 15.7-16.5 s at a restart
-(two alternated runs each). So the first batch that would generate code in a JVM (a restart's,
+classes, itself not yet compiled by the JIT. On the development machine a new JVM's first batch
+of the example pipeline ran faster interpreted at 29,500 and 74,000 rows (rows as the engine
+counts them, about 1.5 per event), about as fast either way at 148,000, and in the service the
+first commit after a start came sooner (the measurements: docs/benchmarks.md, "History").
+So the first batch that would generate code in a JVM (a restart's,
 where a backlog is waiting: the one that decides when its first transaction is committed) runs
 interpreted when it is small (below 50,000 rows: the gain was still there at 74,000 and gone at
 148,000), and the next one compiles. A warm-up (`txstream.engine.warmup`) generates code from

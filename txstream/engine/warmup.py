@@ -2,8 +2,8 @@
 through a fresh engine and forgotten, so that Spark plans and compiles the pipeline's plans at
 start, not on the first real transactions.
 
-A fresh JVM plans, compiles and JIT-compiles a pipeline's Spark plans on its first batches: the
-first 50k-event batch of the group-by example took 6.2 s cold and 0.8 s warm. Warming up runs
+A fresh JVM plans, compiles and JIT-compiles a pipeline's Spark plans on its first batches,
+which take several times as long as the same batches on a warm JVM. Warming up runs
 batches of made-up rows through the pipeline before the first real one, so the service pays
 that at start, not on its first transactions. The rows only need the sources' column types:
 row `i` holds `i` in every column (as text, a number, a day, a decimal's last digits), so
@@ -14,12 +14,10 @@ The made-up batches come in `WARM_UP_ROUNDS` rounds of three, the engine emptied
 the first round's batches plan and record the pipeline's plans (one per shape: changes into
 empty state, into state, a lone transaction's), and later rounds reuse them, as real batches
 do. The JIT compiles Spark's per-batch code (planning, scheduling,
-the plan's operators) over many batches, not one: in the group-by example after its first two
-real batches, the C2 compiler thread still took 2.0 s of the 6.3 s of CPU that the next
-million events cost end to end (`bench/end_to_end.py`, 2 cores). Engine alone, after the same
-two batches, the next million events (six batches) took 1.94 s without a warm-up, 1.64 s after
-one round, 1.29 s after four and 1.14 s after eleven (rounds of 10,000 rows, 2026-11-29); a
-round after the first costs 0.2-0.7 s on that JVM.
+the plan's operators) over many batches, not one: after the group-by example's first two real
+batches the C2 compiler thread still took about a third of the CPU that the next million
+events cost, and each further round of warm-up made the next batches faster, by less each
+time, for a fraction of a second per round (the measurements: docs/benchmarks.md, "History").
 """
 
 from __future__ import annotations

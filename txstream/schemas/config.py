@@ -74,6 +74,7 @@ class SinkConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     output: str
+    # The sink's own fields, written flat beside `output`; `kind` says which sink.
     settings: SinkSettings
 
     @model_validator(mode="before")
@@ -102,7 +103,9 @@ class LiveServing(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # The address the Flight endpoint listens on.
     host: str = "0.0.0.0"
+    # The Flight endpoint's port.
     port: int = Field(default=8815, ge=0, le=65535)
     token: SecretStr | None = None
     tls_cert_file: Path | None = None
@@ -126,8 +129,13 @@ class PipelineConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     pipeline: str = Field(description="module:function returning the Pipeline")
+    # The Kafka topics the pipeline reads, one input table each (named as `Pipeline.source`
+    # names them).
     sources: list[SourceSpec]
+    # Where the outputs go: one entry per output and destination (an output may have several).
     sinks: list[SinkConfig]
+    # How records without upstream transaction ids are cut into transactions, and how long an
+    # upstream transaction may stay incomplete.
     transactions: BatchPolicy = BatchPolicy()
     # At most this many transactions per Spark job. Batches adapt below it: one transaction at
     # low load (latency), more under a backlog (Spark's fixed cost per job shared; see
@@ -167,19 +175,28 @@ class PipelineConfig(BaseModel):
     # filesystem; executors in other containers or hosts need a volume they all mount
     # (docs/deploying.md, "State indexes").
     index_dir: str | None = None
+    # The Kafka brokers, `host:port[,host:port...]` (or KAFKA_BOOTSTRAP_SERVERS); required.
     kafka_bootstrap_servers: str | None = None
     # TLS and SASL of every Kafka client the service creates (txstream.schemas.kafka).
     kafka_security: KafkaSecurity = KafkaSecurity()
     # Also names the pipeline's checkpoints (`checkpoint_dir/<consumer_group>`).
     consumer_group: str = Field(default="txstream", pattern=r"^[A-Za-z0-9._-]+$")
+    # Records that fail to decode or validate go to this topic whole, with the reason in their
+    # `txstream.error` header; null: they are only logged and counted.
     dead_letter_topic: str | None = None
+    # The PostgreSQL of the PostgreSQL sinks (or DATABASE_URL), without a password; required
+    # when a sink writes PostgreSQL.
     database_url: SecretStr | None = None
+    # The password of `database_url`: only from the environment (DATABASE_PASSWORD or its
+    # _FILE), never from the file.
     database_password: SecretStr | None = None
     # The PostgreSQL sinks commit together with the pipeline's row of txstream_progress (in the
     # first PostgreSQL sink's db_schema): one PostgreSQL transaction per batch (default: one
     # commit for many stream transactions under load, still at transaction boundaries), or
     # per stream transaction (readers see every transaction, at the price of a commit each).
     postgres_commit: Literal["batch", "transaction"] = "batch"
+    # Spark's master: `local[N]`, `spark://host:7077`, `k8s://...` (or SPARK_MASTER); null:
+    # `local[2]`.
     spark_master: str | None = None
     # /healthz, /readyz and /metrics; null turns the HTTP endpoint off.
     http_port: int | None = Field(default=8080, ge=0, le=65535)
@@ -193,21 +210,26 @@ class PipelineConfig(BaseModel):
     # Checkpoints: a local directory, or any Hadoop-compatible URI Spark can write (s3a://,
     # hdfs://, file://). On a Spark cluster it must be storage the executors share.
     checkpoint_dir: str = Field(default=".txstream/checkpoints", min_length=1)
+    # The Arrow Flight endpoint (and the /ui page) of the outputs with a `live` sink.
     live: LiveServing = LiveServing()
     # A checkpoint costs O(state), so not after every batch: after this many batches or this
     # many seconds since the last one, whichever comes first (and at a graceful shutdown).
     checkpoint_every_batches: int = Field(default=50, ge=1)
+    # The longest time between two checkpoints (see `checkpoint_every_batches`).
     checkpoint_every_s: float = Field(default=300.0, gt=0)
+    # Complete checkpoints kept in the location; older ones are deleted.
     checkpoints_kept: int = Field(default=2, ge=1)
     # SIGTERM: finish the current batch and checkpoint within this time, else exit without the
     # final checkpoint (the next start replays from the previous one). Below Kubernetes'
     # default grace period (30 s), which must be raised along with it.
     shutdown_timeout_s: float = Field(default=25.0, gt=0)
-    # Kafka or PostgreSQL unavailable: retried with exponential backoff up to this pause.
+    # Kafka or PostgreSQL unavailable: retried with exponential backoff, first after this pause.
     retry_initial_backoff_s: float = Field(default=0.5, gt=0)
+    # The longest pause between two such retries.
     retry_max_backoff_s: float = Field(default=30.0, gt=0)
-    # The status line (`txstream run`) and how logs are written.
+    # Seconds between two status lines of `txstream run`.
     status_interval_s: float = Field(default=10.0, gt=0)
+    # Log lines as text, or as one JSON object each.
     log_format: Literal["text", "json"] = "text"
 
     @model_validator(mode="after")

@@ -59,16 +59,25 @@ class KafkaSecurity(BaseModel):
 
     security_protocol: SecurityProtocol = "PLAINTEXT"
     sasl_mechanism: SaslMechanism | None = None
+    # PLAIN and SCRAM: the user name (or KAFKA_SASL_USERNAME).
     sasl_username: str | None = None
+    # PLAIN and SCRAM: the password, only from the environment (KAFKA_SASL_PASSWORD).
     sasl_password: SecretStr | None = None
+    # OAUTHBEARER: the OIDC provider's token endpoint URL.
     oauthbearer_token_endpoint_url: str | None = None
+    # OAUTHBEARER: the client id at that provider.
     oauthbearer_client_id: str | None = None
+    # OAUTHBEARER: the client's secret, only from the environment
+    # (KAFKA_OAUTHBEARER_CLIENT_SECRET).
     oauthbearer_client_secret: SecretStr | None = None
+    # OAUTHBEARER: the scope asked for, if the provider needs one.
     oauthbearer_scope: str | None = None
     # PEM CA certificates (a file, or a directory of them); none: the system's CAs.
     ssl_ca_file: Path | None = None
     ssl_cert_file: Path | None = None
     ssl_key_file: Path | None = None
+    # The password of an encrypted `ssl_key_file`, only from the environment
+    # (KAFKA_SSL_KEY_PASSWORD).
     ssl_key_password: SecretStr | None = None
     # Whether a broker's certificate must name the host it was reached at; turning it off
     # lets anyone with a certificate from the CA pose as a broker.

@@ -20,8 +20,11 @@ class RetryPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    # Tries of one write before the sink gives up and raises the failure.
     attempts: int = Field(default=5, ge=1)
+    # Pause before the first retry, doubled after each.
     initial_backoff_s: float = Field(default=0.2, gt=0)
+    # The longest pause between two retries.
     max_backoff_s: float = Field(default=5.0, gt=0)
 
 
@@ -77,6 +80,8 @@ class _SinkSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # Which sink: `postgres_snapshot` (the default), `postgres_append`, `kafka`, `file`,
+    # `live`.
     kind: str
 
     @property
@@ -131,9 +136,15 @@ class _SinkSettings(BaseModel):
 class PostgresTableSettings(_SinkSettings):
     """The table a PostgreSQL sink writes, how it is managed, and how failures are retried."""
 
+    # The PostgreSQL table; defaults to the output's name.
     table: str
+    # The PostgreSQL schema of the table (and, for the first PostgreSQL sink, of
+    # `txstream_progress`).
     db_schema: str = "public"
+    # `create`: create the table if missing, check an existing one; `replace`: recreate it on a
+    # start from scratch (never when resuming from a checkpoint).
     mode: Literal["create", "replace"] = "create"
+    # Retries of a transient failure of the destination.
     retry: RetryPolicy = RetryPolicy()
 
     @property
@@ -160,7 +171,9 @@ class PostgresSnapshotSettings(PostgresTableSettings):
     """A live snapshot in PostgreSQL (`txstream.sinks.postgres.snapshot`)."""
 
     kind: Literal["postgres_snapshot"] = "postgres_snapshot"
+    # The view of the live rows, without `time` and `diff`; null: `<table>_live`.
     live_view: str | None = None
+    # Background purge of tombstones below the writer's watermark; null: tombstones stay.
     purge: TombstonePurge | None = None
 
     @property
@@ -178,10 +191,16 @@ class KafkaSinkSettings(_SinkSettings):
     """Changes or update records to a Kafka topic, transactionally (`txstream.sinks.kafka_sink`)."""
 
     kind: Literal["kafka"] = "kafka"
+    # The Kafka topic written; one sink per topic.
     topic: str
     transactional_id: str = Field(description="stable per writer, distinct between writers")
+    # `changes`: one message per change row; `updates`: one update record per table and
+    # transaction (`UpdateRecord`).
     format: Literal["changes", "updates"] = "changes"
+    # Retries of a transient failure of the destination.
     retry: RetryPolicy = RetryPolicy()
+    # Extra librdkafka producer settings (not `security.protocol`, `sasl.*`, `ssl.*`: those
+    # are `kafka_security`'s).
     producer_config: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("producer_config")
@@ -207,7 +226,10 @@ class FileSinkSettings(_SinkSettings):
     (`txstream.sinks.file_sink`)."""
 
     kind: Literal["file"] = "file"
+    # The file appended to.
     path: Path
+    # `jsonl`: a JSON change object per line; `csv`: a row per change; `updates`: an update
+    # record per line and transaction.
     format: Literal["jsonl", "csv", "updates"] = "jsonl"
 
     def destination(self) -> str:

@@ -105,7 +105,9 @@ class RecordField(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # A dotted path in the JSON value, e.g. `transaction.id`.
     field: str | None = None
+    # The name of a message header.
     header: str | None = None
 
     @model_validator(mode="after")
@@ -138,6 +140,8 @@ class UpstreamTransactions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # Where each record's transaction id is (Debezium's `transaction.id` by default with
+    # `metadata_topic`).
     id: RecordField
     # JSON type of an id read from a field (header ids are always read as UTF-8 text).
     id_type: Literal["text", "bigint"] = "text"
@@ -195,14 +199,17 @@ class SourceSpec(BaseModel):
     key, and tombstones, placeholders, decimals and heartbeats are read as for `debezium`.
     `value_format` `avro`, `json_schema` or `protobuf` reads each value in Confluent's wire
     format with its writer schema from `schema_registry_url`, then as the JSON form of the
-    record (README "Schema Registry").
+    record (docs/guide.md, "Schema Registry").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
+    # The input table's name, as the pipeline's `p.source(name, schema)` gives it.
     name: str
+    # The Kafka topic read.
     topic: str
-    # `schema` shadows a BaseModel attribute; the alias keeps the user-facing name.
+    # The table this source feeds: its columns and primary key. Written `schema` in the file;
+    # the field's own name differs because `schema` shadows a BaseModel attribute.
     table_schema: TableSchema = Field(alias="schema")
     # `debezium`: the connector's change events; `debezium_flattened`: the same after Debezium's
     # ExtractNewRecordState SMT (the row itself, `__deleted` for deletes), upsert only.
@@ -215,6 +222,9 @@ class SourceSpec(BaseModel):
     # (`txstream.sources.registry.client`).
     value_format: Literal["json", "avro", "json_schema", "protobuf"] = "json"
     schema_registry_url: str | None = Field(default=None, pattern=r"^https?://")
+    # What a record means: `append_only` inserts a row; `upsert` replaces the row of its
+    # primary key (a tombstone or `delete_field` deletes it); `insert_delete` states its diff
+    # (`diff_field`; Debezium: `before` -1, `after` +1).
     semantics: Literal["append_only", "upsert", "insert_delete"] = "append_only"
     # Column name -> dotted path in the JSON value (in `before`/`after` for Debezium); a column
     # not listed is read from the top-level field of the same name.
@@ -224,9 +234,11 @@ class SourceSpec(BaseModel):
     # insert_delete over JSON: the field stating the diff. Without `diff_values` it is a
     # non-zero integer; with it, a string mapped through it (e.g. {"insert": 1, "delete": -1}).
     diff_field: str = "diff"
+    # The diff each string value of `diff_field` means (see above).
     diff_values: dict[str, int] | None = None
     # upsert over JSON: a boolean field that marks a delete of the record's key.
     delete_field: str | None = None
+    # Where records carry their upstream transaction id; null: mini-batches (`transactions`).
     upstream: UpstreamTransactions | None = None
     # Debezium only, as the connector's `decimal.handling.mode`: `precise` (Debezium's default)
     # is base64 of the unscaled value's big-endian two's-complement bytes; `string` and
@@ -239,6 +251,7 @@ class SourceSpec(BaseModel):
     # default): a text column holding it, or its base64 (bytes columns), is an unchanged TOAST
     # value.
     unavailable_value_placeholder: str | None = Field(default=None, min_length=1)
+    # A larger value is dead-lettered without being decoded.
     max_value_bytes: int = Field(default=1_000_000, gt=0)
     # A record rejected by field validation: quote the offending value (up to 80 characters)
     # in its reason, which is logged and put in the dead letter's `txstream.error` header. Off,
@@ -399,6 +412,8 @@ class BatchPolicy(BaseModel):
     max_delay_ms: int = Field(default=1_000, ge=0)
     close_when_caught_up: bool = True
     upstream_timeout_ms: int = Field(default=60_000, gt=0)
+    # The consumer's `isolation.level`: `read_committed` skips aborted and open Kafka
+    # transactions (the id-change rule of `upstream` needs it).
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
     # Upper bound of records taken from the consumer per `poll` call.
     max_poll_records: int = Field(default=50_000, gt=0)

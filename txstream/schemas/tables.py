@@ -185,8 +185,11 @@ _FROM_SPARK = {
 class Column(BaseModel):
     model_config = ConfigDict(frozen=True)
 
+    # An identifier (letters, digits, underscore), not `time` or `diff`.
     name: str
+    # The type of the column's values (in PostgreSQL, Arrow and Spark: their nearest type).
     type: ColumnType
+    # Primary key columns are never nullable, whatever this says.
     nullable: bool = True
 
 
@@ -195,7 +198,9 @@ class TableSchema(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    # The columns, in order.
     columns: tuple[Column, ...]
+    # Column names; empty: the table has no key.
     primary_key: tuple[str, ...] = Field(default=())
 
     @model_validator(mode="after")

@@ -100,7 +100,11 @@ def get_spark(master: str | None = None, app_name: str = "txstream", *,
     """Return the process's SparkSession, creating it on first use.
 
     Few shuffle partitions, no adaptive execution and no broadcasts: the engine's batches are
-    small jobs whose fixed cost, not parallelism, dominates (see DESIGN.md section 8). What the
+    small jobs whose fixed cost, not parallelism, dominates: a small batch's cost is counted in
+    Spark jobs and stages, not rows, and a broadcast exchange runs as a job of its own (the
+    Spark facts measured when the engine was designed: section 8 of the project's design
+    document, which is kept outside this repository; `docs/design/` holds the research
+    published with it). What the
     JVM prints goes through Python logging (logger `spark`), its start-up chatter dropped.
     A new driver JVM gets `java_options`, by default those that map the class archive
     (`txstream.service.class_archive`) when there is one.
@@ -129,9 +133,8 @@ def get_spark(master: str | None = None, app_name: str = "txstream", *,
         SparkContext(conf=conf, gateway=gateway)
         created = started, f"driver JVM options {jvm_options}" + ("" if options else
                                                                  ", no class archive")
-    # The session's own start (its JVM object and the SQL session state it builds: 2.25 s of a
-    # cold start on the 2-core machine of 2026-11-28) is Spark's, as the context's is: logged
-    # once both are up.
+    # The session's own start (its JVM object and the SQL session state it builds: seconds of a
+    # cold start, docs/benchmarks.md) is Spark's, as the context's is: logged once both are up.
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if created is not None:
@@ -145,13 +148,12 @@ def _lower_c2_priority(jvm_pid: int) -> None:
     priority (at most nice 19), below the threads doing the work.
 
     A cold JVM's first batch is planned on one thread while both JIT compilers work: on two
-    cores the C2 thread took 3.3 s of CPU during a first batch of the example pipeline of
-    4.6 s (engine alone, one run with each thread's CPU read), much of it from the planning
-    thread's core. Ten steps lower, that first batch took 3.8 s against 4.8-5.1 s (two runs
-    each, alternated, 2026-11-29), and the warm example pipeline ran as fast as without (55,800-
-    62,679 against 55,750-65,660 events/s, three runs each): C2 still gets every idle moment and
-    a share of a busy core. C1 keeps its priority: its quick compiles are what the first batches
-    run on (with both lowered the first batch took 4.1-4.5 s). Linux only (the threads are found
+    cores the C2 thread took most of a first batch's time in CPU, much of it from the planning
+    thread's core. Ten steps lower, that first batch ran faster and the warm example pipeline
+    ran as fast as without (the measurements: docs/benchmarks.md, "History"): C2 still gets
+    every idle moment and a share of a busy core. C1 keeps its priority: its quick compiles are
+    what the first batches run on (with both lowered the first batch was slower than with C2
+    alone lowered). Linux only (the threads are found
     in /proc by name). Raising a thread's nice value needs no privilege and lowering it again
     would, so it stays.
     """

@@ -186,11 +186,10 @@ class Stages:
         records already read; at least one transaction's worth, so that a commit marker not
         yet reported read holds nothing), and the first ready one has waited less than
         `backlog_wait_s`. A batch's cost is mostly fixed, and where ingest and compute share
-        the cores every batch computed while ingest reads takes CPU from it: a million-event
-        backlog of the group-by example took 2.86-2.89 s taken as it came, and 2.06-2.49 s
-        with a 3 s wait in a first form of this rule (`bench/end_to_end.py`, 2 cores; README,
-        "Tests and benchmarks", for the rule as it is). At a rate the service keeps up
-        with, the records not read yet are far fewer than a batch's: nothing waits."""
+        the cores every batch computed while ingest reads takes CPU from it (what the wait
+        gained on a million-event backlog: docs/benchmarks.md, "History"). At a rate the
+        service keeps up with, the records not read yet are far fewer than a batch's: nothing
+        waits."""
         missing = self.batch_transactions - self._ready_count
         return (missing > 0 and self._per_transaction > 0
                 and self._waiting >= max(missing - 1, 1) * self._per_transaction
