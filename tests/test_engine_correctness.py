@@ -14,7 +14,8 @@ from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
-from engine_oracle import (
+from pyspark.sql import SparkSession
+from support.engine_oracle import (
     Columns,
     RandomDag,
     Row,
@@ -28,7 +29,6 @@ from engine_oracle import (
     random_transactions,
     same_multiset,
 )
-from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, Pipeline, PipelineDefinitionError, Table
 from txstream.engine import reducers as r
