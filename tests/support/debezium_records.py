@@ -23,14 +23,8 @@ from txstream.sources.pending import PendingChanges
 # 2 kB out of line) and a bytea read as base64 text.
 CUSTOMERS = TableSchema.of({"id": "bigint", "first_name": "text", "email": "text",
                             "notes": "text", "photo": "text"}, primary_key=["id"])
-
-
 NOTES = "n" * 2400
-
-
 PHOTO = base64.b64encode(b"\x89PNG" * 700).decode()
-
-
 TOAST_BYTES = base64.b64encode(UNAVAILABLE_VALUE.encode()).decode()
 
 
@@ -105,8 +99,6 @@ def schemas(name: str, payload: dict[str, Any]) -> bytes:
 
 
 HEARTBEAT = schemas("io.debezium.connector.common.Heartbeat", {"ts_ms": 1588252618953})
-
-
 HEARTBEAT_KEY = schemas("io.debezium.connector.common.ServerNameKey",
                         {"serverName": "dbserver1"})
 

@@ -14,14 +14,10 @@ def orders(rows: list[tuple[int, int, float, str, int, int]]) -> pa.Table:
 
 CUSTOMERS = pa.table({"customer_id": [1, 2], "name": ["a", "b"], "region": ["eu", "us"],
                       "time": [1, 1], "diff": [1, 1]})
-
-
 FIRST = orders([(10, 1, 5.0, "paid", 1, 1), (11, 2, 7.0, "paid", 2, 1),
-                 (12, 1, 1.0, "new", 2, 1)])
-
-
+                (12, 1, 1.0, "new", 2, 1)])
 SECOND = orders([(10, 1, 5.0, "paid", 3, -1), (10, 1, 6.0, "paid", 3, 1),
-                  (11, 2, 7.0, "paid", 4, -1), (13, 2, 2.0, "paid", 4, 1)])
+                 (11, 2, 7.0, "paid", 4, -1), (13, 2, 2.0, "paid", 4, 1)])
 
 
 def sorted_rows(tables: dict[str, pa.Table]) -> dict[str, list[dict]]:  # type: ignore[type-arg]

@@ -20,8 +20,6 @@ from txstream.sinks.postgres.snapshot import PostgresSnapshotSink
 from txstream.sinks.postgres.writers import Lease, Writer, WritersTable
 
 KEYED = TableSchema.of({"id": "bigint", "v": "bigint"}, primary_key=["id"])
-
-
 LOG = TableSchema.of({"id": "bigint", "v": "bigint"})
 
 

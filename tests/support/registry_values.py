@@ -33,8 +33,6 @@ def record_schema(name: str, fields: list[dict[str, Any]]) -> str:
 
 
 NULLABLE_TEXT: Any = ["null", "string"]
-
-
 ORDER_FIELDS: list[dict[str, Any]] = [
     {"name": "id", "type": "long"},
     {"name": "customer", "type": "string"},
@@ -48,8 +46,6 @@ ORDER_FIELDS: list[dict[str, Any]] = [
 
 ROW_SCHEMA = {"type": "record", "name": "Value", "namespace": "dbserver1.public.orders",
               "fields": ORDER_FIELDS}
-
-
 # Debezium's envelope as AvroConverter registers it (the fields txstream reads).
 ENVELOPE = record_schema("Envelope", [
     {"name": "before", "type": ["null", ROW_SCHEMA], "default": None},
