@@ -499,7 +499,7 @@ def on_cluster(workers: int, gib: int) -> None:
     workers of `gib` GiB each (`_ON_CLUSTER` tells the driver it is the one)."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.join(here, os.pardir, "tests"))
-    from spark_standalone import standalone_cluster
+    from support.spark_standalone import standalone_cluster
 
     executor = f"{gib * 1024 - 512}m"
     with tempfile.TemporaryDirectory() as workdir, standalone_cluster(

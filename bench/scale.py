@@ -8,8 +8,8 @@ Two workloads, each in large batches (10 transactions of 10,000 events per Spark
 - `groupby`: Pathway's workload, `--events` insertions, keys i mod 10,000, count and sum.
 
 Each runs at parallelism 1 and 2 on `local[2]`, and on a Spark standalone cluster on
-127.0.0.1 (tests/spark_standalone.py) of one worker of one core at parallelism 1 and of two
-such workers at parallelism 2. Every run is a driver process of its own (one SparkContext per
+127.0.0.1 (tests/support/spark_standalone.py) of one worker of one core at parallelism 1 and
+of two such workers at parallelism 2. Every run is a driver process of its own (one SparkContext per
 process) that builds all its input first, runs the first batch untimed (planning, code
 generation and the JVM's warm-up), then times `Engine.process` of every later batch: events/s
 is the events of those batches over that time, from the first call to the last result
@@ -376,7 +376,7 @@ def main() -> None:
                                       for p in (1, 2)}
     if not args.no_cluster:
         sys.path.insert(0, str(HERE.parent / "tests"))
-        from spark_standalone import standalone_cluster
+        from support.spark_standalone import standalone_cluster
 
         for workers in (1, 2):
             with tempfile.TemporaryDirectory() as workdir, \

@@ -1,5 +1,6 @@
 """Session-scoped real parts: one PostgreSQL, one Kafka-protocol broker, one SparkSession (per
-pytest worker: `make test` runs two, see the Makefile).
+pytest worker: `make test` runs two, see the Makefile). The Kafka fixtures come from the plugin
+`support.kafka_fixtures`.
 
 `DATABASE_URL`, `KAFKA_BOOTSTRAP_SERVERS` and `SPARK_MASTER` point the same tests at real
 services; otherwise testcontainers (where Docker answers) or the embedded defaults are used.
@@ -13,8 +14,9 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from txstream.service.embedded.kafka import KafkaEndpoint, kafka_from_env
 from txstream.service.embedded.postgres import PostgresEndpoint, postgres_from_env
+
+pytest_plugins = ["support.kafka_fixtures"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,19 +47,6 @@ def pg_schema(postgres: PostgresEndpoint) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def kafka() -> Iterator[KafkaEndpoint]:
-    broker = kafka_from_env()
-    yield broker
-    broker.stop()
-
-
-@pytest.fixture
-def topic_name() -> str:
-    """A topic name no other test uses (topics are not deleted between tests)."""
-    return f"t-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
     from txstream.engine import codegen
     from txstream.service.spark import get_spark
@@ -69,12 +58,3 @@ def spark():  # type: ignore[no-untyped-def]
     codegen.compile_now(session)
     yield session
     session.stop()
-
-
-@pytest.fixture
-def topics(kafka: KafkaEndpoint, topic_name: str) -> dict[str, str]:
-    """The example pipeline's two topics, of this test alone (orders in two partitions)."""
-    names = {"customers": f"{topic_name}-customers", "orders": f"{topic_name}-orders"}
-    kafka.create_topic(names["customers"], 1)
-    kafka.create_topic(names["orders"], 2)
-    return names

@@ -26,9 +26,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
-from pg_proxy import CommitCutter
 from psycopg import sql
 from pydantic import TypeAdapter, ValidationError
+from support.pg_proxy import CommitCutter
 
 from txstream.changes import Changes, order
 from txstream.schemas.sinks import RetryPolicy, SinkSettings, UpdateRecord

@@ -8,7 +8,6 @@ the service starts is waited for, never a crash."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -18,27 +17,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kafka_helpers import (  # noqa: F401 (fixtures by name)
-    builders_fixture,
-    dlq_fixture,
-    integrate,
-    make_builder,
-    poll_until,
-    produce,
-    read_dead_letters,
-)
-from support.schema_registry_double import running_double
-from test_avro_values import (  # noqa: F401 (registry_url: a fixture by name)
+from support.kafka_helpers import integrate, make_builder, poll_until, produce, read_dead_letters
+from support.registry_values import (
     ENVELOPE,
     ORDERS,
     TRANSACTION_METADATA,
+    JsonSchemaProducer,
     Producer,
+    ProtobufProducer,
+    any_object,
+    json_order,
     metadata,
     order,
-    registry_url,
 )
-from test_json_schema_values import JsonSchemaProducer, json_order
-from test_protobuf_values import ProtobufProducer
+from support.schema_registry_double import running_double
 
 from txstream.schemas.config import PipelineConfig
 from txstream.schemas.sources import SourceSpec, UpstreamTransactions
@@ -63,11 +55,6 @@ def change(op: str, before: dict | None, after: dict | None, txid: str | None = 
 
 def key(i: int) -> bytes:
     return b'{"id": %d}' % i
-
-
-def any_object(title: str) -> str:
-    """A JSON Schema every object passes (the serializer validates against it)."""
-    return json.dumps({"title": title, "type": "object"})
 
 
 # Debezium's envelope and transaction metadata as Protobuf messages, decimals and timestamps as
@@ -117,7 +104,7 @@ FRAMINGS = [
 
 
 @pytest.mark.parametrize("framing", FRAMINGS, ids=lambda f: f.value_format)
-def test_debezium_framed_stream(kafka: KafkaEndpoint, registry_url: str,  # noqa: F811
+def test_debezium_framed_stream(kafka: KafkaEndpoint, registry_url: str,
                                 dlq: str, builders: list[TransactionBuilder],
                                 framing: Framing) -> None:
     producer = framing.producer(registry_url)

@@ -6,20 +6,27 @@ dead-lettered with its original bytes and the reason."""
 
 from __future__ import annotations
 
-import datetime
 import io
 import json
-import os
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroSerializer
-from confluent_kafka.serialization import MessageField, SerializationContext
+from support.registry_values import (
+    ENVELOPE,
+    NULLABLE_TEXT,
+    ORDER_FIELDS,
+    ORDERS,
+    TRANSACTION_METADATA,
+    Producer,
+    columns,
+    metadata,
+    order,
+    record_schema,
+)
 from support.schema_registry_double import running_double
 
 from txstream.schemas.sources import SourceSpec
@@ -35,95 +42,6 @@ from txstream.sources.registry.client import (
 )
 from txstream.sources.registry.framed import Reference, SchemaUnusable, WriterSchema, resolved
 
-ORDERS = TableSchema.of({"id": "bigint", "customer": "text", "amount": "decimal(12,2)",
-                         "placed_at": "timestamp", "day": "date", "note": "text"},
-                        primary_key=["id"])
-
-
-@pytest.fixture(scope="module")
-def registry_url() -> Iterator[str]:
-    url = os.environ.get("SCHEMA_REGISTRY_URL")
-    if url:
-        yield url
-        return
-    with running_double() as url:
-        yield url
-
-
-def record_schema(name: str, fields: list[dict[str, Any]]) -> str:
-    return json.dumps({"type": "record", "name": name, "namespace": "test", "fields": fields})
-
-
-NULLABLE_TEXT: Any = ["null", "string"]
-ORDER_FIELDS: list[dict[str, Any]] = [
-    {"name": "id", "type": "long"},
-    {"name": "customer", "type": "string"},
-    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12,
-                                "scale": 2}},
-    {"name": "placed_at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
-    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
-    {"name": "note", "type": NULLABLE_TEXT, "default": None},
-]
-
-
-ROW_SCHEMA = {"type": "record", "name": "Value", "namespace": "dbserver1.public.orders",
-              "fields": ORDER_FIELDS}
-# Debezium's envelope as AvroConverter registers it (the fields txstream reads).
-ENVELOPE = record_schema("Envelope", [
-    {"name": "before", "type": ["null", ROW_SCHEMA], "default": None},
-    {"name": "after", "type": ["null", "dbserver1.public.orders.Value"], "default": None},
-    {"name": "source", "type": {"type": "record", "name": "Source", "fields": [
-        {"name": "connector", "type": "string"}, {"name": "txId", "type": "long"}]}},
-    {"name": "op", "type": "string"},
-    {"name": "ts_ms", "type": ["null", "long"], "default": None},
-    {"name": "transaction", "type": ["null", {"type": "record", "name": "block", "fields": [
-        {"name": "id", "type": "string"}, {"name": "total_order", "type": "long"},
-        {"name": "data_collection_order", "type": "long"}]}], "default": None},
-])
-
-
-# Debezium's transaction metadata events as AvroConverter registers them
-# (io.debezium.connector.common.TransactionMetadataValue).
-TRANSACTION_METADATA = record_schema("TransactionMetadataValue", [
-    {"name": "status", "type": "string"}, {"name": "id", "type": "string"},
-    {"name": "event_count", "type": ["null", "long"], "default": None},
-    {"name": "data_collections", "type": ["null", {"type": "array", "items": {
-        "type": "record", "name": "ConnectDefault", "fields": [
-            {"name": "data_collection", "type": "string"},
-            {"name": "event_count", "type": "long"}]}}], "default": None},
-    {"name": "ts_ms", "type": "long"},
-])
-
-
-def metadata(status: str, txid: str, count: int = 0) -> dict[str, Any]:
-    end = status == "END"
-    return {"status": status, "id": txid, "ts_ms": 1486500577125,
-            "event_count": count if end else None,
-            "data_collections": [{"data_collection": "public.orders", "event_count": count}]
-            if end else None}
-
-
-class Producer:
-    """Values as a producer with the Schema Registry's Avro serializer writes them, each
-    schema registered under `<topic>-value` (a fresh topic per producer: a real registry keeps
-    what earlier runs registered)."""
-
-    def __init__(self, url: str) -> None:
-        self.topic = f"orders-{uuid.uuid4().hex[:8]}"
-        self.client = SchemaRegistryClient({"url": url})
-
-    def values(self, schema: str, records: list[dict[str, Any]]) -> list[bytes]:
-        serialize = AvroSerializer(self.client, schema, conf={"auto.register.schemas": True})
-        ctx = SerializationContext(self.topic, MessageField.VALUE)
-        return [serialize(r, ctx) for r in records]
-
-
-def order(i: int, **extra: Any) -> dict[str, Any]:
-    return {"id": i, "customer": f"c{i}", "amount": Decimal("-1234567890.12"),
-            "placed_at": datetime.datetime(2026, 11, 26, 10, 30, 0, 123456,
-                                           tzinfo=datetime.UTC),
-            "day": datetime.date(2026, 2, 28), "note": None, **extra}
-
 
 def source(url: str, topic: str, **settings: Any) -> SourceSpec:
     return SourceSpec(**{"name": "orders", "topic": topic, "schema": ORDERS,
@@ -135,10 +53,6 @@ def decode(spec: SourceSpec, values: list[bytes | None], keys: list[bytes | None
     assert spec.schema_registry_url is not None
     decoder = SourceDecoder(spec, RegistrySchemas(spec.schema_registry_url, **retries))
     return decoder.decode(RawRecords.of(spec.topic, values, keys), list(range(len(values))))
-
-
-def columns(batch: Any) -> list[dict[str, Any]]:
-    return [{c: r[c] for c in ORDERS.names} for r in batch.rows.to_pylist()]
 
 
 def test_rows_read_as_from_json(registry_url: str) -> None:

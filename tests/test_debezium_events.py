@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 import pytest
-from test_debezium_records import NOTES, Source, customer, event, key, spec
+from support.debezium_records import (
+    HEARTBEAT,
+    HEARTBEAT_KEY,
+    NOTES,
+    Source,
+    customer,
+    event,
+    key,
+    schemas,
+    spec,
+)
 
 from txstream.schemas.sources import UNAVAILABLE_VALUE
 from txstream.sources.debezium.events import event_kind
@@ -32,15 +41,6 @@ def truncate(txid: str | None = "781:34132000") -> bytes:
                        "payload": payload}).encode()
 
 
-def schemas(name: str, payload: dict[str, Any]) -> bytes:
-    """JsonConverter with schemas: the value's schema (its name only) and payload."""
-    return json.dumps({"schema": {"type": "struct", "optional": False, "name": name},
-                       "payload": payload}).encode()
-
-
-HEARTBEAT = schemas("io.debezium.connector.common.Heartbeat", {"ts_ms": 1588252618953})
-HEARTBEAT_KEY = schemas("io.debezium.connector.common.ServerNameKey",
-                        {"serverName": "dbserver1"})
 # mysql.adoc, "Schema change topic" (2.x): the DDL of one statement and the tables it changed.
 SCHEMA_CHANGE = schemas("io.debezium.connector.mysql.SchemaChangeValue", {
     "source": {"version": "2.7.0.Final", "connector": "mysql", "name": "mysql",

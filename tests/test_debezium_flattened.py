@@ -11,8 +11,17 @@ import json
 from typing import Any
 
 import pytest
-from test_debezium_events import HEARTBEAT, HEARTBEAT_KEY
-from test_debezium_records import CUSTOMERS, NOTES, Source, customer, key
+from support.debezium_records import (
+    CUSTOMERS,
+    HEARTBEAT,
+    HEARTBEAT_KEY,
+    NOTES,
+    Source,
+    customer,
+    flat,
+    key,
+    old_key_only,
+)
 
 from txstream.schemas.sources import UNAVAILABLE_VALUE, SourceSpec
 from txstream.sources.decoder import SourceDecoder
@@ -23,27 +32,6 @@ def spec(**settings: Any) -> SourceSpec:
     return SourceSpec(**{"name": "customers", "topic": "dbserver1.inventory.customers",
                          "schema": CUSTOMERS, "format": "debezium_flattened",
                          "semantics": "upsert", **settings})
-
-
-def flat(row: dict[str, Any], deleted: bool | None = None, op: str | None = None,
-         schemas: bool = True) -> bytes:
-    """The SMT's value: `row` plus `__deleted` (rewrite mode) and `__op`, `__source_ts_ms`
-    (add.fields=op,source.ts_ms); with schemas, in the converter's wrapper."""
-    value = dict(row)
-    if deleted is not None:
-        value["__deleted"] = "true" if deleted else "false"
-    if op is not None:
-        value |= {"__op": op, "__source_ts_ms": 1559033904863}
-    if not schemas:
-        return json.dumps(value).encode()
-    return json.dumps({"schema": {"type": "struct", "optional": False,
-                                  "name": "dbserver1.inventory.customers.Value"},
-                       "payload": value}).encode()
-
-
-def old_key_only(i: int) -> dict[str, Any]:
-    """A delete's old row under REPLICA IDENTITY DEFAULT: the key, every other column null."""
-    return {"id": i, "first_name": None, "email": None, "notes": None, "photo": None}
 
 
 @pytest.mark.parametrize("schemas", [True, False])

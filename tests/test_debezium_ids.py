@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from kafka_helpers import ORDERS
+from support.kafka_helpers import ORDERS
 
 from txstream.schemas.sources import BatchPolicy, SourceSpec, SourceSpecError, UpstreamTransactions
 from txstream.sources.boundaries import PolledRecords, TopicRule, TransactionBoundaries

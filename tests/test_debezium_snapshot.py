@@ -5,7 +5,7 @@ Debezium section promises about the first streamed transaction, and where it sto
 
 from __future__ import annotations
 
-from test_boundaries import Rec, feed, members, policy
+from support.boundary_records import Rec, feed, members, policy
 
 from txstream.sources.boundaries import TopicRule, TransactionBoundaries
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kafka_helpers import (  # noqa: F401 (fixtures by name)
-    builders_fixture,
-    dlq_fixture,
-    integrate,
-    make_builder,
-    poll_until,
-    produce,
+from support.debezium_records import (
+    CUSTOMERS,
+    NOTES,
+    PHOTO,
+    TOAST_BYTES,
+    customer,
+    flat,
+    key,
+    old_key_only,
 )
-from test_debezium_flattened import flat, old_key_only
-from test_debezium_records import CUSTOMERS, NOTES, PHOTO, TOAST_BYTES, customer, key
+from support.kafka_helpers import integrate, make_builder, poll_until, produce
 
 from txstream.schemas.sources import UNAVAILABLE_VALUE, SourceSpec, UpstreamTransactions
 from txstream.service.embedded.kafka import KafkaEndpoint

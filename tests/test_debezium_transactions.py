@@ -15,11 +15,9 @@ import psycopg
 import pytest
 import yaml
 from confluent_kafka import Producer
-from kafka_helpers import (  # noqa: F401 (fixtures by name)
+from support.kafka_helpers import (
     FAST,
     ORDERS,
-    builders_fixture,
-    dlq_fixture,
     integrate,
     make_builder,
     poll_once,
@@ -28,7 +26,7 @@ from kafka_helpers import (  # noqa: F401 (fixtures by name)
     read_dead_letters,
     rows,
 )
-from test_recovery import ROOT, ServiceProcess
+from support.service_process import ROOT, ServiceProcess
 
 from txstream.examples import orders as example
 from txstream.examples.order_events import Event, OrderWorld, encode, events
@@ -292,7 +290,7 @@ def test_source_transactions_through_the_service_exactly_once_across_kill_9(
     group = f"g-{topic_name}"
     config = tmp_path / "pipeline.yaml"
     config.write_text(yaml.safe_dump({
-        "pipeline": "mirror_pipeline:pipeline", "consumer_group": group,
+        "pipeline": "support.mirror_pipeline:pipeline", "consumer_group": group,
         "http_port": free_port(), "checkpoint_dir": str(tmp_path / "ck"),
         "batch_transactions": 60, "checkpoint_every_batches": 2,
         "sources": [{

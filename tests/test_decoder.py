@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka_helpers import BAD_OFFSETS, BAD_ORDER, ORDERS
+from support.kafka_helpers import BAD_OFFSETS, BAD_ORDER, ORDERS
 
 from txstream.changes import DIFF, TIME
 from txstream.schemas.sources import RecordField, SourceSpec, UpstreamTransactions

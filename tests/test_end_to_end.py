@@ -23,9 +23,7 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import json_format
-from test_avro_stream import any_object
-from test_avro_values import record_schema, registry_url  # noqa: F401 (a fixture by name)
-from test_protobuf_values import message_class
+from support.registry_values import any_object, message_class, record_schema
 
 from txstream.examples.orders import kafka_sources
 from txstream.schemas.config import PipelineConfig, SinkConfig

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
-from engine_oracle import (
+from pyspark.sql import SparkSession
+from support.engine_oracle import (
     Columns,
     RandomDag,
+    RandomSource,
     Row,
-    SourceSpec,
     Transaction,
     apply_changes,
     check_engine,
@@ -28,7 +29,6 @@ from engine_oracle import (
     random_transactions,
     same_multiset,
 )
-from pyspark.sql import SparkSession
 
 from txstream.engine import Engine, Pipeline, PipelineDefinitionError, Table
 from txstream.engine import reducers as r
@@ -44,23 +44,23 @@ KEYS = [0, 1, 2, 3, None]
 TEXTS = ["x", "y", "z", None]
 
 SOURCES = (
-    SourceSpec("a", TableSchema.of({"id": "bigint", "k": "bigint", "v": "double", "s": "text"},
-                                   primary_key=["id"]),
-               {"id": range(6), "k": KEYS, "v": VALUES, "s": TEXTS}),
-    SourceSpec("b", TableSchema.of({"k": "bigint", "s": "text", "w": "double"}),
-               {"k": KEYS, "s": TEXTS, "w": VALUES}),
-    SourceSpec("c", TableSchema.of({"cid": "bigint", "k": "bigint", "n": "int", "f": "boolean",
-                                    "d": "date"}, primary_key=["cid"]),
-               {"cid": range(5), "k": KEYS, "n": [0, 1, 2, None], "f": [True, False, None],
-                "d": DAYS}),
+    RandomSource("a", TableSchema.of({"id": "bigint", "k": "bigint", "v": "double", "s": "text"},
+                                     primary_key=["id"]),
+                 {"id": range(6), "k": KEYS, "v": VALUES, "s": TEXTS}),
+    RandomSource("b", TableSchema.of({"k": "bigint", "s": "text", "w": "double"}),
+                 {"k": KEYS, "s": TEXTS, "w": VALUES}),
+    RandomSource("c", TableSchema.of({"cid": "bigint", "k": "bigint", "n": "int", "f": "boolean",
+                                      "d": "date"}, primary_key=["cid"]),
+                 {"cid": range(5), "k": KEYS, "n": [0, 1, 2, None], "f": [True, False, None],
+                  "d": DAYS}),
 )
 EXAMPLE_SOURCES = (
-    SourceSpec("customers", CUSTOMERS,
-               {"customer_id": range(5), "name": ["ann", "bob", None],
-                "region": ["north", "south", None]}),
-    SourceSpec("orders", ORDERS,
-               {"order_id": range(8), "customer_id": [0, 1, 2, 3, 5, None],
-                "amount": AMOUNTS, "status": ["paid", "open", "void", None]}),
+    RandomSource("customers", CUSTOMERS,
+                 {"customer_id": range(5), "name": ["ann", "bob", None],
+                  "region": ["north", "south", None]}),
+    RandomSource("orders", ORDERS,
+                 {"order_id": range(8), "customer_id": [0, 1, 2, 3, 5, None],
+                  "amount": AMOUNTS, "status": ["paid", "open", "void", None]}),
 )
 # The example's outputs as SQL, written from its docstring, not from its code.
 EXAMPLE_VIEWS = (
@@ -115,7 +115,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         ])
 
 
-def _check(spark: SparkSession, pipeline: Pipeline, specs: tuple[SourceSpec, ...],
+def _check(spark: SparkSession, pipeline: Pipeline, specs: tuple[RandomSource, ...],
            outputs: dict[str, Columns], views: tuple[tuple[str, str], ...],
            transactions: list[Transaction], sizes: tuple[int, ...],
            describe: Callable[[str], str], parallelism: int) -> None:
@@ -194,7 +194,7 @@ def test_example_pipeline(spark: SparkSession, seed: int, sizes: tuple[int, ...]
            transactions, sizes, describe, parallelism)
 
 
-def _features(specs: tuple[SourceSpec, ...], transactions: list[Transaction]) -> set[str]:
+def _features(specs: tuple[RandomSource, ...], transactions: list[Transaction]) -> set[str]:
     """The edge cases a workload exercises."""
     seen: set[str] = set()
     contents = {s.name: Counter[Row]() for s in specs}
@@ -289,7 +289,7 @@ def test_definition_error_names_table_and_column(spark: SparkSession, case: str)
 # --- reproductions of engine bugs found by this suite -----------------------------------------
 # Each is minimal: one source, one node, one transaction of inserts at time 1.
 
-def _insert_once(spark: SparkSession, spec: SourceSpec, build: Callable[[Table], Table],
+def _insert_once(spark: SparkSession, spec: RandomSource, build: Callable[[Table], Table],
                  rows: list[Row]) -> list[dict[str, object]]:
     """The output of `build(source)` (its key inferred) after one transaction inserting rows."""
     p = Pipeline()
@@ -299,7 +299,7 @@ def _insert_once(spark: SparkSession, spec: SourceSpec, build: Callable[[Table],
     return out.to_pylist()
 
 
-NULLABLE = SourceSpec("t", TableSchema.of({"k": "bigint", "v": "double"}), {})
+NULLABLE = RandomSource("t", TableSchema.of({"k": "bigint", "v": "double"}), {})
 
 
 @pytest.mark.parametrize(("build", "row"), [
@@ -334,7 +334,7 @@ def test_each_operator_infers_its_output_key(spark: SparkSession) -> None:
                     "joined": ("id",), "pairs": (), "outer": (), "given": ("k",)}
 
 
-INTERNAL_NAMES = SourceSpec("t", TableSchema.of({"_after": "bigint", "_cnt": "bigint"}), {})
+INTERNAL_NAMES = RandomSource("t", TableSchema.of({"_after": "bigint", "_cnt": "bigint"}), {})
 
 
 @pytest.mark.parametrize(("build", "row"), [

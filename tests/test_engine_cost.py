@@ -13,8 +13,8 @@ from time import sleep
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from engine_oracle import process
 from pyspark.sql import SparkSession
+from support.engine_oracle import process
 
 from txstream.engine import Engine, ExpressionError, Pipeline, PipelineDefinitionError, codegen
 from txstream.engine import reducers as r

@@ -13,10 +13,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from engine_oracle import process
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from test_engine_state import CUSTOMERS, FIRST, SECOND, _sorted
+from support.engine_oracle import process
+from support.example_batches import CUSTOMERS, FIRST, SECOND
+from support.example_batches import sorted_rows as _sorted
 
 from txstream import Pipeline, TableSchema
 from txstream import reducers as r

@@ -11,7 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from engine_oracle import process
+from support.engine_oracle import process
+from support.example_batches import CUSTOMERS, FIRST, SECOND
+from support.example_batches import sorted_rows as _sorted
 
 from txstream.changes import Changes
 from txstream.engine import Engine, EngineInputError, EngineStateError, Pipeline
@@ -19,23 +21,6 @@ from txstream.engine import reducers as r
 from txstream.engine.sparkjobs import counted
 from txstream.examples.orders import pipeline
 from txstream.schemas.tables import TableSchema
-
-
-def _orders(rows: list[tuple[int, int, float, str, int, int]]) -> pa.Table:
-    names = ["order_id", "customer_id", "amount", "status", "time", "diff"]
-    return pa.table({n: [row[i] for row in rows] for i, n in enumerate(names)})
-
-
-CUSTOMERS = pa.table({"customer_id": [1, 2], "name": ["a", "b"], "region": ["eu", "us"],
-                      "time": [1, 1], "diff": [1, 1]})
-FIRST = _orders([(10, 1, 5.0, "paid", 1, 1), (11, 2, 7.0, "paid", 2, 1),
-                 (12, 1, 1.0, "new", 2, 1)])
-SECOND = _orders([(10, 1, 5.0, "paid", 3, -1), (10, 1, 6.0, "paid", 3, 1),
-                  (11, 2, 7.0, "paid", 4, -1), (13, 2, 2.0, "paid", 4, 1)])
-
-
-def _sorted(tables: dict[str, pa.Table]) -> dict[str, list[dict]]:  # type: ignore[type-arg]
-    return {n: sorted(t.to_pylist(), key=repr) for n, t in tables.items()}
 
 
 def test_saved_state_continues_the_stream(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from engine_oracle import process
 from pyspark.sql import SparkSession
+from support.engine_oracle import process
 
 from txstream.engine import Engine, EngineStateError, Pipeline
 from txstream.engine import reducers as r

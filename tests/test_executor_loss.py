@@ -1,7 +1,7 @@
 """An executor's loss is survived: kill -9 executor JVMs of a running pipeline, twice.
 
-A real standalone cluster of two workers of one core each (spark_standalone.py) runs the example
-pipeline at parallelism 2 with every state block replicated on both executors
+A real standalone cluster of two workers of one core each (support/spark_standalone.py) runs
+the example pipeline at parallelism 2 with every state block replicated on both executors
 (`state_replicas=2`). The driver is this file run as a script (the test session already holds a
 local SparkContext): it processes a change log batch by batch, writes every output change and,
 after each batch, its progress. Runs of `INDEX_ROWS` rows or more are indexed: their files,
@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
-from spark_standalone import StandaloneCluster, standalone_cluster
-from test_spark_cluster import generate_events
+from support.replay_events import generate_events
+from support.spark_standalone import StandaloneCluster, standalone_cluster
 
 from txstream.engine import Engine
 from txstream.engine.replicas import fewest_copies

@@ -9,15 +9,13 @@ import json
 from typing import Any
 
 from confluent_kafka.schema_registry import Schema
-from confluent_kafka.schema_registry.json_schema import JSONSerializer
-from confluent_kafka.serialization import MessageField, SerializationContext
-from test_avro_values import (  # noqa: F401 (registry_url: a fixture by name)
+from support.registry_values import (
     ORDER_FIELDS,
     ORDERS,
-    Producer,
+    JsonSchemaProducer,
     columns,
+    json_order,
     record_schema,
-    registry_url,
 )
 
 from txstream.schemas.sources import SourceSpec
@@ -39,22 +37,6 @@ def json_schema(properties: dict[str, Any], required: list[str]) -> str:
 ORDER_SCHEMA = json_schema(ORDER_PROPERTIES, ["id", "customer", "amount", "placed_at", "day"])
 
 
-class JsonSchemaProducer(Producer):
-    """Values as a producer with the Schema Registry's JSON Schema serializer writes them."""
-
-    def values(self, schema: str, records: list[dict[str, Any]]) -> list[bytes]:
-        serialize = JSONSerializer(schema, self.client, conf={"auto.register.schemas": True})
-        ctx = SerializationContext(self.topic, MessageField.VALUE)
-        return [serialize(r, ctx) for r in records]
-
-
-def json_order(i: int, **extra: Any) -> dict[str, Any]:
-    """`test_avro_values.order(i)` as a JSON document."""
-    return {"id": i, "customer": f"c{i}", "amount": "-1234567890.12",
-            "placed_at": "2026-11-26T10:30:00.123456Z", "day": "2026-02-28", "note": None,
-            **extra}
-
-
 def decode(url: str, topic: str, values: list[bytes | None]) -> Any:
     spec = SourceSpec(name="orders", topic=topic, schema=ORDERS, value_format="json_schema",
                       schema_registry_url=url)
@@ -62,7 +44,7 @@ def decode(url: str, topic: str, values: list[bytes | None]) -> Any:
     return decoder.decode(RawRecords.of(topic, values), list(range(len(values))))
 
 
-def test_rows_read_as_the_unframed_json(registry_url: str) -> None:  # noqa: F811
+def test_rows_read_as_the_unframed_json(registry_url: str) -> None:
     producer = JsonSchemaProducer(registry_url)
     records = [json_order(1), json_order(2, note="gift")]
     values = producer.values(ORDER_SCHEMA, records)
@@ -74,7 +56,7 @@ def test_rows_read_as_the_unframed_json(registry_url: str) -> None:  # noqa: F81
     assert columns(batch) == columns(plain) and len(columns(batch)) == 2
 
 
-def test_schema_evolving_twice_needs_no_restart(registry_url: str) -> None:  # noqa: F811
+def test_schema_evolving_twice_needs_no_restart(registry_url: str) -> None:
     """A property added, then one removed: three schema ids, one decoder, no dead letter."""
     producer = JsonSchemaProducer(registry_url)
     required = ["id", "customer", "amount", "placed_at", "day"]
@@ -89,7 +71,7 @@ def test_schema_evolving_twice_needs_no_restart(registry_url: str) -> None:  # n
     assert [(r["id"], r["note"]) for r in columns(batch)] == [(1, "a"), (2, "b"), (3, None)]
 
 
-def test_unreadable_records_are_dead_lettered_with_their_bytes(registry_url: str  # noqa: F811
+def test_unreadable_records_are_dead_lettered_with_their_bytes(registry_url: str
                                                                ) -> None:
     """Unframed JSON, an unknown schema id, the id of an Avro schema, a document that is no
     JSON object, a document without the primary key (the declared columns govern, not the

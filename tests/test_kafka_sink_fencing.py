@@ -22,9 +22,8 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from support.orders import OrderProducer, write_config
+from support.postgres_outputs import lease, outputs, wait_to_take
 from support.service_process import ServiceProcess, metric, scrape
-from test_postgres_outputs import outputs
-from test_writer_fencing import lease, wait_to_take
 
 from txstream.changes import DIFF, TIME, Changes
 from txstream.schemas.sinks import RetryPolicy

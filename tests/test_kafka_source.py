@@ -12,15 +12,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
-from kafka_helpers import (  # noqa: F401 (fixtures by name)
+from support.kafka_helpers import (
     BAD_OFFSETS,
     BAD_ORDER,
     BAD_RECORDS,
     FAST,
     ORDERS,
     Record,
-    builders_fixture,
-    dlq_fixture,
     integrate,
     make_builder,
     n_events,

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.live_rows import change_row
 
 from txstream.sinks.live.keyspace import allocate
 from txstream.sinks.live.table import LiveTable, LiveTableError
@@ -44,23 +45,6 @@ def expected(state: dict[int, tuple[int, str | None, int | None]],
     rows = sorted(state.values(), key=lambda r: (r[1], r[0]) if key == ["name", "k"] else r[0])
     return pa.table({"k": [r[0] for r in rows], "name": [r[1] for r in rows],
                      "qty": [r[2] for r in rows]}, schema=SCHEMA)
-
-
-def change_row(state: dict[int, tuple[int, str | None, int | None]],
-               new: tuple[int, str | None, int | None], delete: bool,
-               batch: list[tuple[tuple[int, str | None, int | None], int]]) -> None:
-    """Delete the row held for `new`'s key (if `delete`), else update it to `new`, or insert
-    `new` if none is held: in `state`, and as changes appended to `batch`."""
-    k = new[0]
-    if k in state and delete:
-        batch.append((state.pop(k), -1))
-    elif k in state:
-        if new != state[k]:
-            batch += [(state[k], -1), (new, 1)]
-            state[k] = new
-    else:
-        batch.append((new, 1))
-        state[k] = new
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -12,7 +12,7 @@ import random
 
 import pyarrow as pa
 import pytest
-from test_live_table import change_row
+from support.live_rows import change_row
 
 from txstream.sinks.live.serving import LiveTables, UnknownSubscriptionError
 from txstream.sinks.live.table import LiveTable

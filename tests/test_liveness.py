@@ -13,18 +13,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from kafka_helpers import (  # noqa: F401 (fixtures by name)
+from psycopg import sql
+from pyspark.sql import SparkSession
+from support.kafka_helpers import (
     ORDERS,
-    builders_fixture,
-    dlq_fixture,
     make_builder,
     n_events,
     poll_until,
     produce,
     read_dead_letters,
 )
-from psycopg import sql
-from pyspark.sql import SparkSession
 from support.service_process import scrape
 
 from txstream.engine import Pipeline

@@ -8,56 +8,16 @@ import threading
 from typing import Any
 
 import psycopg
-import pyarrow as pa
 import pytest
-from pg_proxy import CommitCutter
 from psycopg import sql
+from support.pg_proxy import CommitCutter
+from support.postgres_outputs import LOG, batch, mark, outputs, query
 
-from txstream.changes import Changes
 from txstream.schemas.sinks import RetryPolicy
-from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.postgres import PostgresEndpoint
 from txstream.sinks.postgres.append import PostgresAppendSink
-from txstream.sinks.postgres.outputs import Mark, PostgresOutputs
-from txstream.sinks.postgres.snapshot import PostgresSnapshotSink
+from txstream.sinks.postgres.outputs import PostgresOutputs
 from txstream.sinks.sink import SinkWriteError
-
-KEYED = TableSchema.of({"id": "bigint", "v": "bigint"}, primary_key=["id"])
-LOG = TableSchema.of({"id": "bigint", "v": "bigint"})
-
-
-def changes(schema: TableSchema, rows: list[tuple[int, int, int, int]]) -> Changes:
-    return Changes.of(pa.Table.from_pylist(
-        [{"id": i, "v": v, "time": t, "diff": d} for i, v, t, d in rows],
-        schema=schema.arrow_schema(with_changes=True)))
-
-
-def mark(n: int, upstream: tuple[str, ...] = ()) -> Mark:
-    return Mark(n, upstream, {"orders": {0: 10 * n, 1: 5 * n}})
-
-
-def query(url: str, text: str, db_schema: str, *tables: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url) as conn:
-        return conn.execute(sql.SQL(text).format(
-            *[sql.Identifier(db_schema, t) for t in tables])).fetchall()
-
-
-def outputs(url: str, db_schema: str, pipeline: str = "p", **options: Any
-            ) -> tuple[PostgresOutputs, PostgresSnapshotSink, PostgresAppendSink]:
-    snapshot = PostgresSnapshotSink(url, "totals", KEYED, db_schema=db_schema)
-    log = PostgresAppendSink(url, "log", LOG, db_schema=db_schema)
-    return PostgresOutputs(url, {"totals": [snapshot], "log": [log]}, pipeline=pipeline,
-                           definition="txstream.examples.orders:pipeline", db_schema=db_schema,
-                           **options), snapshot, log
-
-
-def batch(first: int, last: int) -> dict[str, Changes]:
-    """Transactions first..last: each sets total 1 to its number and logs one row."""
-    numbers = range(first, last + 1)
-    return {"totals": changes(KEYED, [r for n in numbers
-                                      for r in ([(1, n - 1, n, -1)] if n > 1 else [])
-                                      + [(1, n, n, 1)]]),
-            "log": changes(LOG, [(n, n, n, 1) for n in numbers])}
 
 
 def test_a_batch_is_one_postgresql_transaction_across_tables_with_its_progress(

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import base64
 import json
-import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaReference
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import json_format
-from google.protobuf.message import Message
-from test_avro_values import ORDERS, columns, registry_url  # noqa: F401 (a fixture by name)
-from test_json_schema_values import json_order
+from support.registry_values import (
+    ORDERS,
+    Compiled,
+    ProtobufProducer,
+    columns,
+    json_order,
+    message_class,
+)
 
 from txstream.schemas.sources import SourceSpec
 from txstream.schemas.tables import TableSchema
@@ -50,20 +54,6 @@ def order_proto(*fields: str) -> str:
         "  message Line { string sku = 1; int32 qty = 2; }", "}", ""])
 
 
-class Compiled:
-    """One schema, as a registry holding only its text would serve it."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def schema(self, schema_id: int) -> WriterSchema:
-        return WriterSchema(self.text, "PROTOBUF")
-
-
-def message_class(text: str, *indexes: int) -> type[Message]:
-    return ProtobufValues(Compiled(text)).writer(1).of(indexes or (0,), 1)
-
-
 def proto_order(i: int, **extra: Any) -> dict[str, Any]:
     """`json_order(i)` as protobuf's JSON mapping writes it (the decimal as Confluent's
     Decimal message: -123456789012 unscaled, scale 2)."""
@@ -71,25 +61,6 @@ def proto_order(i: int, **extra: Any) -> dict[str, Any]:
     unscaled = (-123456789012).to_bytes(8, "big", signed=True)
     row["amount"] = {"value": base64.b64encode(unscaled).decode(), "precision": 12, "scale": 2}
     return {k: v for k, v in row.items() if v is not None}
-
-
-class ProtobufProducer:
-    """Values as a producer with the Schema Registry's Protobuf serializer writes them."""
-
-    def __init__(self, url: str) -> None:
-        self.topic = f"orders-{uuid.uuid4().hex[:8]}"
-        self.client = SchemaRegistryClient({"url": url})
-
-    def values(self, text: str, records: list[dict[str, Any]], *indexes: int) -> list[bytes]:
-        cls = message_class(text, *indexes)
-        serialize = ProtobufSerializer(cls, self.client, {"auto.register.schemas": True})
-        ctx = SerializationContext(self.topic, MessageField.VALUE)
-        return [serialize(json_format.ParseDict(r, cls()), ctx) for r in records]
-
-    def as_text(self, values: list[bytes], text: str) -> list[bytes]:
-        """`values` under the id of `text` registered as `.proto` text."""
-        schema_id = self.client.register_schema(f"{self.topic}-text", Schema(text, "PROTOBUF"))
-        return [v[:1] + schema_id.to_bytes(4, "big") + v[5:] for v in values]
 
 
 def decode(url: str, topic: str, values: list[bytes | None], schema: TableSchema = ORDERS
@@ -100,7 +71,7 @@ def decode(url: str, topic: str, values: list[bytes | None], schema: TableSchema
     return decoder.decode(RawRecords.of(topic, values), list(range(len(values))))
 
 
-def test_rows_read_as_from_json(registry_url: str) -> None:  # noqa: F811
+def test_rows_read_as_from_json(registry_url: str) -> None:
     """Confluent's Decimal exactly, Timestamp with microseconds, an unset optional field as
     null: the same rows as the JSON documents give, from the serialized schema and from its
     `.proto` text alike."""
@@ -118,7 +89,7 @@ def test_rows_read_as_from_json(registry_url: str) -> None:  # noqa: F811
         assert columns(batch) == expected
 
 
-def test_a_nested_message(registry_url: str) -> None:  # noqa: F811
+def test_a_nested_message(registry_url: str) -> None:
     """Message indexes [0, 0]: the first message nested in the first one."""
     producer = ProtobufProducer(registry_url)
     value, = producer.values(order_proto(), [{"sku": "a", "qty": 2}], 0, 0)
@@ -129,7 +100,7 @@ def test_a_nested_message(registry_url: str) -> None:  # noqa: F811
         {"sku": "a", "qty": 2}]
 
 
-def test_schema_evolving_twice_needs_no_restart(registry_url: str) -> None:  # noqa: F811
+def test_schema_evolving_twice_needs_no_restart(registry_url: str) -> None:
     """A field added, then one removed: three schema ids, one decoder, no dead letter."""
     producer = ProtobufProducer(registry_url)
     values = (producer.values(order_proto(), [proto_order(1, note="a")])
@@ -142,7 +113,7 @@ def test_schema_evolving_twice_needs_no_restart(registry_url: str) -> None:  # n
     assert [(r["id"], r["note"]) for r in columns(batch)] == [(1, "a"), (2, "b"), (3, None)]
 
 
-def test_unreadable_records_are_dead_lettered_with_their_bytes(registry_url: str  # noqa: F811
+def test_unreadable_records_are_dead_lettered_with_their_bytes(registry_url: str
                                                                ) -> None:
     """An unknown schema id, a JSON Schema id, message indexes naming no message, a message
     cut short, `.proto` text that does not compile: each dead-lettered holding its original
@@ -213,7 +184,7 @@ message Priced { int64 id = 1; shop.common.Money price = 2; }
 """
 
 
-def test_imports_of_other_subjects(registry_url: str) -> None:  # noqa: F811
+def test_imports_of_other_subjects(registry_url: str) -> None:
     """A schema importing a file that the registry holds as another subject (a reference):
     resolved as `.proto` text, and as Confluent's serializer registers both, serialized."""
     producer = ProtobufProducer(registry_url)

@@ -29,12 +29,7 @@ from support.orders import (
     snapshot_tables,
     write_config,
 )
-from support.service_process import (  # noqa: F401 (test_debezium_transactions imports ROOT)
-    ROOT,
-    ServiceProcess,
-    metric,
-    scrape,
-)
+from support.service_process import ServiceProcess, metric
 
 from txstream.service.embedded.postgres import free_port
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from engine_oracle import process
 from pyspark.sql import SparkSession
+from support.engine_oracle import process
 
 from txstream.engine import Engine, Pipeline
 from txstream.engine import reducers as r

@@ -25,8 +25,8 @@ def _txn(number: int, ranges: Ranges) -> Transaction:
 
 def _changes(rows_per_time: dict[int, int]) -> Changes:
     times = [t for t, n in sorted(rows_per_time.items()) for _ in range(n)]
-    return Changes(pa.table({"k": list(range(len(times))), TIME: times,
-                             DIFF: [1] * len(times)}))
+    return Changes(pa.table({"k": list(range(len(times))), TIME: pa.array(times, pa.int64()),
+                             DIFF: pa.array([1] * len(times), pa.int64())}))
 
 
 def test_a_batch_joins_its_transactions_offset_ranges() -> None:

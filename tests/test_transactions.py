@@ -17,11 +17,9 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka_helpers import (  # noqa: F401 (fixtures by name)
+from support.kafka_helpers import (
     FAST,
     ORDERS,
-    builders_fixture,
-    dlq_fixture,
     integrate,
     make_builder,
     poll_once,

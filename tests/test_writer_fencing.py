@@ -5,39 +5,19 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime
 
 import pytest
-from test_postgres_outputs import batch, mark, outputs, query
+from support.postgres_outputs import batch, lease, mark, outputs, query, wait_to_take, writer
 
 from txstream.service.embedded.postgres import PostgresEndpoint
 from txstream.service.health import HealthServer, Readiness, metrics_text
 from txstream.service.leadership import Leadership
 from txstream.service.metrics import Metrics
 from txstream.sinks.postgres.writers import (
-    Lease,
-    Writer,
     WriterEpoch,
     WriterFencedError,
     WritersTable,
 )
-
-
-def writer(host: str, pid: int) -> Writer:
-    return Writer(host=host, pid=pid, started_at=datetime(2026, 11, 26, 10, pid % 60, tzinfo=UTC))
-
-
-def lease(url: str, db_schema: str, host: str, pid: int, lease_s: float = 10.0) -> Lease:
-    return Lease(url, WritersTable(db_schema, "p"), writer(host, pid), lease_s=lease_s)
-
-
-def wait_to_take(standby: Lease, timeout_s: float) -> float:
-    """Poll like a standby until it takes the lease; seconds it took."""
-    started = time.monotonic()
-    while standby.try_take() is None:
-        assert time.monotonic() - started < timeout_s, "the standby never took the lease"
-        time.sleep(0.1)
-    return time.monotonic() - started
 
 
 def test_a_standby_waits_for_the_holder_then_takes_the_next_epoch(

@@ -30,14 +30,16 @@ import pyarrow.compute as pc
 
 TIME = "time"
 DIFF = "diff"
-CHANGE_TYPES = {TIME: pa.int64(), DIFF: pa.int64()}
+_INT64 = pa.int64()
+CHANGE_TYPES = {TIME: _INT64, DIFF: _INT64}
 # The sum's name inside `consolidate`: it must not clash with a user column, and user columns
 # may not start with "__" (TableSchema refuses them).
 _SUMMED = "__diff_sum"
 
 
 class ChangesError(ValueError):
-    """A table that is not a valid `Changes`: columns missing, or an invariant broken."""
+    """A table that is not a valid `Changes`: its `time` and `diff` columns missing, misplaced
+    or not int64 (checked when a `Changes` is built), or an invariant broken (`validate`)."""
 
 
 def change_fields(columns: pa.Schema) -> pa.Schema:
@@ -55,15 +57,24 @@ class Changes:
 
     table: pa.Table
 
+    def __post_init__(self) -> None:
+        # Every Changes is built here, many per batch: the check looks at the schema's last two
+        # fields and two name lookups, never at the rows (those are `validate`'s).
+        schema = self.table.schema
+        n = len(schema)
+        if (n < 2 or schema.get_field_index(TIME) != n - 2
+                or schema.get_field_index(DIFF) != n - 1
+                or not schema.field(n - 2).type.equals(_INT64)
+                or not schema.field(n - 1).type.equals(_INT64)):
+            raise ChangesError(_column_problem(schema))
+
     @classmethod
     def of(cls, table: pa.Table) -> Changes:
-        """`table` as Changes, its columns checked (not its rows: see `validate`)."""
-        missing = [n for n in (TIME, DIFF) if n not in table.column_names]
-        if missing:
-            raise ChangesError(f"changes need column(s) {', '.join(missing)} after the table's "
-                               f"own; got {', '.join(table.column_names)}")
-        if table.column_names[-2:] != [TIME, DIFF]:
-            table = table.select([*_own(table.column_names), TIME, DIFF])
+        """`table` as Changes, `time` and `diff` moved after its own columns, its columns
+        checked (not its rows: see `validate`)."""
+        names = table.column_names
+        if names[-2:] != [TIME, DIFF] and names.count(TIME) == names.count(DIFF) == 1:
+            table = table.select([*_own(names), TIME, DIFF])
         return cls(table)
 
     @classmethod
@@ -189,3 +200,19 @@ def order(table: pa.Table) -> pa.Table:
 
 def _own(names: Sequence[str]) -> list[str]:
     return [n for n in names if n not in (TIME, DIFF)]
+
+
+def _column_problem(schema: pa.Schema) -> str:
+    """What is wrong with the columns of `schema` as changes, and what to do about it."""
+    names = schema.names
+    got = f"got columns {', '.join(names) or '(none)'}"
+    for name in (TIME, DIFF):
+        if names.count(name) != 1:
+            return (f"changes need exactly one {name!r} column (int64) after the table's own; "
+                    f"{got}: {'add it' if name not in names else 'rename the others'}")
+    if names[-2:] != [TIME, DIFF]:
+        return (f"changes hold {TIME!r} then {DIFF!r} as their last two columns; {got}: build "
+                f"them with Changes.of, which moves them there")
+    wrong = [f"{name!r} is {schema.field(name).type}" for name in (TIME, DIFF)
+             if not schema.field(name).type.equals(_INT64)]
+    return f"changes' {TIME!r} and {DIFF!r} are int64, but {' and '.join(wrong)}: cast them"

@@ -2,9 +2,15 @@
 
 Deephaven's EvalNugget and DBSP's proptests in Python: `RandomDag` builds a random pipeline in
 which every node is made twice, once as a Table API call and once as the equivalent SQL text;
-`random_transactions` makes a random workload; `expected_tables` recomputes every node from
-scratch in DuckDB on the inputs as of each transaction; `check_engine` runs the engine over the
-workload in batches of a given size and checks every output after every transaction.
+`random_transactions` makes a random workload over `RandomSource`s (a source's `TableSchema`
+and the values each column takes); `expected_tables` recomputes every node from scratch in
+DuckDB on the inputs as of each transaction; `check_engine` runs the engine over the workload
+in batches of a given size and checks every output after every transaction.
+
+The engine gets and gives `txstream.changes.Changes`. The oracle keeps its own account of a
+transaction, `RowDiffs` (plain Python rows and their weights), and integrates and recomputes
+from those alone: nothing of txstream's computes what the engine's results are checked
+against.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import duckdb
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from txstream.changes import Changes as ChangeTable
+from txstream.changes import DIFF, TIME, Changes
 from txstream.engine import Engine, Pipeline, Table
 from txstream.engine import reducers as r
 from txstream.engine.codegen import INTERPRETED_ROWS
@@ -30,9 +36,11 @@ from txstream.engine.table import Node
 from txstream.schemas.tables import ColumnType, TableSchema
 
 Row = tuple[object, ...]
-Changes = list[tuple[Row, int]]
-# Source name -> its changes in one transaction, deliberately not consolidated.
-Transaction = dict[str, Changes]
+# One source's (row, diff) pairs in one transaction, deliberately not consolidated: the oracle's
+# account of what the engine gets as `Changes`.
+RowDiffs = list[tuple[Row, int]]
+# Source name -> its changes in one transaction.
+Transaction = dict[str, RowDiffs]
 Columns = tuple[tuple[str, str], ...]  # (name, column type) in order
 
 FLOAT_TOLERANCE = 1e-6
@@ -41,8 +49,9 @@ FLOAT_TOLERANCE = 1e-6
 # --- sources and workloads -------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class SourceSpec:
-    """A source table and the values each column takes: few, so rows collide in joins/groups."""
+class RandomSource:
+    """A source table (`p.source(name, schema)`) and the values each column takes: few, so rows
+    collide in joins and groups."""
 
     name: str
     schema: TableSchema
@@ -65,8 +74,13 @@ class SourceSpec:
         """Rows as an Arrow table; with `times` and `diffs`, as changes for `Engine.process`."""
         data = {n: [row[i] for row in rows] for i, n in enumerate(self.schema.names)}
         if times is not None and diffs is not None:
-            data |= {"time": list(times), "diff": list(diffs)}
+            data |= {TIME: list(times), DIFF: list(diffs)}
         return pa.table(data, schema=self.schema.arrow_schema(with_changes=times is not None))
+
+    def changes(self, changes: Sequence[tuple[Row, int, int]]) -> Changes:
+        """(row, time, diff) triples as the engine takes them, not consolidated."""
+        return Changes(self.arrow([c[0] for c in changes], [c[1] for c in changes],
+                                  [c[2] for c in changes]))
 
 
 def apply_changes(contents: Counter[Row], changes: Sequence[tuple[Row, int]],
@@ -79,12 +93,12 @@ def apply_changes(contents: Counter[Row], changes: Sequence[tuple[Row, int]],
             del contents[row]
 
 
-def _keyed_changes(rng: random.Random, spec: SourceSpec, contents: Counter[Row]) -> Changes:
+def _keyed_changes(rng: random.Random, spec: RandomSource, contents: Counter[Row]) -> RowDiffs:
     """Upserts (-1 old, +1 new at one time), deletes, inserts and re-inserts of deleted keys;
     at most one operation per key. An upsert to the very same row is a pair that cancels."""
     live = {spec.key_of(row): row for row in contents}
     keys = list(itertools.product(*(spec.domains[k] for k in spec.schema.primary_key)))
-    changes: Changes = []
+    changes: RowDiffs = []
     for key in rng.sample(keys, rng.randint(1, 3)):
         old = live.get(key)
         if old is None:
@@ -96,11 +110,11 @@ def _keyed_changes(rng: random.Random, spec: SourceSpec, contents: Counter[Row])
     return changes
 
 
-def _bag_changes(rng: random.Random, spec: SourceSpec, contents: Counter[Row]) -> Changes:
+def _bag_changes(rng: random.Random, spec: RandomSource, contents: Counter[Row]) -> RowDiffs:
     """Inserts of new rows and of duplicates (also twice in one transaction), deletes of one copy
     or of every copy of a row."""
     contents = Counter(contents)  # ops see each other's effect, the caller's state is untouched
-    changes: Changes = []
+    changes: RowDiffs = []
     for _ in range(rng.randint(1, 3)):
         present = list(contents)
         roll = rng.random()
@@ -116,7 +130,7 @@ def _bag_changes(rng: random.Random, spec: SourceSpec, contents: Counter[Row]) -
     return changes
 
 
-def random_transactions(rng: random.Random, specs: Sequence[SourceSpec], count: int
+def random_transactions(rng: random.Random, specs: Sequence[RandomSource], count: int
                         ) -> list[Transaction]:
     """`count` transactions: some empty, most changing several sources at once."""
     contents = {s.name: Counter[Row]() for s in specs}
@@ -253,7 +267,7 @@ class RandomDag:
     some columns of the others only (a join then pairs without them, txstream.engine.operators
     .join)."""
 
-    def __init__(self, rng: random.Random, specs: Sequence[SourceSpec], size: int,
+    def __init__(self, rng: random.Random, specs: Sequence[RandomSource], size: int,
                  every_output: bool = True) -> None:
         self.rng = rng
         self.pipeline = Pipeline()
@@ -459,7 +473,7 @@ class RandomDag:
 
 # --- the oracle -------------------------------------------------------------------------------
 
-def expected_tables(specs: Sequence[SourceSpec], views: Sequence[tuple[str, str]],
+def expected_tables(specs: Sequence[RandomSource], views: Sequence[tuple[str, str]],
                     outputs: Sequence[str], transactions: Sequence[Transaction]
                     ) -> list[dict[str, list[Row]]]:
     """For each transaction, every output recomputed by DuckDB from the integrated inputs.
@@ -514,21 +528,20 @@ def multiset_diff(got: Sequence[Row], want: Sequence[Row], limit: int = 8) -> st
 
 # --- running the engine -----------------------------------------------------------------------
 
-def engine_input(tables: Mapping[str, pa.Table]) -> dict[str, ChangeTable]:
-    """Arrow tables of changes (a table's columns, `time` and `diff`) as `Engine.process` takes
-    them, wrapped as they are: the workloads' are deliberately not consolidated, which the
-    engine must take (it consolidates its input)."""
-    return {name: ChangeTable.of(table) for name, table in tables.items()}
+def run(engine: Engine, inputs: Mapping[str, Changes]) -> dict[str, pa.Table]:
+    """`engine.process` of `inputs`: each output's changes, checked to be consolidated and
+    ordered (`Changes.validate`), as a table."""
+    return {name: out.validate().table for name, out in engine.process(inputs).items()}
 
 
 def process(engine: Engine, tables: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
-    """`engine.process` of `tables` (see `engine_input`): each output's changes, checked to be
-    consolidated and ordered (`Changes.validate`), as a table."""
-    return {name: out.validate().table
-            for name, out in engine.process(engine_input(tables)).items()}
+    """`run` of Arrow tables of changes (a table's columns, `time` and `diff`), wrapped as they
+    are (`Changes.of`): the workloads' are deliberately not consolidated, which the engine must
+    take (it consolidates its input)."""
+    return run(engine, {name: Changes.of(table) for name, table in tables.items()})
 
 
-def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[SourceSpec],
+def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[RandomSource],
                  outputs: Mapping[str, Columns], transactions: Sequence[Transaction],
                  expected: Sequence[Mapping[str, Sequence[Row]]], batch_size: int,
                  describe: Callable[[str], str], parallelism: int = 1) -> dict[str, list[Row]]:
@@ -565,13 +578,11 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
     streams: dict[str, list[Row]] = {name: [] for name in outputs}
     for first in range(1, len(transactions) + 1, batch_size):
         times = range(first, min(first + batch_size, len(transactions) + 1))
-        batch = {}
-        for s in specs:
-            changes = [(row, t, diff) for t in times
-                       for row, diff in transactions[t - 1].get(s.name, [])]
-            batch[s.name] = s.arrow([c[0] for c in changes], [c[1] for c in changes],
-                                    [c[2] for c in changes])
-        result = process(engine, batch)
+        result = run(engine, {
+            s.name: s.changes([(row, t, diff) for t in times
+                               for row, diff in transactions[t - 1].get(s.name, [])])
+            for s in specs
+        })
         assert engine.last_batch is not None
         rebound += engine.last_batch.rebound
         probed += engine.last_batch.indexes > 0
@@ -604,12 +615,12 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Source
 
 def _checked_batch(table: pa.Table, columns: Columns, times: range, where: str
                    ) -> list[tuple[Row, int, int]]:
-    want_schema = [(n, ColumnType.parse(t).arrow) for n, t in columns] + [("time", pa.int64()),
-                                                                ("diff", pa.int64())]
+    want_schema = [(n, ColumnType.parse(t).arrow) for n, t in columns] + [(TIME, pa.int64()),
+                                                                (DIFF, pa.int64())]
     got_schema = [(f.name, f.type) for f in table.schema]
     assert got_schema == want_schema, f"{where}: schema {got_schema}, expected {want_schema}"
     names = [n for n, _ in columns]
-    rows = [(tuple(rec[n] for n in names), rec["time"], rec["diff"])
+    rows = [(tuple(rec[n] for n in names), rec[TIME], rec[DIFF])
             for rec in table.to_pylist()]
     assert all(d != 0 for _, _, d in rows), f"{where}: a change with diff 0"
     dupes = [k for k, n in Counter((row, t) for row, t, _ in rows).items() if n > 1]

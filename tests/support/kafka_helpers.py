@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from txstream.changes import DIFF, TIME
@@ -151,17 +149,3 @@ def read_dead_letters(kafka: KafkaEndpoint, topic: str, n: int) -> list[dict[str
 def n_events(n: int) -> Any:
     return lambda ts: sum(sum(t.num_rows for t in x.changes.values()) for x in ts) >= n
 
-
-@pytest.fixture(name="dlq")
-def dlq_fixture(kafka: KafkaEndpoint) -> str:
-    name = f"dlq-{uuid.uuid4().hex[:10]}"
-    kafka.create_topic(name, 1)
-    return name
-
-
-@pytest.fixture(name="builders")
-def builders_fixture() -> Iterator[list[TransactionBuilder]]:
-    made: list[TransactionBuilder] = []
-    yield made
-    for b in made:
-        b.close()
