@@ -8,7 +8,9 @@ checkpoint store on the local disk. What is asserted is the runner's own rules:
   delivered, the failing one is raised, nothing after it runs;
 * under a backlog that holds a batch, compute waits for the batch to fill, at most the backlog
   wait (a clock the test moves);
-* a warm-up step under way is cut short by a transaction to compute.
+* a warm-up step under way is cut short by a transaction to compute;
+* once idle for `checkpoint_when_idle_s` (the test's clock), the last committed transaction is
+  checkpointed, once.
 
 No test sleeps: the input blocks in `poll` as Kafka's does, and the test waits on conditions."""
 
@@ -62,6 +64,7 @@ class MemoryInput:
         self._stats = IngestStats()
         self.waiting = 0  # records "not read yet", as a broker's fetches would report them
         self.committed: list[int] = []
+        self.polls = 0
         self.closed = False
 
     def add(self, *values: str) -> None:
@@ -79,6 +82,7 @@ class MemoryInput:
 
     def poll(self, timeout: float) -> TransactionBatch | None:
         with self._changed:
+            self.polls += 1
             if not self._added:
                 self._changed.wait(timeout)
             if not self._added:
@@ -134,8 +138,10 @@ class PassThrough:
     def process(self, changes: Mapping[str, Changes]) -> dict[str, Changes]:
         source = changes["s"]
         self.calls.append(sorted(set(source.times.to_pylist())))
+        latest = self._checkpoints.latest()  # the log before it is deleted with older ones
+        after = latest.transaction if latest is not None else 0
         self.logged_at_call.append(max(
-            (e.number for e in self._checkpoints.logged_after(0)), default=0))
+            (e.number for e in self._checkpoints.logged_after(after)), default=after))
         if POISON in source.table.column("v").to_pylist():
             raise ExpressionError(f"o: v = {POISON!r} cannot be computed")
         self._version += 1
@@ -202,6 +208,11 @@ class Runner(Background):
         super().__exit__(*exc)
         assert not self._thread.is_alive(), "the run did not stop"
         self.runner.close()
+
+    def checkpointed(self) -> tuple[int, int | None]:
+        """How many checkpoints were written, and the newest one's transaction."""
+        metrics = self.runner.metrics.checkpoint
+        return metrics.checkpoints, metrics.last_transaction
 
     def written(self) -> list[tuple[int, str]]:
         """The (time, v) of every change the file sink holds, in its order."""
@@ -300,6 +311,31 @@ def test_a_transaction_to_compute_cuts_a_warm_up_step_short(tmp_path: Path,
     assert warm_up.cancelled.is_set()
     assert run.engine.calls == [[1]]
     assert any("cut short by a batch to compute" in r.getMessage() for r in caplog.records)
+
+
+def test_an_idle_pipeline_checkpoints_its_last_committed_transaction_once(
+        tmp_path: Path) -> None:
+    clock = Clock()
+    with Runner(tmp_path, clock=clock, checkpoint_when_idle_s=2.0) as run:
+        run.input.add("a", "b")
+        run.wait("2 committed", lambda: run.input.committed == [1, 2])
+        clock.now += 1.9
+        run.input.add("c")
+        run.wait("3 committed", lambda: run.input.committed == [1, 2, 3])
+        clock.now += 1.9  # idle 1.9 s since #3, 3.8 s since #2
+        run.wait("a few idle loops", lambda: run.input.polls >= 10)
+        assert run.checkpointed() == (0, None), "idle for less than checkpoint_when_idle_s"
+        clock.now += 0.2
+        run.wait("the idle checkpoint", lambda: run.checkpointed() == (1, 3))
+        clock.now += 60
+        polls = run.input.polls
+        run.wait("a few idle loops more", lambda: run.input.polls >= polls + 10)
+        assert run.checkpointed() == (1, 3), "not again for the same transaction"
+        run.input.add("d")
+        run.wait("4 committed", lambda: run.input.committed == [1, 2, 3, 4])
+        clock.now += 2.0
+        run.wait("the next idle checkpoint", lambda: run.checkpointed() == (2, 4))
+    assert not run.runner.checkpoint(), "a stop after it has nothing left to checkpoint"
 
 
 def test_importing_the_runner_loads_neither_kafka_nor_spark() -> None:

@@ -217,6 +217,10 @@ class PipelineConfig(BaseModel):
     checkpoint_every_batches: int = Field(default=50, ge=1)
     # The longest time between two checkpoints (see `checkpoint_every_batches`).
     checkpoint_every_s: float = Field(default=300.0, gt=0)
+    # Once no batch has been committed for this many seconds, checkpoint the last committed
+    # transaction (once) if no checkpoint holds it: an idle pipeline's stop then has no final
+    # checkpoint to write and a restart nothing to replay. 0: only the two rules above.
+    checkpoint_when_idle_s: float = Field(default=2.0, ge=0)
     # Complete checkpoints kept in the location; older ones are deleted.
     checkpoints_kept: int = Field(default=2, ge=1)
     # SIGTERM: finish the current batch and checkpoint within this time, else exit without the

@@ -4,13 +4,17 @@ committed (in the background during a run, while later batches go on), and telli
 A checkpoint costs O(state), so it is not taken after every batch: after
 `checkpoint_every_batches` batches or `checkpoint_every_s` seconds since the last one,
 whichever comes first, one at a time (while one is written, later batches wait for the next
-occasion), and at a graceful stop."""
+occasion), and at a graceful stop. Once no batch has been committed for
+`checkpoint_when_idle_s`, the last committed transaction is checkpointed (once per
+transaction, failed or not) if no checkpoint holds it: the stop of an idle pipeline has nothing
+left to write."""
 
 from __future__ import annotations
 
 import logging
 import queue
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from txstream.schemas.config import PipelineConfig
@@ -33,7 +37,7 @@ class Checkpointing:
 
     def __init__(self, config: PipelineConfig, engine: Engine, store: CheckpointStore,
                  outputs: Outputs, metrics: CheckpointMetrics, crash: CrashPoints,
-                 checkpointed: int) -> None:
+                 checkpointed: int, clock: Callable[[], float] = time.monotonic) -> None:
         """`checkpointed`: the transaction of the checkpoint resumed from (0: none)."""
         self._config = config
         self._engine = engine
@@ -43,8 +47,16 @@ class Checkpointing:
         self._crash = crash
         self.checkpointed = checkpointed  # the newest checkpoint's transaction
         self._announced = checkpointed  # the newest checkpoint the sinks were told of
-        self._last_at = time.monotonic()
+        self._clock = clock
+        self._last_at = clock()
         self._batches_since = 0
+        # The last committed transaction, the engine's version as of it and when (set by the
+        # deliver stage), and the last one an idle checkpoint was queued for (each is tried
+        # once: a failing storage is retried after the next batch, not every few seconds while
+        # idle).
+        self._last_commit: tuple[int, EngineVersion | None, float] = (
+            checkpointed, None, self._last_at)
+        self._idle_tried = checkpointed
 
     def due(self, stages: Stages) -> bool:
         """Whether to checkpoint as of the batch being committed (counted in); if so, the
@@ -52,7 +64,7 @@ class Checkpointing:
         if stages.checkpointing.is_set():
             return False
         due = (self._batches_since + 1 >= self._config.checkpoint_every_batches
-               or time.monotonic() - self._last_at >= self._config.checkpoint_every_s)
+               or self._clock() - self._last_at >= self._config.checkpoint_every_s)
         if due:
             stages.checkpointing.set()
         return due
@@ -62,9 +74,27 @@ class Checkpointing:
         """A batch through transaction `number` is committed to every sink, with the source
         `state` as of it when a checkpoint was due: that checkpoint is queued."""
         self._batches_since += 1
+        self._last_commit = (number, version, self._clock())
         if state is not None:
             self._batches_since = 0
             stages.checkpoint_jobs.put((number, state, version))
+
+    def when_idle(self, stages: Stages, state: Callable[[], SourceState]) -> bool:
+        """Queue a checkpoint of the last committed transaction (`state()`: the source's state
+        as of it) if one is due while idle (see the module doc); call it from compute, which
+        alone starts batches, when no batch is ready. True if queued."""
+        number, version, at = self._last_commit
+        idle_s = self._config.checkpoint_when_idle_s
+        if (not idle_s or number in (self.checkpointed, self._idle_tried)
+                or self._clock() - at < idle_s or stages.checkpointing.is_set()
+                or not stages.idle()):
+            return False
+        # Nothing in flight: `number` is the last commit until compute takes another batch.
+        stages.checkpointing.set()
+        self._idle_tried = number
+        self._batches_since = 0
+        stages.checkpoint_jobs.put((number, state(), version))
+        return True
 
     def run(self, stages: Stages) -> None:
         """Write the queued checkpoints until every other stage is done (a stage's thread)."""
@@ -90,7 +120,7 @@ class Checkpointing:
     def save(self, number: int, state: SourceState, version: EngineVersion | None) -> None:
         """Write the checkpoint through transaction `number` (`version`: the engine's state
         as of it; None: its current one)."""
-        started = time.monotonic()
+        started = self._clock()
         prepared = self._store.prepare(number, state)
         self._engine.save_state(self._store.engine_uri(prepared), version)
         self._outputs.before_checkpoint(number)
@@ -99,10 +129,11 @@ class Checkpointing:
         self._outputs.check_writer()
         self._store.publish(prepared)
         self._crash.reached("checkpointed")
-        elapsed = time.monotonic() - started
         self.checkpointed = number
-        self._last_at = time.monotonic()
-        self._metrics.written(number, elapsed, at=self._last_at)
+        self._last_at = self._clock()
+        elapsed = self._last_at - started
+        # The metrics' age is read against the wall's monotonic clock, not the injected one.
+        self._metrics.written(number, elapsed, at=time.monotonic())
         log.info("checkpoint through transaction #%d in %.2fs (%s)", number, elapsed,
                  prepared.name)
 

@@ -124,7 +124,7 @@ class PipelineRunner:
         the checkpoint location's epoch itself (`CheckpointStore.take_epoch`). `warm_up`:
         begins the engine's warm-up, which the first `run` takes step by step while idle
         (`txstream.service.idle_warm_up`). `clock`: monotonic seconds, for the backlog wait,
-        the warm-up's quiet time and the progress reports."""
+        the warm-up's quiet time, when checkpoints are due and the progress reports."""
         self.config = config
         self.live = live
         self.engine = engine
@@ -165,7 +165,8 @@ class PipelineRunner:
             log.info("every sink is a PostgreSQL snapshot committed per batch: a batch of "
                      "several transactions is computed as one, their net change")
         self._checkpointing = Checkpointing(config, engine, checkpoints, self.outputs,
-                                            self.metrics.checkpoint, self._crash, checkpointed)
+                                            self.metrics.checkpoint, self._crash, checkpointed,
+                                            clock)
         self.input = self._retrying(_INPUT, lambda: open_input(
             resumed.state, resumed.replay,
             InputReports(self.metrics.source, self.readiness, _INPUT)))
@@ -209,6 +210,9 @@ class PipelineRunner:
                     self._warm_up.computed()
                 elif until is not None and stages.idle() and until(self):
                     break
+                elif self._checkpointing.when_idle(stages, lambda: stages.call_input(
+                        self.input, lambda source: source.state())):
+                    pass  # queued for the checkpoint stage; a warm-up step waits a loop
                 elif self._warm_up.wanted() and self._warm_up.idle(
                         stages.idle, lambda: stages.call_input(
                             self.input, lambda source: source.read_to_end())):
