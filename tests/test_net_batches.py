@@ -62,7 +62,8 @@ def test_snapshot_batches_are_netted_and_replays_net_the_same_groups(  # type: i
                             f"g-{topic_name}", tmp_path / "ck").model_copy(update={
         "transactions": BatchPolicy(max_events=25, max_delay_ms=200), "batch_transactions": 8,
         # No checkpoint before the stop: the second start replays every logged transaction.
-        "checkpoint_every_batches": 10_000, "checkpoint_every_s": 3_600.0})
+        "checkpoint_every_batches": 10_000, "checkpoint_every_s": 3_600.0,
+        "checkpoint_when_idle_s": 0.0})
     assert config.nets_batches
     producer = OrderProducer(kafka.bootstrap_servers, topics)
     producer.send(1_000)

@@ -61,7 +61,9 @@ def test_a_shutdown_outlasting_its_timeout_exits_3_and_says_what_it_did_not_chec
     producer.send(300)
     port = free_port()
     config = write_config(tmp_path / "pipeline.yaml", topics, pg_schema, f"g-{topic_name}",
-                          tmp_path / "ck", port, shutdown_timeout_s=0.001)
+                          tmp_path / "ck", port, shutdown_timeout_s=0.001,
+                          # No checkpoint while idle either: the stop has one to write.
+                          checkpoint_when_idle_s=0)
     service = ServiceProcess(config, {"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
                                       "DATABASE_URL": postgres.url}, tmp_path / "run.log")
     body = service.wait_for_metrics(

@@ -170,6 +170,9 @@ def _serve(args: argparse.Namespace, config: PipelineConfig, runner: PipelineRun
             return 0
         if runner.checkpoint():
             log.info("final checkpoint through #%d", runner.metrics.delivery.last_transaction)
+        else:
+            log.info("no final checkpoint to write: the last one holds every committed "
+                     "transaction (#%s)", runner.metrics.checkpoint.last_transaction)
         print(runner.metrics.line(), flush=True)
     finally:
         if live is not None:
