@@ -213,7 +213,8 @@ def scale(results: dict[str, Document]) -> Figure | None:
 
 def startup(results: dict[str, Document]) -> Figure | None:
     document = results.get("startup", {})
-    lives = [name for name in ("cold_start", "restart", "after_kill_9") if name in document]
+    lives = [name for name in ("cold_start", "restart", "after_kill_9", "stop_when_idle")
+             if name in document]
     if not lives:
         return None
     fig, ax = plt.subplots(figsize=(9, 3.8))

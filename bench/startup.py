@@ -26,13 +26,18 @@ spawned:
 Lives, all with one consumer group and one checkpoint directory:
 
 * `cold_start`: no checkpoint, empty tables; stopped with SIGTERM once caught up (it writes a
-  final checkpoint; `sigterm_exit_s` is the time from the signal to the exit).
+  final checkpoint; `sigterm_exit_s` is the time from the signal to the exit,
+  `final_checkpoint_s` the checkpoint's own time as the service logs it, null when the stop
+  wrote none).
 * `restart`: a new backlog, then the service started again: it restores that checkpoint.
   Stopped with SIGTERM once caught up.
 * `after_kill_9`: a new backlog; the service is started, killed with SIGKILL as soon as the
   progress row has moved past where it was (`killed`), and, after one more backlog, started
   again: it restores the checkpoint of the previous SIGTERM and replays the transactions the
   killed life had logged (those already in PostgreSQL change nothing there), then goes on.
+* `stop_when_idle`: a new backlog, started again, caught up, then left idle for `--idle-s`
+  before the SIGTERM: the service checkpoints an idle pipeline by itself
+  (`checkpoint_when_idle_s`), so that such a stop has no final checkpoint to write.
 
 Each life also reports `backlog_events` (events beyond the progress row's offsets at the spawn)
 and `transactions` (the progress row's transaction at the spawn and once caught up).
@@ -42,7 +47,8 @@ is what is measured.
 Prints one JSON object. Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set, else starts
 the embedded broker and a throwaway PostgreSQL.
 
-    flock /tmp/spark.lock .venv/bin/python bench/startup.py [--events 20000] [--timeout 900]
+    flock /tmp/spark.lock .venv/bin/python bench/startup.py [--events 20000] [--timeout 900] \
+        [--idle-s 5]
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ SPARK_MARKER = "Spark session started in"
 FALLBACK_MARKER = "engine parallelism"
 # The service's own measure of its warm-up, part of `first_commit_after_spark_s`.
 WARM_UP_LINE = re.compile(r"engine warmed up in ([0-9.]+) s")
+# txstream.service.checkpointing's line for every checkpoint written.
+CHECKPOINT_LINE = re.compile(r"checkpoint through transaction #\d+ in ([0-9.]+)s")
 POLL_S = 0.05
 CUSTOMERS = 200
 # (topic, partition) -> end offset (the next offset a producer would write).
@@ -173,6 +181,8 @@ class Service:
         self.log_path = log_path
         self._marks: dict[str, float] = {}
         self.warm_up_s: float | None = None
+        self._checkpoints: list[tuple[float, float]] = []  # (when logged, seconds it took)
+        self.final_checkpoint_s: float | None = None  # set by `stop`
         self.spawned = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "txstream.service.cli", "run", str(config)],
@@ -194,6 +204,8 @@ class Service:
                         self._marks.setdefault(marker, now)
                 if (warm_up := WARM_UP_LINE.search(line)) is not None:
                     self.warm_up_s = float(warm_up.group(1))
+                if (checkpoint := CHECKPOINT_LINE.search(line)) is not None:
+                    self._checkpoints.append((now, float(checkpoint.group(1))))
 
     def spark_start(self) -> tuple[str, float] | None:
         """(marker, seconds from the spawn) of the Spark session's start, if logged yet."""
@@ -237,8 +249,8 @@ class Service:
         _wait_gone(jvm)
 
     def stop(self, timeout: float = 90) -> float:
-        """SIGTERM; seconds until the process exits (after its final checkpoint). Returns once
-        its JVM is gone too, like `kill_9`."""
+        """SIGTERM; seconds until the process exits (after its final checkpoint, whose own time
+        is then `final_checkpoint_s`). Returns once its JVM is gone too, like `kill_9`."""
         jvm = self.children()
         sent = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
@@ -253,6 +265,8 @@ class Service:
         if code != 0:
             raise SystemExit(f"txstream run exited {code} after SIGTERM:\n{self.tail()}")
         _wait_gone(jvm)
+        after = [seconds for logged, seconds in self._checkpoints if logged >= sent]
+        self.final_checkpoint_s = after[-1] if after else None
         return exited
 
     def tail(self, chars: int = 4000) -> str:
@@ -334,8 +348,8 @@ def measure(service: Service, progress: ProgressReader, before: Progress | None,
             "transactions": {"at_spawn": was, "caught_up": last.transaction}}
 
 
-def run(kafka: KafkaEndpoint, url: str, events_per_life: int, timeout: float, work: Path
-        ) -> dict[str, Any]:
+def run(kafka: KafkaEndpoint, url: str, events_per_life: int, timeout: float, idle_s: float,
+        work: Path) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:8]
     topics = {"customers": f"bench-customers-{run_id}", "orders": f"bench-orders-{run_id}"}
     backlog = Backlog(kafka.bootstrap_servers, topics, seed=11)
@@ -358,12 +372,16 @@ def run(kafka: KafkaEndpoint, url: str, events_per_life: int, timeout: float, wo
         at_spawn, ckpt = progress.read(), checkpoint_transaction(checkpoints / group)
         return Service(config, env, log_path), at_spawn, ckpt
 
-    def caught_up_life(name: str) -> dict[str, Any]:
+    def caught_up_life(name: str, idle: float = 0.0) -> dict[str, Any]:
         ends = backlog.produce(events_per_life)
         service, at_spawn, ckpt = life(name)
         result = measure(service, progress, at_spawn, ends, timeout)
         result["checkpoint_transaction_at_spawn"] = ckpt
+        if idle:
+            time.sleep(idle)
+            result["idle_before_sigterm_s"] = idle
         result["sigterm_exit_s"] = service.stop()
+        result["final_checkpoint_s"] = service.final_checkpoint_s
         return result
 
     try:
@@ -388,6 +406,7 @@ def run(kafka: KafkaEndpoint, url: str, events_per_life: int, timeout: float, wo
         # left (with small backlogs its first commit may already have covered all of it).
         report["after_kill_9"] = caught_up_life("after_kill_9")
         report["after_kill_9"]["killed"] = killed
+        report["stop_when_idle"] = caught_up_life("stop_when_idle", idle_s)
         return report
     finally:
         progress.close()
@@ -398,6 +417,8 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=20_000, help="events per backlog")
     parser.add_argument("--timeout", type=float, default=900,
                         help="seconds a life may take to catch up")
+    parser.add_argument("--idle-s", type=float, default=5.0,
+                        help="seconds the last life stays idle before its SIGTERM")
     parser.add_argument("--log", type=Path, help="keep the service's log (every life) here")
     args = parser.parse_args()
     load_start = os.getloadavg()
@@ -406,7 +427,8 @@ if __name__ == "__main__":
     try:
         with tempfile.TemporaryDirectory(prefix="txstream-bench-startup-") as work:
             try:
-                lives = run(kafka, postgres.url, args.events, args.timeout, Path(work))
+                lives = run(kafka, postgres.url, args.events, args.timeout, args.idle_s,
+                            Path(work))
             finally:
                 if args.log is not None and (Path(work) / "txstream.log").exists():
                     shutil.copyfile(Path(work) / "txstream.log", args.log)
