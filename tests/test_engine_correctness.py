@@ -22,12 +22,9 @@ from support.engine_oracle import (
     Row,
     Transaction,
     apply_changes,
-    check_engine,
-    expected_tables,
-    multiset_diff,
+    check_at_every_size,
     process,
     random_transactions,
-    same_multiset,
 )
 
 from txstream.engine import Engine, Pipeline, PipelineDefinitionError, Table
@@ -115,29 +112,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         ])
 
 
-def _check(spark: SparkSession, pipeline: Pipeline, specs: tuple[RandomSource, ...],
-           outputs: dict[str, Columns], views: tuple[tuple[str, str], ...],
-           transactions: list[Transaction], sizes: tuple[int, ...],
-           describe: Callable[[str], str], parallelism: int) -> None:
-    """Every output after every transaction against DuckDB, at each batch size; and the same
-    output stream at every batch size."""
-    expected = expected_tables(specs, views, list(outputs), transactions)
-    streams = {
-        size: check_engine(spark, pipeline, specs, outputs, transactions, expected,
-                           size or len(transactions), describe, parallelism)
-        for size in sizes
-    }
-    first, *others = sizes
-    for size in others:
-        for name in outputs:
-            got, want = streams[size][name], streams[first][name]
-            assert same_multiset(got, want), (
-                f"output {name}: the stream at batch size {size or 'all'} differs from the one "
-                f"at batch size {first or 'all'} as (time, diff, *row):\n"
-                f"{multiset_diff(got, want)}\n{describe(name)}"
-            )
-
-
 def _show(transactions: list[Transaction]) -> str:
     return "\n".join(f"  t={t}: {tx}" for t, tx in enumerate(transactions, 1))
 
@@ -153,8 +127,8 @@ def _check_random_dag(spark: SparkSession, seed: int, sizes: tuple[int, ...],
 
     views = tuple((rel.name, rel.sql) for rel in dag.rels if rel.sql is not None)
     outputs = {rel.name: rel.columns for rel in dag.outputs}
-    _check(spark, dag.pipeline, SOURCES, outputs, views, transactions, sizes, describe,
-           parallelism)
+    check_at_every_size(spark, dag.pipeline, SOURCES, outputs, views, transactions, sizes,
+                        describe, parallelism)
 
 
 def test_random_dag(spark: SparkSession, seed: int, sizes: tuple[int, ...], parallelism: int
@@ -190,8 +164,8 @@ def test_example_pipeline(spark: SparkSession, seed: int, sizes: tuple[int, ...]
     def describe(name: str) -> str:
         return f"seed {seed}, txstream/examples/orders.py, transactions:\n{_show(transactions)}"
 
-    _check(spark, orders_pipeline(), EXAMPLE_SOURCES, EXAMPLE_OUTPUTS, EXAMPLE_VIEWS,
-           transactions, sizes, describe, parallelism)
+    check_at_every_size(spark, orders_pipeline(), EXAMPLE_SOURCES, EXAMPLE_OUTPUTS,
+                        EXAMPLE_VIEWS, transactions, sizes, describe, parallelism)
 
 
 def _features(specs: tuple[RandomSource, ...], transactions: list[Transaction]) -> set[str]:

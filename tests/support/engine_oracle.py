@@ -481,6 +481,7 @@ def expected_tables(specs: Sequence[RandomSource], views: Sequence[tuple[str, st
     `views` are (name, SQL) in dependency order; sources are registered under their names."""
     con = duckdb.connect()
     con.execute("SET threads TO 1")  # the machine is shared; these tables are tiny
+    con.execute("SET TimeZone = 'UTC'")  # timestamps as the engine gives them
     contents = {s.name: Counter[Row]() for s in specs}
     for s in specs:
         con.register(s.name, s.arrow([]))  # views are bound when created
@@ -611,6 +612,30 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Random
     if 1 < batch_size < len(transactions):
         assert probed > 0, "no batch probed an index"
     return streams
+
+
+def check_at_every_size(spark: SparkSession, pipeline: Pipeline, specs: tuple[RandomSource, ...],
+           outputs: dict[str, Columns], views: tuple[tuple[str, str], ...],
+           transactions: list[Transaction], sizes: tuple[int, ...],
+           describe: Callable[[str], str], parallelism: int) -> None:
+    """Every output after every transaction against DuckDB (`views`: (name, SQL) in dependency
+    order), at each batch size (0: all transactions in one batch); and the same output stream
+    at every batch size."""
+    expected = expected_tables(specs, views, list(outputs), transactions)
+    streams = {
+        size: check_engine(spark, pipeline, specs, outputs, transactions, expected,
+                           size or len(transactions), describe, parallelism)
+        for size in sizes
+    }
+    first, *others = sizes
+    for size in others:
+        for name in outputs:
+            got, want = streams[size][name], streams[first][name]
+            assert same_multiset(got, want), (
+                f"output {name}: the stream at batch size {size or 'all'} differs from the one "
+                f"at batch size {first or 'all'} as (time, diff, *row):\n"
+                f"{multiset_diff(got, want)}\n{describe(name)}"
+            )
 
 
 def _checked_batch(table: pa.Table, columns: Columns, times: range, where: str
