@@ -119,16 +119,31 @@ class SelectOp(Operator):
     node: SelectNode
     reads_unconsolidated = True
 
+    @cached_property
+    def _pairs(self) -> list[tuple[str, str]]:
+        """(output name, expression) of every output column: with `keep_input`, the input's
+        columns first."""
+        pairs = list(self.node.exprs)
+        if not self.node.keep_input:
+            return pairs
+        kept = self.input_schemas[0].names
+        clash = sorted(set(kept) & {name for name, _ in pairs})
+        if clash:
+            raise PipelineDefinitionError(
+                f"{self.node.label}: column(s) {', '.join(clash)} already in its input; rename "
+                "them with select first")
+        return [(name, f"`{name}`") for name in kept] + pairs
+
     def _exprs(self) -> list[str]:
-        return [f"{expr} AS `{name}`" for name, expr in self.node.exprs]
+        return [f"{expr} AS `{name}`" for name, expr in self._pairs]
 
     def expressions(self) -> list[str]:
-        return [expr for _, expr in self.node.exprs]
+        return [expr for _, expr in self._pairs]
 
     @cached_property
     def _plain(self) -> frozenset[str]:
         """The input's columns selected as they are."""
-        return frozenset(name for name, expr in self.node.exprs if expr == f"`{name}`")
+        return frozenset(name for name, expr in self._pairs if expr == f"`{name}`")
 
     def key(self, inputs: Sequence[Key]) -> Key:
         """The input's key, when every column of it is selected as it is."""
@@ -143,7 +158,7 @@ class SelectOp(Operator):
             frame = self._empty(self.input_schemas[0]).selectExpr(*self._exprs())
         except Exception as exc:  # analysis and parse errors, as pyspark exceptions
             raise PipelineDefinitionError(f"{self.node.label}: {first_line(exc)}") from exc
-        check_row_wise(self.node, frame, [e for _, e in self.node.exprs], "Project")
+        check_row_wise(self.node, frame, self.expressions(), "Project")
         exprs = analyzed(frame).projectList()
         # Per output column, the input columns its expression reads (see `reads`).
         self._reads = {e.name(): column_names(e)
