@@ -2,7 +2,7 @@
 
 A pipeline is written against this module alone::
 
-    from txstream import Pipeline, TableSchema, reducers as r
+    from txstream import Pipeline, TableSchema, reducers as r, temporal as t
 
 The names below are imported on first use (PEP 562), so a subscriber that only imports
 `txstream.client` or `txstream.updates` does not load Spark. The code map of the subpackages
@@ -15,13 +15,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from txstream.engine import reducers
+    from txstream.engine import reducers, temporal
     from txstream.engine.errors import PipelineDefinitionError
     from txstream.engine.table import GroupedTable, Pipeline, Table
     from txstream.schemas.tables import TableSchema
 
 __all__ = ["GroupedTable", "Pipeline", "PipelineDefinitionError", "Table", "TableSchema",
-           "reducers"]
+           "reducers", "temporal"]
 
 _HOMES = {"GroupedTable": "txstream.engine.table", "Pipeline": "txstream.engine.table",
           "Table": "txstream.engine.table", "PipelineDefinitionError": "txstream.engine.errors",
@@ -29,8 +29,8 @@ _HOMES = {"GroupedTable": "txstream.engine.table", "Pipeline": "txstream.engine.
 
 
 def __getattr__(name: str) -> Any:
-    if name == "reducers":
-        return importlib.import_module("txstream.engine.reducers")
+    if name in ("reducers", "temporal"):
+        return importlib.import_module(f"txstream.engine.{name}")
     if name in _HOMES:
         return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'txstream' has no attribute {name!r}")

@@ -4,6 +4,7 @@ DataFrames carrying `time` and `diff`.
 Defining a pipeline (no Spark job):
     table              the Table API: Pipeline, Table, GroupedTable, a DAG of immutable nodes
     reducers           count, sum, avg, min, max, count_distinct for groupby(...).reduce(...)
+    temporal           event-time windows (tumbling, sliding) for windowby(...).reduce(...)
     exact_sums         exact sums of decimals and doubles, kept as two longs
     errors             what a bad definition, a bad input, a saved state or an expression raises
 Compiling it and running its batches:
@@ -50,7 +51,7 @@ from txstream.engine.errors import (
 )
 
 if TYPE_CHECKING:
-    from txstream.engine import reducers
+    from txstream.engine import reducers, temporal
     from txstream.engine.compiled import OutputTable
     from txstream.engine.engine import Engine, EngineVersion
     from txstream.engine.table import GroupedTable, Pipeline, Table
@@ -58,7 +59,8 @@ if TYPE_CHECKING:
 # Imported on first use, not with the package: they load Spark, which a module that needs only
 # the engine's errors (the service's runner) must not.
 _LAZY = {"Engine": "engine", "EngineVersion": "engine", "OutputTable": "compiled",
-         "GroupedTable": "table", "Pipeline": "table", "Table": "table", "reducers": None}
+         "GroupedTable": "table", "Pipeline": "table", "Table": "table", "reducers": None,
+         "temporal": None}
 
 
 def __getattr__(name: str) -> Any:
@@ -83,4 +85,5 @@ __all__ = [
     "PipelineDefinitionError",
     "Table",
     "reducers",
+    "temporal",
 ]

@@ -21,6 +21,7 @@ from typing import Literal
 
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.reducers import Reducer
+from txstream.engine.temporal import WINDOW_END, WINDOW_START, Sliding
 from txstream.schemas.tables import TableSchema
 
 JoinHow = Literal["inner", "left", "right", "outer"]
@@ -45,6 +46,9 @@ class SourceNode(Node):
 @dataclass(frozen=True, eq=False)
 class SelectNode(Node):
     exprs: tuple[tuple[str, str], ...] = ()  # (output name, Spark SQL expression)
+    # The input's columns first, as they are, then `exprs` (new names only): a row-wise
+    # extension of a table whose columns the definition does not know (window bounds).
+    keep_input: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,6 +184,32 @@ class Table:
                 f"groupby on {self.node.label} needs at least one column"
             )
         return GroupedTable(self, tuple(keys))
+
+    def windowby(self, time: str, *, window: Sliding,
+                 instance: str | Sequence[str] = ()) -> GroupedTable:
+        """Group by `instance` (columns) and the event-time windows of `window`
+        (`txstream.temporal`'s `tumbling` or `sliding`) the column `time` falls in;
+        `.reduce(...)` gives `*instance, window_start, window_end` and the reducers. A row
+        becomes a row of each of its windows (a select and a filter per hop back, concatenated):
+        row-wise, so the reduce after it is exact as any reduce is (see
+        `txstream.engine.temporal`)."""
+        if not isinstance(window, Sliding):
+            raise PipelineDefinitionError(
+                f"windowby on {self.node.label}: window={window!r} is not a window (use "
+                "txstream.temporal.tumbling or sliding)")
+        keys = (instance,) if isinstance(instance, str) else tuple(instance)
+        quoted = f"`{time}`"
+        label = f"{window.describe()} windows of {self.node.label} by {time}"
+        parts = []
+        for back in range(window.windows_per_row):
+            start, end = window.bounds(quoted, back)
+            bounded = SelectNode(f"{label}: bounds {back} hop(s) back", (self.node,),
+                                 exprs=((WINDOW_START, start), (WINDOW_END, end)),
+                                 keep_input=True)
+            parts.append(FilterNode(f"{label}: rows {back} hop(s) back", (bounded,),
+                                    predicate=window.holds(quoted)))
+        windowed = parts[0] if len(parts) == 1 else ConcatNode(label, tuple(parts))
+        return GroupedTable(self._derive(windowed), (*keys, WINDOW_START, WINDOW_END))
 
     def concat(self, *others: Table) -> Table:
         """Union all: the same columns (names and types, in order) on every side."""

@@ -1,0 +1,150 @@
+"""Event-time windows: `Table.windowby(time, window=tumbling(...) | sliding(...), instance=...)`,
+then an ordinary `reduce`, with Pathway's names and meanings (`pathway.stdlib.temporal`).
+
+    views.windowby("ts", window=t.tumbling(timedelta(minutes=1)), instance="user_id")
+         .reduce(views=r.count())
+    # -> user_id, window_start, window_end, views
+
+The rule: a window is a group key. `sliding(hop, duration, origin)` gives a row with event time
+`ts` every window `[start, start + duration)` with `start = origin + k * hop` (k any integer)
+and `start <= ts < start + duration`: half-open, so a row on a boundary belongs to the window it
+starts. `tumbling(duration, origin)` is `sliding(duration, duration, origin)`: exactly one
+window per row. Assigning windows is row-wise (each row of a change becomes a change of each
+of its windows, with the same time and diff), so the windowed table is a composition of
+select, filter and concat, and the reduce after it is the engine's own: no new delta rule, and
+exact at every batch size and parallelism by construction.
+
+Types follow the time column's, as in Pathway: `timedelta` durations (and a `datetime`
+origin, naive meaning UTC) for a `timestamp` column, numbers for a numeric one. The origin
+defaults to Pathway's: 1973-01-01 00:00 UTC for timestamps (a Monday, so week windows start
+on Mondays), 0 for numbers. An origin given explicitly also drops the windows that start before
+it, as Pathway's does. A row whose time is null is in no window.
+
+Not yet: temporal behaviors (`common_behavior`, `exactly_once_behavior`: when a window is
+emitted, closed and forgotten), session windows, as-of joins and now(). Without a behavior a
+window's group lives as long as any group of an ordinary `groupby`: its state is never dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from txstream.engine.errors import PipelineDefinitionError
+
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+# Pathway's origin for datetimes: a Monday, so that week windows start on Mondays.
+_DEFAULT_ORIGIN = datetime(1973, 1, 1, tzinfo=UTC)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+Length = timedelta | int | float
+Origin = datetime | int | float
+
+
+@dataclass(frozen=True)
+class Sliding:
+    """Windows `[origin + k * hop, origin + k * hop + duration)` for every integer k (see the
+    module doc); build with `sliding` or `tumbling`."""
+
+    hop: Length
+    duration: Length
+    origin: Origin | None = None
+
+    def __post_init__(self) -> None:
+        lengths = (self.hop, self.duration)
+        timed = [isinstance(x, timedelta) for x in lengths]
+        if any(timed) and not all(timed):
+            raise PipelineDefinitionError(
+                f"window hop {self.hop!r} and duration {self.duration!r}: both timedelta (a "
+                "timestamp column) or both numbers (a numeric one)")
+        if any(isinstance(x, bool) or not isinstance(x, timedelta | int | float)
+               for x in lengths):
+            raise PipelineDefinitionError(
+                f"window hop {self.hop!r} and duration {self.duration!r} must be timedelta or "
+                "numbers")
+        if not all(_positive(x) for x in lengths):
+            raise PipelineDefinitionError(
+                f"window hop {self.hop!r} and duration {self.duration!r} must be positive")
+        if self.origin is not None and isinstance(self.origin, datetime) != all(timed):
+            raise PipelineDefinitionError(
+                f"window origin {self.origin!r}: a datetime with timedelta lengths, a number "
+                "with numeric ones")
+
+    @property
+    def timed(self) -> bool:
+        """Whether the windows are over a timestamp column (timedelta lengths)."""
+        return isinstance(self.hop, timedelta)
+
+    @property
+    def windows_per_row(self) -> int:
+        """The most windows one row can be in: ceil(duration / hop)."""
+        return math.ceil(_number(self.duration) / _number(self.hop))
+
+    def describe(self) -> str:
+        """The window as a pipeline author wrote it, for labels and messages."""
+        if self.hop == self.duration:
+            shown = f"tumbling({self.duration}"
+        else:
+            shown = f"sliding(hop={self.hop}, duration={self.duration}"
+        return shown + (f", origin={self.origin})" if self.origin is not None else ")")
+
+    def bounds(self, time: str, back: int) -> tuple[str, str]:
+        """Spark SQL of the start and end of the window `back` hops before the latest one that
+        starts at or before the time column `time` (quoted)."""
+        if self.timed:
+            assert isinstance(self.hop, timedelta) and isinstance(self.duration, timedelta)
+            origin = self.origin if self.origin is not None else _DEFAULT_ORIGIN
+            assert isinstance(origin, datetime)
+            at, hop, offset = f"unix_micros({time})", _micros(self.hop), _origin_micros(origin)
+            # pmod is never negative: the start is the latest window start at or before `at`,
+            # in exact integer arithmetic (microseconds), whichever side of the origin.
+            start = f"({at} - pmod({at} - {offset}, {hop}) - {back * hop})"
+            return (f"timestamp_micros({start})",
+                    f"timestamp_micros({start} + {_micros(self.duration)})")
+        origin = self.origin if self.origin is not None else 0
+        start = f"({time} - pmod({time} - {origin!r}, {self.hop!r}) - {back * self.hop!r})"
+        return start, f"({start} + {self.duration!r})"
+
+    def holds(self, time: str) -> str:
+        """Spark SQL: whether the window of a row (its columns `window_start`, `window_end`)
+        holds the row's time column `time` (quoted): the end is exclusive, and an explicit
+        origin drops the windows that start before it."""
+        held = f"{time} < `{WINDOW_END}`"
+        if isinstance(self.origin, datetime):
+            return held + f" AND `{WINDOW_START}` >= timestamp_micros(" \
+                f"{_origin_micros(self.origin)})"
+        if self.origin is not None:
+            return held + f" AND `{WINDOW_START}` >= {self.origin!r}"
+        return held
+
+
+def sliding(hop: Length, duration: Length, origin: Origin | None = None) -> Sliding:
+    """Windows of `duration` starting every `hop` (overlapping when hop < duration, with gaps
+    when hop > duration): Pathway's `sliding(hop, duration, origin)`."""
+    return Sliding(hop, duration, origin)
+
+
+def tumbling(duration: Length, origin: Origin | None = None) -> Sliding:
+    """Consecutive windows of `duration`, one per row: Pathway's `tumbling(duration, origin)`."""
+    return Sliding(duration, duration, origin)
+
+
+
+
+def _positive(length: Length) -> bool:
+    return length > timedelta(0) if isinstance(length, timedelta) else length > 0
+
+
+def _number(length: Length) -> float:
+    return length / timedelta(microseconds=1) if isinstance(length, timedelta) else length
+
+
+def _micros(length: timedelta) -> int:
+    return length // timedelta(microseconds=1)
+
+
+def _origin_micros(origin: datetime) -> int:
+    aware = origin if origin.tzinfo is not None else origin.replace(tzinfo=UTC)
+    return _micros(aware - _EPOCH)
