@@ -9,6 +9,8 @@ group keys, without temporal behaviors.
   order) against DuckDB recomputing every window from scratch after every transaction, with
   numeric and timestamp time columns, overlapping windows, windows with gaps between them and
   an explicit origin, at batch sizes 1, 7 and all and at parallelism 1 and 2;
+* the same random transactions through Pathway 0.33 itself (`tests/support/pathway_peer.py`,
+  its own virtualenv), one Pathway time per transaction: the same update streams;
 * definition errors that name what to fix.
 """
 
@@ -18,6 +20,7 @@ import math
 import random
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -28,6 +31,7 @@ from support.engine_oracle import (
     check_at_every_size,
     random_transactions,
 )
+from support.pathway_peer import windows_streams
 
 from txstream import Pipeline, PipelineDefinitionError, Table, TableSchema
 from txstream import reducers as r
@@ -266,3 +270,41 @@ def test_window_bounds_are_whole_hops_from_the_origin() -> None:
     assert t.sliding(hop=5, duration=3).windows_per_row == 1
     assert t.tumbling(timedelta(minutes=1)).describe() == "tumbling(0:01:00)"
     assert t.tumbling(4, origin=2).describe() == "tumbling(4, origin=2)"
+
+
+# --- Pathway itself on the same changes --------------------------------------------------------
+
+PEER_WINDOWS: dict[str, tuple[t.Sliding, bool]] = {
+    "tumbling": (t.tumbling(5), True),
+    "sliding": (t.sliding(hop=3, duration=7), False),
+    "gaps": (t.sliding(hop=5, duration=3), True),
+    "origin": (t.tumbling(4, origin=3), True),
+}
+
+
+@pytest.mark.parametrize(("seed", "size", "parallelism"), [(11, 1, 1), (12, 7, 2)])
+def test_windows_give_pathways_update_streams(spark: SparkSession, tmp_path: Path, seed: int,
+                                              size: int, parallelism: int) -> None:
+    """Random transactions (inserts, updates, deletes, times out of order and below the origin)
+    through Pathway 0.33's windowby in its own virtualenv, one Pathway time per transaction,
+    and through txstream in batches: the same diffs at the same transactions."""
+    transactions = random_transactions(random.Random(seed), (NUMBERS,), 30)
+    changes = [(row, number, diff) for number, tx in enumerate(transactions, 1)
+               for row, diff in tx.get(NUMBERS.name, [])]
+    p = Pipeline()
+    events = p.source("s", NUMBERS.schema)
+    for name, (window, instance) in PEER_WINDOWS.items():
+        p.output(name, events.windowby("ts", window=window,
+                                       instance="user_id" if instance else ())
+                 .reduce(n=r.count(), s=r.sum("v")))
+    want = windows_streams(
+        [(*row, number, diff) for row, number, diff in changes],
+        {name: {"kind": "tumbling" if window.hop == window.duration else "sliding",
+                "hop": window.hop, "duration": window.duration, "origin": window.origin,
+                "instance": instance} for name, (window, instance) in PEER_WINDOWS.items()},
+        tmp_path)
+    for name in PEER_WINDOWS:
+        assert any(row[-1] < 0 for row in want[name]), f"{name}: Pathway retracted nothing"
+        got = _stream(spark, p, _in_batches(changes, size), output=name,
+                      parallelism=parallelism)
+        assert got == [tuple(row) for row in want[name]], f"{name}: seed {seed}"

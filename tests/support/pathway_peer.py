@@ -1,0 +1,68 @@
+"""Pathway 0.33 itself as an oracle: its own virtualenv (made on first use, as the benchmarks'
+is: `~/.cache/txstream/peers/pathway-venv`), and a program run there that puts the same changes
+through Pathway's `windowby` and prints the update streams (`tests/support/pathway_windows.py`).
+
+One Pathway time per transaction: transaction N is Pathway time 2N (Pathway's times of input
+are even), so an update stream maps back exactly, time by time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+PIN = "pathway==0.33.0"
+VENV = Path.home() / ".cache" / "txstream" / "peers" / "pathway-venv"
+PROGRAM = Path(__file__).with_name("pathway_windows.py")
+
+
+def _version(python: Path) -> str | None:
+    if not python.exists():
+        return None
+    probe = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
+                            "print(m.version('pathway'))"], capture_output=True, text=True)
+    return probe.stdout.strip() if probe.returncode == 0 else None
+
+
+def pathway_python() -> Path:
+    """The interpreter of a virtualenv with Pathway at `PIN`, installed from PyPI if missing
+    (a minute or two, once per machine)."""
+    python = VENV / "bin" / "python"
+    want = PIN.split("==")[1]
+    if _version(python) != want:
+        if not python.exists():
+            VENV.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        pip = subprocess.run([str(python), "-m", "pip", "install", "--quiet",
+                              "--disable-pip-version-check", PIN], capture_output=True,
+                             text=True)
+        assert pip.returncode == 0, f"pip install {PIN} into {VENV} failed:\n{pip.stderr}"
+    assert _version(python) == want, f"{PIN} is not importable in {VENV}"
+    return python
+
+
+def windows_streams(rows: Sequence[tuple[Any, ...]], windows: dict[str, dict[str, Any]],
+                    work: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Pathway's update stream of each window reduce of `windows` (name -> `kind` "tumbling" or
+    "sliding", `hop`, `duration`, `origin` or None, `instance` bool) over the changes `rows`
+    (id, user_id, ts, v, transaction, diff): per name, (*row, transaction, diff) consolidated and
+    sorted as the engine's are compared."""
+    spec = work / "pathway-input.json"
+    out = work / "pathway-output.json"
+    spec.write_text(json.dumps({"rows": [list(r) for r in rows], "windows": windows}))
+    run = subprocess.run([str(pathway_python()), str(PROGRAM), str(spec), str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"Pathway failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    streams = {}
+    for name, changes in json.loads(out.read_text()).items():
+        net: Counter[tuple[Any, ...]] = Counter()
+        for *row, time, diff in changes:
+            net[(*row, time // 2)] += diff
+        streams[name] = sorted(((*key, diff) for key, diff in net.items() if diff),
+                               key=lambda r: (r[-2], r[:-2], r[-1]))
+    return streams
