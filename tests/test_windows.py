@@ -32,6 +32,15 @@ from support.engine_oracle import (
     random_transactions,
 )
 from support.pathway_peer import windows_streams
+from support.pathway_streams import (
+    TUMBLING_ROWS,
+    TUMBLING_STREAMS,
+    TUMBLING_TIMES,
+    TUTORIAL,
+    TUTORIAL_STREAMS,
+    TUTORIAL_TIMES,
+    parse,
+)
 
 from txstream import Pipeline, PipelineDefinitionError, Table, TableSchema
 from txstream import reducers as r
@@ -68,32 +77,6 @@ def _in_batches(changes: list[tuple[tuple, int, int]], size: int | None
     return [[c for c in changes if c[1] in group] for group in groups]
 
 
-# Pathway's tutorial: the log events and the Pathway time each arrived at (362 ... 410 are
-# transactions 1 ... 9).
-TUTORIAL = [(360, 362), (362, 362), (366, 368), (370, 410), (370, 370), (370, 372), (372, 374),
-            (376, 396), (382, 382), (382, 392)]
-PATHWAY_TIMES = sorted({arrived for _, arrived in TUTORIAL})
-# Pathway 0.33.0, `sliding(duration=10, hop=4)` without a behavior, reduced to count():
-# window_start, window_end, n_logs, __time__, __diff__.
-TUTORIAL_STREAM = """
-352 362 1 362 1 | 356 366 2 362 1 | 360 370 2 362 1 | 360 370 2 368 -1 | 360 370 3 368 1
-364 374 1 368 1 | 364 374 1 370 -1 | 364 374 2 370 1 | 368 378 1 370 1 | 364 374 2 372 -1
-368 378 1 372 -1 | 364 374 3 372 1 | 368 378 2 372 1 | 364 374 3 374 -1 | 368 378 2 374 -1
-364 374 4 374 1 | 368 378 3 374 1 | 372 382 1 374 1 | 376 386 1 382 1 | 380 390 1 382 1
-376 386 1 392 -1 | 380 390 1 392 -1 | 376 386 2 392 1 | 380 390 2 392 1 | 368 378 3 396 -1
-372 382 1 396 -1 | 376 386 2 396 -1 | 368 378 4 396 1 | 372 382 2 396 1 | 376 386 3 396 1
-364 374 4 410 -1 | 368 378 4 410 -1 | 364 374 5 410 1 | 368 378 5 410 1
-"""
-
-
-def _pathway_stream(text: str, times: list[int]) -> list[tuple]:
-    """Pathway's printed rows (`... | __time__ | __diff__`) with the time as a transaction."""
-    rows = [tuple(int(x) for x in part.split()) for part in text.replace("\n", "|").split("|")
-            if part.strip()]
-    got = [(*row[:-2], times.index(row[-2]) + 1, row[-1]) for row in rows]
-    return sorted(got, key=lambda row: (row[-2], row[:-2], row[-1]))
-
-
 @pytest.mark.parametrize(("size", "parallelism"), [(1, 1), (None, 1), (3, 2)])
 def test_pathways_sliding_windows_without_a_behavior(spark: SparkSession, size: int | None,
                                                      parallelism: int) -> None:
@@ -101,21 +84,11 @@ def test_pathways_sliding_windows_without_a_behavior(spark: SparkSession, size: 
     logs = p.source("s", LOGS)
     p.output("o", logs.windowby("event_time", window=t.sliding(hop=4, duration=10))
              .reduce(n_logs=r.count()))
-    changes = [((i, event), PATHWAY_TIMES.index(arrived) + 1, 1)
+    changes = [((i, event), TUTORIAL_TIMES.index(arrived) + 1, 1)
                for i, (event, arrived) in enumerate(TUTORIAL)]
     changes.sort(key=lambda c: c[1])
     assert _stream(spark, p, _in_batches(changes, size), parallelism=parallelism) == \
-        _pathway_stream(TUTORIAL_STREAM, PATHWAY_TIMES)
-
-
-# A tumbling window of 10 over (id, t, v) rows, the row with id 1 deleted at __time__ 8;
-# Pathway 0.33.0: window_start, window_end, count, sum(v), __time__, __diff__.
-TUMBLING_ROWS = [((1, 5, 1), 2, 1), ((2, 10, 2), 4, 1), ((3, 7, 4), 4, 1), ((4, 8, 8), 6, 1),
-                 ((1, 5, 1), 8, -1), ((5, 12, 16), 10, 1), ((6, 25, 32), 12, 1)]
-TUMBLING_STREAM = """
-0 10 1 1 2 1 | 0 10 1 1 4 -1 | 0 10 2 5 4 1 | 10 20 1 2 4 1 | 0 10 2 5 6 -1 | 0 10 3 13 6 1
-0 10 3 13 8 -1 | 0 10 2 12 8 1 | 10 20 1 2 10 -1 | 10 20 2 18 10 1 | 20 30 1 32 12 1
-"""
+        parse(TUTORIAL_STREAMS["no behavior"], TUTORIAL_TIMES)
 
 
 @pytest.mark.parametrize("size", [1, None])
@@ -124,10 +97,9 @@ def test_pathways_tumbling_window_with_a_deletion(spark: SparkSession, size: int
     rows = p.source("s", TableSchema.of({"id": "bigint", "t": "bigint", "v": "bigint"},
                                         primary_key=["id"]))
     p.output("o", rows.windowby("t", window=t.tumbling(10)).reduce(n=r.count(), s=r.sum("v")))
-    times = sorted({time for _, time, _ in TUMBLING_ROWS})
-    changes = [(row, times.index(time) + 1, diff) for row, time, diff in TUMBLING_ROWS]
+    changes = [(row, TUMBLING_TIMES.index(time) + 1, diff) for row, time, diff in TUMBLING_ROWS]
     assert _stream(spark, p, _in_batches(changes, size)) == \
-        _pathway_stream(TUMBLING_STREAM, times)
+        parse(TUMBLING_STREAMS["no behavior"], TUMBLING_TIMES)
 
 
 # --- against DuckDB ----------------------------------------------------------------------------

@@ -4,7 +4,9 @@ through Pathway's `windowby(...).reduce(...)`, each window's update stream writt
     <pathway-venv>/bin/python tests/support/pathway_windows.py INPUT.json OUTPUT.json
 
 INPUT: {"rows": [[id, user_id, ts, v, transaction, diff], ...], "windows": {name: {"kind":
-"tumbling" | "sliding", "hop", "duration", "origin" (or null), "instance": bool}}}. Transaction N
+"tumbling" | "sliding", "hop", "duration", "origin" (or null), "instance": bool, "behavior":
+null | {"kind": "common", "delay", "cutoff", "keep_results"} | {"kind": "exactly_once",
+"shift"}}}}. Transaction N
 is Pathway time 2N. OUTPUT: {name: [[user_id (with instance), window_start, window_end, n, s,
 pathway time, diff], ...]}.
 """
@@ -26,6 +28,16 @@ class Events(pw.Schema):
     v: int
 
 
+def behavior(spec: dict[str, Any] | None) -> Any:
+    """A temporal behavior from its JSON form (None: none)."""
+    if spec is None:
+        return None
+    if spec["kind"] == "exactly_once":
+        return pw.temporal.exactly_once_behavior(shift=spec["shift"])
+    return pw.temporal.common_behavior(delay=spec["delay"], cutoff=spec["cutoff"],
+                                       keep_results=spec["keep_results"])
+
+
 def main(source: str, target: str) -> None:
     spec = json.loads(Path(source).read_text())
     rows = [(i, user, ts, v, 2 * transaction, diff)
@@ -39,7 +51,8 @@ def main(source: str, target: str) -> None:
             kind = pw.temporal.sliding(hop=window["hop"], duration=window["duration"],
                                        origin=window["origin"])
         instance = events.user_id if window["instance"] else None
-        grouped = events.windowby(events.ts, window=kind, instance=instance)
+        grouped = events.windowby(events.ts, window=kind, instance=instance,
+                                  behavior=behavior(window.get("behavior")))
         columns = ({"user_id": pw.this._pw_instance} if window["instance"] else {}) | {
             "window_start": pw.this._pw_window_start, "window_end": pw.this._pw_window_end,
             "n": pw.reducers.count(), "s": pw.reducers.sum(pw.this.v)}

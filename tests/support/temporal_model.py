@@ -1,0 +1,121 @@
+"""The clock rule of DESIGN section 10 as a from-scratch recompute: what a windowed reduce with
+a temporal behavior holds after transaction T, computed from transactions 1..T alone, in plain
+Python. It is the oracle the engine's behaviors are to be checked against (as DuckDB is for the
+rest), and it is itself checked against Pathway 0.33 (`tests/test_temporal_model.py`).
+
+The rule, per *entry* (a row in one of its windows, with the row's transaction N and diff):
+
+* the operator's clock after transaction N, `C(N)`, is the largest event time of the entries
+  of transactions 1..N (deletions too; `C(0)` is below every time), each transaction's changes
+  consolidated first (a row inserted and deleted in one transaction is no entry);
+* lateness (`cutoff`): an entry of transaction N is ignored when `end + cutoff <= C(N - 1)`:
+  judged by the clock before N, so a row arriving with the one that closes its window counts;
+* emission (`delay`): an entry is released in the first transaction M >= N with
+  `C(M) >= start + delay` (N's own rows count), and counts from M on;
+* `exactly_once_behavior(shift)` is `common_behavior(delay=duration + shift, cutoff=shift)`:
+  every entry of a window is released in the one transaction whose rows push the clock to
+  `end + shift`, and later ones are late, so the window is emitted once, never revised;
+* `keep_results=False`: a window is retracted in the first transaction K with
+  `C(K) >= end + cutoff` (on time; Pathway retracts it later, at its next transaction with a row
+  that is not late, which this model does not copy: DESIGN section 10 asks for the exact time).
+
+A window's result after T is the reduce (`n`: rows, `s`: the sum of `v`) of its entries that
+are neither late nor unreleased by T, present while `n` is not 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Row = tuple[int, ...]  # (id, user_id, ts, v)
+Change = tuple[Row, int, int]  # (row, transaction, diff)
+Result = tuple[int, ...]  # (user_id with an instance, window_start, window_end, n, s)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """`sliding(hop, duration, origin)` over integer times (tumbling: hop == duration)."""
+
+    hop: int
+    duration: int
+    origin: int | None = None
+
+    def of(self, ts: int) -> list[tuple[int, int]]:
+        """The windows [start, end) holding `ts`; with an explicit origin, none before it."""
+        origin = self.origin or 0
+        last = math.floor((ts - origin) / self.hop)
+        starts = (origin + k * self.hop for k in range(last - self.duration // self.hop - 1,
+                                                         last + 1))
+        return [(s, s + self.duration) for s in starts if s <= ts < s + self.duration
+                and (self.origin is None or s >= self.origin)]
+
+
+@dataclass(frozen=True)
+class Behavior:
+    """Pathway's `common_behavior(delay, cutoff, keep_results)`; see `exactly_once`."""
+
+    delay: int | None = None
+    cutoff: int | None = None
+    keep_results: bool = True
+
+
+def exactly_once(windows: Windows, shift: int = 0) -> Behavior:
+    """Pathway's `exactly_once_behavior(shift)`, as it defines it for sliding windows."""
+    return Behavior(delay=windows.duration + shift, cutoff=shift)
+
+
+def results_after(changes: Sequence[Change], windows: Windows, behavior: Behavior | None,
+                  instance: bool, through: int) -> Counter[Result]:
+    """Every window's result after transaction `through` (see the module doc)."""
+    behavior = behavior or Behavior()
+    # Consolidated per transaction, as a transaction's changes always are: a row inserted and
+    # deleted in one transaction never reaches an operator, nor moves its clock.
+    net: Counter[tuple[Row, int]] = Counter()
+    for row, number, diff in changes:
+        if number <= through:
+            net[(row, number)] += diff
+    entries = [(row, window, number, diff) for (row, number), diff in net.items() if diff
+               for window in windows.of(row[2])]
+    clock: dict[int, float] = {}
+    high = -math.inf
+    for number in range(1, through + 1):
+        high = max([high, *(row[2] for row, _, n, _ in entries if n == number)])
+        clock[number] = high
+    clock[0] = -math.inf
+    sums: dict[tuple[int, ...], list[int]] = {}
+    for row, (start, end), number, diff in entries:
+        if behavior.cutoff is not None and end + behavior.cutoff <= clock[number - 1]:
+            continue  # late
+        if behavior.delay is not None and clock[through] < start + behavior.delay:
+            continue  # not released yet (the clock only grows: released by `through` or not)
+        key = ((row[1],) if instance else ()) + (start, end)
+        acc = sums.setdefault(key, [0, 0])
+        acc[0] += diff
+        acc[1] += diff * row[3]
+    result: Counter[Result] = Counter()
+    for key, (n, s) in sums.items():
+        end = key[-1]
+        closed = (behavior.cutoff is not None and not behavior.keep_results
+                  and clock[through] >= end + behavior.cutoff)
+        if n and not closed:
+            result[(*key, n, s)] += 1
+    return result
+
+
+def update_stream(changes: Sequence[Change], windows: Windows, behavior: Behavior | None,
+                  instance: bool, transactions: int) -> list[tuple[int, ...]]:
+    """The diffs between consecutive results, as (*result, transaction, diff), sorted as the
+    engine's streams are compared."""
+    stream = []
+    before: Counter[Result] = Counter()
+    for number in range(1, transactions + 1):
+        after = results_after(changes, windows, behavior, instance, number)
+        for row in set(before) | set(after):
+            diff = after[row] - before[row]
+            if diff:
+                stream.append((*row, number, diff))
+        before = after
+    return sorted(stream, key=lambda r: (r[-2], r[:-2], r[-1]))
