@@ -68,8 +68,8 @@ def _write_states(path: str, states: Mapping[str, tuple[ZSetState, Runs]]) -> No
 
 
 def _write_state(location: str, state: ZSetState, runs: Runs) -> None:
-    # Outside any batch: read in one partition, as a batch planned in one reads it.
-    whole = state.consolidated(runs, planned=1)
+    # Outside any batch: read in the state's own partitions (a lone run needs no aggregate).
+    whole = state.consolidated(runs, planned=state.partitions)
     assert whole is not None  # of runs
     state.typed(whole).write.parquet(location)
 

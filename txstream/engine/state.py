@@ -329,6 +329,12 @@ class ZSetState:
         partitions; None for no runs."""
         if not runs:
             return None
+        if len(runs) == 1 and planned == self.partitions:
+            # A run is consolidated already (`txstream.engine.runs`), in the state's partitions:
+            # only the keys that hold nothing leave, no aggregate (a stop's checkpoint writes
+            # one-run states for most of its time).
+            run = runs[0].frame
+            return run.where(f"NOT ({self._empty_when})") if self._empty_when else run
         return self._consolidate(self.leaf(runs[0].frame.sparkSession, runs, planned),
                                  whole=True)
 
