@@ -4,6 +4,7 @@ Pure (no Kafka client; tested without a broker):
     kafka_source       what records become: RawRecords, decoded rows' bookkeeping, BadRecord
     decoder            SourceDecoder: one topic's RawRecords -> rows + bad records
     json_values, field_checks, single_records   the decoder's parts
+    record_columns     columns from outside the row: upstream transaction, Kafka metadata
     registry/          values framed in Confluent's wire format, decoded with their writer
                        schema (Avro, JSON Schema, Protobuf); its `client` alone talks to a
                        Schema Registry

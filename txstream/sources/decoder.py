@@ -2,31 +2,28 @@
 rows (vectorized) with bookkeeping columns, every record that cannot be decoded or validated
 isolated as a `BadRecord` for the dead-letter topic. It takes plain sequences (`RawRecords`),
 no Kafka client objects: the JSON parsing is `txstream.sources.json_values`', the column checks
-`txstream.sources.field_checks`', tombstones `txstream.sources.single_records`'.
+`txstream.sources.field_checks`', tombstones `txstream.sources.single_records`', the columns taken
+from outside the row (upstream transaction, Kafka metadata) `txstream.sources.record_columns`'.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txstream.schemas.sources import KafkaMetadata, RecordField, SourceSpec, split_path
+from txstream.schemas.sources import SourceSpec, split_path
 from txstream.schemas.tables import ColumnType
 from txstream.sources.debezium.events import advice, event_kind
-from txstream.sources.debezium.ids import transaction_ids
 from txstream.sources.field_checks import (
     RecordErrors,
     as_mask,
     base64_decimals,
     braced,
     check_storable,
-    header_values,
     iso_dates,
 )
 from txstream.sources.json_values import DELETED, OP, JsonReader, ParsedJson
@@ -34,11 +31,11 @@ from txstream.sources.kafka_source import (
     SEQ,
     BadRecord,
     DecodedBatch,
-    Headers,
     RawRecords,
     bookkeeping,
     rows_schema,
 )
+from txstream.sources.record_columns import metadata_columns, upstream_columns
 from txstream.sources.registry.framed import FramedValues, WriterSchemas
 from txstream.sources.single_records import tombstone_rows, with_upstream
 
@@ -63,13 +60,6 @@ def framed_values(value_format: str, schemas: WriterSchemas) -> FramedValues:
 
         return ProtobufValues(schemas)
     raise ValueError(f"value_format {value_format!r} is not in Confluent's wire format")
-
-
-def _header(headers: Headers | None, name: str) -> bytes | None:
-    for key, value in headers or ():
-        if key == name:
-            return value
-    return None
 
 
 class SourceDecoder:
@@ -242,8 +232,8 @@ class SourceDecoder:
         spec = self.spec
         n = len(indices)
         errors = RecordErrors(n)
-        txid, txcount, txend = self._upstream_columns(parsed, indices, records, errors)
-        meta = self._metadata_columns(indices, records)
+        txid, txcount, txend = upstream_columns(spec, parsed, indices, records, errors)
+        meta = metadata_columns(spec, indices, records)
         local = np.arange(n)
 
         def build(prefix: tuple[str, ...], which: np.ndarray, diff: int | pa.Array,
@@ -356,86 +346,6 @@ class SourceDecoder:
         invalid = as_mask(pc.fill_null(pc.equal(diff, 0), True))
         errors.add(invalid, f"diff field {spec.diff_field!r} is missing or not {expected}")
         return pc.fill_null(diff, 0)
-
-    def _upstream_columns(
-        self, parsed: ParsedJson, indices: np.ndarray, records: RawRecords, errors: RecordErrors
-    ) -> tuple[pa.Array, pa.Array, pa.Array]:
-        """Upstream transaction id, expected count and end marker of each record."""
-        n = len(indices)
-        upstream = self.spec.upstream
-        no_end = pa.array(np.zeros(n, dtype=bool))
-        if upstream is None:
-            return pa.nulls(n, pa.string()), pa.nulls(n, pa.int64()), no_end
-
-        def read(where: RecordField, dtype: pa.DataType) -> pa.Array:
-            if where.field is not None:
-                path = split_path(where.field)
-                arr = parsed.envelope(path) if self.spec.debezium else parsed.get(path)
-                return arr.cast(dtype)
-            assert where.header is not None
-            raw = [_header(records.headers[i], where.header) for i in indices]
-            return header_values(
-                pa.array([None if r is None else r.decode("utf-8", "replace") for r in raw],
-                         pa.string()),
-                dtype,
-            )
-
-        txid = read(upstream.id, pa.string())
-        if self.spec.debezium:  # a flattened row names no connector: its ids by their shape
-            named = self._connectors(parsed) if self._envelope else None
-            txid = transaction_ids(txid, self.spec.connector or named)
-        if upstream.metadata_topic is None:  # else a change outside transactions (a snapshot)
-            errors.add(as_mask(pc.is_null(txid)),
-                       f"no upstream transaction id ({self._where(upstream.id)})")
-        txcount = pa.nulls(n, pa.int64())
-        if upstream.count is not None:
-            txcount = read(upstream.count, pa.int64())
-            errors.add(as_mask(pc.fill_null(pc.less(txcount, 1), True)),
-                       f"no positive upstream record count ({self._where(upstream.count)})")
-        txend = no_end
-        if upstream.end is not None:
-            txend = pc.fill_null(read(upstream.end, pa.bool_()), False)
-        return txid, txcount, txend
-
-    @staticmethod
-    def _connectors(parsed: ParsedJson) -> pa.Array:
-        """Each change's `source.connector` (null where it is not a string)."""
-        named = parsed.envelope(("source", "connector"))
-        return named if pa.types.is_string(named.type) else pa.nulls(len(named), pa.string())
-
-    @staticmethod
-    def _where(where: RecordField) -> str:
-        return f"field {where.field!r}" if where.field is not None else f"header {where.header!r}"
-
-    def _metadata_columns(self, indices: np.ndarray, records: RawRecords
-                          ) -> dict[str, pa.Array]:
-        out: dict[str, pa.Array] = {}
-        for col, part in self.spec.metadata.items():
-            dtype = self._schema.column(col).type.arrow
-            if part is KafkaMetadata.KEY:
-                keys = [records.keys[i] for i in indices]
-                values: list[Any] = [None if k is None else k.decode("utf-8", "replace")
-                                     for k in keys]
-            elif part is KafkaMetadata.HEADERS:
-                values = [
-                    json.dumps({k: (v or b"").decode("utf-8", "replace")
-                                for k, v in (records.headers[i] or ())})
-                    for i in indices
-                ]
-            elif part is KafkaMetadata.TOPIC:
-                values = [records.topic] * len(indices)
-            elif part is KafkaMetadata.PARTITION:
-                values = [int(records.partitions[i]) for i in indices]
-            elif part is KafkaMetadata.OFFSET:
-                values = [int(records.offsets[i]) for i in indices]
-            else:
-                # (type, ms): type 0 is TIMESTAMP_NOT_AVAILABLE, which becomes null.
-                values = [ms * 1000 if kind else None for kind, ms in
-                          (records.timestamps[i] for i in indices)]
-                out[col] = pa.array(values, pa.int64()).cast(dtype)
-                continue
-            out[col] = pa.array(values, dtype)
-        return out
 
     def bad_record(self, records: RawRecords, index: int, seq: int, reason: str) -> BadRecord:
         """Record `index` of `records`, rejected for `reason`."""
