@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
+from support import pathway_streams as printed
 from support.engine_oracle import (
     Columns,
     RandomSource,
@@ -32,15 +33,6 @@ from support.engine_oracle import (
     random_transactions,
 )
 from support.pathway_peer import windows_streams
-from support.pathway_streams import (
-    TUMBLING_ROWS,
-    TUMBLING_STREAMS,
-    TUMBLING_TIMES,
-    TUTORIAL,
-    TUTORIAL_STREAMS,
-    TUTORIAL_TIMES,
-    parse,
-)
 
 from txstream import Pipeline, PipelineDefinitionError, Table, TableSchema
 from txstream import reducers as r
@@ -84,11 +76,11 @@ def test_pathways_sliding_windows_without_a_behavior(spark: SparkSession, size: 
     logs = p.source("s", LOGS)
     p.output("o", logs.windowby("event_time", window=t.sliding(hop=4, duration=10))
              .reduce(n_logs=r.count()))
-    changes = [((i, event), TUTORIAL_TIMES.index(arrived) + 1, 1)
-               for i, (event, arrived) in enumerate(TUTORIAL)]
+    changes = [((i, event), printed.TUTORIAL_TIMES.index(arrived) + 1, 1)
+               for i, (event, arrived) in enumerate(printed.TUTORIAL)]
     changes.sort(key=lambda c: c[1])
     assert _stream(spark, p, _in_batches(changes, size), parallelism=parallelism) == \
-        parse(TUTORIAL_STREAMS["no behavior"], TUTORIAL_TIMES)
+        printed.parse(printed.TUTORIAL_STREAMS["no behavior"], printed.TUTORIAL_TIMES)
 
 
 @pytest.mark.parametrize("size", [1, None])
@@ -97,9 +89,10 @@ def test_pathways_tumbling_window_with_a_deletion(spark: SparkSession, size: int
     rows = p.source("s", TableSchema.of({"id": "bigint", "t": "bigint", "v": "bigint"},
                                         primary_key=["id"]))
     p.output("o", rows.windowby("t", window=t.tumbling(10)).reduce(n=r.count(), s=r.sum("v")))
-    changes = [(row, TUMBLING_TIMES.index(time) + 1, diff) for row, time, diff in TUMBLING_ROWS]
+    changes = [(row, printed.TUMBLING_TIMES.index(time) + 1, diff)
+               for row, time, diff in printed.TUMBLING_ROWS]
     assert _stream(spark, p, _in_batches(changes, size)) == \
-        parse(TUMBLING_STREAMS["no behavior"], TUMBLING_TIMES)
+        printed.parse(printed.TUMBLING_STREAMS["no behavior"], printed.TUMBLING_TIMES)
 
 
 # --- against DuckDB ----------------------------------------------------------------------------
