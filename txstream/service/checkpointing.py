@@ -79,6 +79,13 @@ class Checkpointing:
             self._batches_since = 0
             stages.checkpoint_jobs.put((number, state, version))
 
+    @property
+    def last_commit(self) -> tuple[int, EngineVersion | None]:
+        """The last transaction every sink committed (that of the checkpoint resumed from,
+        before any), and the engine's state as of it (None: its current one)."""
+        number, version, _ = self._last_commit
+        return number, version
+
     def when_idle(self, stages: Stages, state: Callable[[], SourceState]) -> bool:
         """Queue a checkpoint of the last committed transaction (`state()`: the source's state
         as of it) if one is due while idle (see the module doc); call it from compute, which

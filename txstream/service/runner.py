@@ -88,7 +88,7 @@ from txstream.sinks.postgres.writers import Writer, WriterEpoch
 from txstream.sources.transaction_batch import TransactionBatch
 
 if TYPE_CHECKING:
-    from txstream.engine import Engine, EngineVersion
+    from txstream.engine import Engine
     from txstream.service.checkpoint import CheckpointStore
 
 __all__ = ["PipelineRunner", "ShutdownRequested"]
@@ -147,8 +147,6 @@ class PipelineRunner:
         # Before the sinks open: a Kafka sink's new producer fences the previous writer's,
         # which must find the epoch moved on already (`KafkaSink`, writer_check).
         self.checkpoints.take_epoch(Writer.this_process(), base=self._logged_through)
-        # The last transaction every sink committed, and the engine's state as of it.
-        self._committed: tuple[int, EngineVersion | None] = (checkpointed, None)
         self.metrics.delivery.resumed(checkpointed)
         self.outputs = Outputs(config, {name: out.schema for name, out in engine.outputs.items()},
                                resuming=resumed.resuming, live=live, retrying=self._retrying,
@@ -358,7 +356,6 @@ class PipelineRunner:
         due = self._checkpointing.due(self._stages)
         state = self._retrying(self.input.name, lambda: self._stages.call_input(
             self.input, lambda source: source.commit(batch, commit_time, with_state=due)))
-        self._committed = (last.number, computed.version)
         now = self._clock()
         self.metrics.delivery.delivered(len(batch), last.number, sink_s=written - started,
                                         busy_s=now - started, now=now)
@@ -369,7 +366,7 @@ class PipelineRunner:
         """Checkpoint through the last transaction every sink committed, if any since the last
         checkpoint; True if written. Call it while `run` is not running (e.g. after it returned,
         at a graceful stop): during a run, checkpoints are taken in the background."""
-        number, version = self._committed
+        number, version = self._checkpointing.last_commit
         if number == self._checkpointing.checkpointed:
             return False
         state = self._stages.call_input(self.input, lambda source: source.state())
