@@ -24,6 +24,7 @@ from support.pathway_streams import (
     TUTORIAL,
     TUTORIAL_STREAMS,
     TUTORIAL_TIMES,
+    in_stream_order,
     parse,
 )
 from support.temporal_model import Behavior, Change, Windows, exactly_once, update_stream
@@ -64,9 +65,8 @@ def test_without_keeping_results_a_window_is_retracted_when_its_rows_close_it() 
     # by 378; Pathway retracts them in transaction 7, with its next row that is not late.
     lazy = {(360, 370, 3, 7, -1), (364, 374, 4, 7, -1), (368, 378, 3, 7, -1)}
     assert lazy <= set(pathway)
-    on_time = sorted([row for row in pathway if row not in lazy]
-                     + [(*row[:3], 6, -1) for row in lazy],
-                     key=lambda row: (row[-2], row[:-2], row[-1]))
+    on_time = in_stream_order([row for row in pathway if row not in lazy]
+                              + [(*row[:3], 6, -1) for row in lazy])
     assert _counts(got) == on_time
 
 

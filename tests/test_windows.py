@@ -57,7 +57,7 @@ def _stream(spark: SparkSession, pipeline: Pipeline, batches: list[list[tuple[tu
         changes = Changes(pa.table(data, schema=schema.arrow_schema(with_changes=True)))
         got += [tuple(row.values()) for row in engine.process({"s": changes})[output]
                 .table.to_pylist()]
-    return sorted(got, key=lambda row: (row[-2], row[:-2], row[-1]))
+    return printed.in_stream_order(got)
 
 
 def _in_batches(changes: list[tuple[tuple, int, int]], size: int | None

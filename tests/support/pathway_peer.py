@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from support.pathway_streams import in_stream_order
+
 PIN = "pathway==0.33.0"
 VENV = Path.home() / ".cache" / "txstream" / "peers" / "pathway-venv"
 PROGRAM = Path(__file__).with_name("pathway_windows.py")
@@ -54,8 +56,8 @@ def windows_streams(rows: Sequence[tuple[Any, ...]], windows: dict[str, dict[str
     """Pathway's update stream of each window reduce of `windows` (name -> `kind` "tumbling" or
     "sliding", `hop`, `duration`, `origin` or None, `instance` bool, optionally `behavior`: see
     `tests/support/pathway_windows.py`) over the changes `rows` (id, user_id, ts, v,
-    transaction, diff): per name, (*row, transaction, diff) consolidated and sorted as the
-    engine's are compared, without what Pathway flushes at the end of its input."""
+    transaction, diff): per name, (*row, transaction, diff) consolidated, in stream order,
+    without what Pathway flushes at the end of its input."""
     spec = work / "pathway-input.json"
     out = work / "pathway-output.json"
     spec.write_text(json.dumps({"rows": [list(r) for r in rows], "windows": windows}))
@@ -69,6 +71,5 @@ def windows_streams(rows: Sequence[tuple[Any, ...]], windows: dict[str, dict[str
             if time >= END_OF_INPUT:
                 continue  # what Pathway flushes when its input ends; a service's never does
             net[(*row, time // 2)] += diff
-        streams[name] = sorted(((*key, diff) for key, diff in net.items() if diff),
-                               key=lambda r: (r[-2], r[:-2], r[-1]))
+        streams[name] = in_stream_order((*key, diff) for key, diff in net.items() if diff)
     return streams

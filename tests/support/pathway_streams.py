@@ -9,6 +9,9 @@ never ends.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 # Pathway's tutorial "windows_temporal_behavior": (event_time, the Pathway time it arrived at).
 TUTORIAL = [(360, 362), (362, 362), (366, 368), (370, 410), (370, 370), (370, 372), (372, 374),
             (376, 396), (382, 382), (382, 392)]
@@ -86,10 +89,16 @@ TUMBLING_STREAMS = {
 }
 
 
+def in_stream_order(rows: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Changes `(*row, transaction, diff)` sorted by transaction, then row, then diff: the one
+    order in which update streams are compared."""
+    return sorted(rows, key=lambda row: (row[-2], row[:-2], row[-1]))
+
+
 def parse(text: str, times: list[int]) -> list[tuple[int, ...]]:
-    """Pathway's printed rows with the time as a transaction (1 for `times[0]`, ...), sorted as
-    the engine's streams are compared."""
+    """Pathway's printed rows with the time as a transaction (1 for `times[0]`, ...), in stream
+    order."""
     rows = [tuple(int(x) for x in part.split()) for part in text.replace("\n", "|").split("|")
             if part.strip()]
     got = [(*row[:-2], times.index(row[-2]) + 1, row[-1]) for row in rows]
-    return sorted(got, key=lambda row: (row[-2], row[:-2], row[-1]))
+    return in_stream_order(got)

@@ -30,6 +30,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from support.pathway_streams import in_stream_order
+
 Row = tuple[int, ...]  # (id, user_id, ts, v)
 Change = tuple[Row, int, int]  # (row, transaction, diff)
 Result = tuple[int, ...]  # (user_id with an instance, window_start, window_end, n, s)
@@ -107,8 +109,8 @@ def results_after(changes: Sequence[Change], windows: Windows, behavior: Behavio
 
 def update_stream(changes: Sequence[Change], windows: Windows, behavior: Behavior | None,
                   instance: bool, transactions: int) -> list[tuple[int, ...]]:
-    """The diffs between consecutive results, as (*result, transaction, diff), sorted as the
-    engine's streams are compared."""
+    """The diffs between consecutive results, as (*result, transaction, diff), in stream
+    order."""
     stream = []
     before: Counter[Result] = Counter()
     for number in range(1, transactions + 1):
@@ -118,4 +120,4 @@ def update_stream(changes: Sequence[Change], windows: Windows, behavior: Behavio
             if diff:
                 stream.append((*row, number, diff))
         before = after
-    return sorted(stream, key=lambda r: (r[-2], r[:-2], r[-1]))
+    return in_stream_order(stream)
