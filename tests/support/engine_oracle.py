@@ -614,10 +614,11 @@ def check_engine(spark: SparkSession, pipeline: Pipeline, specs: Sequence[Random
     return streams
 
 
-def check_at_every_size(spark: SparkSession, pipeline: Pipeline, specs: tuple[RandomSource, ...],
-           outputs: dict[str, Columns], views: tuple[tuple[str, str], ...],
-           transactions: list[Transaction], sizes: tuple[int, ...],
-           describe: Callable[[str], str], parallelism: int) -> None:
+def check_at_every_size(spark: SparkSession, pipeline: Pipeline,
+                        specs: tuple[RandomSource, ...], outputs: dict[str, Columns],
+                        views: tuple[tuple[str, str], ...], transactions: list[Transaction],
+                        sizes: tuple[int, ...], describe: Callable[[str], str],
+                        parallelism: int) -> None:
     """Every output after every transaction against DuckDB (`views`: (name, SQL) in dependency
     order), at each batch size (0: all transactions in one batch); and the same output stream
     at every batch size."""
