@@ -199,16 +199,18 @@ def test_a_window_that_cannot_be_says_why(make: Callable[[], t.Sliding], says: s
         make()
 
 
-def _windowed(build: Callable[[Table], object]) -> Pipeline:
+def _windowed(build: Callable[[Table], Table]) -> Pipeline:
+    """A pipeline whose output `o` is `build` of a source with a column named `window_end`."""
     p = Pipeline()
-    build(p.source("s", TableSchema.of({"id": "bigint", "window_end": "bigint",
-                                        "ts": "timestamp"}, primary_key=["id"])))
+    p.output("o", build(p.source("s", TableSchema.of(
+        {"id": "bigint", "window_end": "bigint", "ts": "timestamp"}, primary_key=["id"]))))
     return p
 
 
 def test_windowby_refuses_what_is_not_a_window() -> None:
     with pytest.raises(PipelineDefinitionError, match="is not a window"):
-        _windowed(lambda s: s.windowby("ts", window=timedelta(minutes=1)))  # type: ignore[arg-type]
+        _windowed(lambda s: s.windowby("ts", window=timedelta(minutes=1))  # type: ignore[arg-type]
+                  .reduce(n=r.count()))
 
 
 @pytest.mark.parametrize(("build", "says"), [
@@ -220,12 +222,9 @@ def test_windowby_refuses_what_is_not_a_window() -> None:
 def test_windowby_errors_at_compile_name_the_table(spark: SparkSession,
                                                    build: Callable[[Table], Table],
                                                    says: str) -> None:
-    p = Pipeline()
-    source = p.source("s", TableSchema.of({"id": "bigint", "window_end": "bigint",
-                                           "ts": "timestamp"}, primary_key=["id"]))
-    p.output("o", build(source))
+    pipeline = _windowed(build)
     with pytest.raises(PipelineDefinitionError, match=says) as raised:
-        Engine(p, spark)
+        Engine(pipeline, spark)
     assert "windows of" in str(raised.value), "the message names the windowed table"
 
 
