@@ -21,7 +21,15 @@ from typing import Literal
 
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.reducers import Reducer
-from txstream.engine.temporal import WINDOW_END, WINDOW_START, Sliding
+from txstream.engine.temporal import (
+    WINDOW_END,
+    WINDOW_START,
+    Behavior,
+    CommonBehavior,
+    ExactlyOnceBehavior,
+    Resolved,
+    Sliding,
+)
 from txstream.schemas.tables import TableSchema
 
 JoinHow = Literal["inner", "left", "right", "outer"]
@@ -91,9 +99,23 @@ class DistinctNode(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class BehaviorNode(Node):
+    """A windowed table's rows as a temporal behavior lets them through, by the clock of the
+    event-time column `time` (`txstream.engine.operators.behavior`); `timed`: a timestamp
+    column, the behavior's lengths in microseconds."""
+
+    time: str = ""
+    timed: bool = False
+    behavior: Resolved = field(default_factory=lambda: Resolved(None, None))
+
+
+@dataclass(frozen=True, eq=False)
 class ReduceNode(Node):
     keys: tuple[str, ...] = ()
     reducers: tuple[tuple[str, Reducer], ...] = ()
+    # The input is a behavior's that marks the rows of closed windows which only leave state
+    # (`Resolved.forgets`): those change the state, never the output.
+    forgetting: bool = False
 
 
 class Table:
@@ -185,18 +207,24 @@ class Table:
             )
         return GroupedTable(self, tuple(keys))
 
-    def windowby(self, time: str, *, window: Sliding,
-                 instance: str | Sequence[str] = ()) -> GroupedTable:
+    def windowby(self, time: str, *, window: Sliding, instance: str | Sequence[str] = (),
+                 behavior: Behavior | None = None) -> GroupedTable:
         """Group by `instance` (columns) and the event-time windows of `window`
         (`txstream.temporal`'s `tumbling` or `sliding`) the column `time` falls in;
         `.reduce(...)` gives `*instance, window_start, window_end` and the reducers. A row
         becomes a row of each of its windows (a select and a filter per hop back, concatenated):
         row-wise, so the reduce after it is exact as any reduce is (see
-        `txstream.engine.temporal`)."""
+        `txstream.engine.temporal`). A `behavior` (`common_behavior`, `exactly_once_behavior`)
+        decides when those rows reach the reduce and when closed windows leave it."""
         if not isinstance(window, Sliding):
             raise PipelineDefinitionError(
                 f"windowby on {self.node.label}: window={window!r} is not a window (use "
                 "txstream.temporal.tumbling or sliding)")
+        if behavior is not None and not isinstance(behavior,
+                                                   CommonBehavior | ExactlyOnceBehavior):
+            raise PipelineDefinitionError(
+                f"windowby on {self.node.label}: behavior={behavior!r} is not a behavior (use "
+                "txstream.temporal.common_behavior or exactly_once_behavior)")
         keys = (instance,) if isinstance(instance, str) else tuple(instance)
         quoted = f"`{time}`"
         label = f"{window.describe()} windows of {self.node.label} by {time}"
@@ -209,7 +237,14 @@ class Table:
             parts.append(FilterNode(f"{label}: rows {back} hop(s) back", (bounded,),
                                     predicate=window.holds(quoted)))
         windowed = parts[0] if len(parts) == 1 else ConcatNode(label, tuple(parts))
-        return GroupedTable(self._derive(windowed), (*keys, WINDOW_START, WINDOW_END))
+        forgetting = False
+        if behavior is not None:
+            resolved = behavior.resolved(window, self.node.label)
+            windowed = BehaviorNode(f"{label} under {behavior}", (windowed,), time=time,
+                                    timed=window.timed, behavior=resolved)
+            forgetting = resolved.forgets
+        return GroupedTable(self._derive(windowed), (*keys, WINDOW_START, WINDOW_END),
+                            forgetting=forgetting)
 
     def concat(self, *others: Table) -> Table:
         """Union all: the same columns (names and types, in order) on every side."""
@@ -223,9 +258,10 @@ class Table:
 
 
 class GroupedTable:
-    def __init__(self, table: Table, keys: tuple[str, ...]) -> None:
+    def __init__(self, table: Table, keys: tuple[str, ...], forgetting: bool = False) -> None:
         self.table = table
         self.keys = keys
+        self.forgetting = forgetting  # see ReduceNode
 
     def reduce(self, **reducers: Reducer) -> Table:
         """One row per group: the key columns, then one column per reducer."""
@@ -247,7 +283,7 @@ class GroupedTable:
                 )
         label = f"groupby({', '.join(self.keys)}).reduce of {self.table.node.label}"
         node = ReduceNode(label, (self.table.node,), keys=self.keys,
-                          reducers=tuple(reducers.items()))
+                          reducers=tuple(reducers.items()), forgetting=self.forgetting)
         return self.table._derive(node)
 
 

@@ -20,9 +20,21 @@ defaults to Pathway's: 1973-01-01 00:00 UTC for timestamps (a Monday, so week wi
 on Mondays), 0 for numbers. An origin given explicitly also drops the windows that start before
 it, as Pathway's does. A row whose time is null is in no window.
 
-Not yet: temporal behaviors (`common_behavior`, `exactly_once_behavior`: when a window is
-emitted, closed and forgotten), session windows, as-of joins and now(). Without a behavior a
-window's group lives as long as any group of an ordinary `groupby`: its state is never dropped.
+Temporal behaviors (`behavior=` of `windowby`) say when a window's rows reach the reduce and
+when they leave it, by one clock per windowed table: the largest event time of its rows so far
+(`txstream.engine.operators.behavior` has the rule, transaction by transaction):
+
+* `common_behavior(delay, cutoff, keep_results)`: a window's rows count from the transaction
+  whose rows move the clock to `window_start + delay`; rows of a window with
+  `window_end + cutoff` at or below the clock before their transaction are late and ignored;
+  once the clock reaches `window_end + cutoff` the window is closed: its state leaves memory and
+  the checkpoint, its result stays (`keep_results=True`) or is retracted then (False);
+* `exactly_once_behavior(shift)`: `common_behavior(delay=duration + shift, cutoff=shift)`, each
+  window emitted once, in the transaction whose rows move the clock to `window_end + shift`,
+  never revised.
+
+Without a behavior a window's group lives as long as any group of an ordinary `groupby`: its
+state is never dropped. Not yet: session windows, as-of joins and now().
 """
 
 from __future__ import annotations
@@ -120,6 +132,91 @@ class Sliding:
         return held
 
 
+@dataclass(frozen=True)
+class CommonBehavior:
+    """Pathway's `common_behavior` (see the module doc); build with `common_behavior`."""
+
+    delay: Length | None = None
+    cutoff: Length | None = None
+    keep_results: bool = True
+
+    def resolved(self, window: Sliding, table: str) -> Resolved:
+        """The behavior in the window's units (microseconds for timestamp windows), checked
+        against the window: lengths of its kind, not negative, a cutoff to close by."""
+        if not self.keep_results and self.cutoff is None:
+            raise PipelineDefinitionError(
+                f"windowby on {table}: keep_results=False retracts a window when the clock "
+                "passes its end plus the cutoff, so it needs a cutoff; give one")
+        for name, length in (("delay", self.delay), ("cutoff", self.cutoff)):
+            if length is None:
+                continue
+            if isinstance(length, bool) or not isinstance(length, timedelta | int | float):
+                raise PipelineDefinitionError(
+                    f"windowby on {table}: behavior {name}={length!r} must be a timedelta or a "
+                    "number")
+            if isinstance(length, timedelta) != window.timed:
+                raise PipelineDefinitionError(
+                    f"windowby on {table}: behavior {name}={length!r} and window "
+                    f"{window.describe()}: a timedelta for timestamp windows, a number for "
+                    "numeric ones")
+            if not (_positive(length) or _number(length) == 0):
+                raise PipelineDefinitionError(
+                    f"windowby on {table}: behavior {name}={length!r} must not be negative")
+        return Resolved(*(None if x is None else _in_units(x) for x in (self.delay, self.cutoff)),
+                        keep_results=self.keep_results)
+
+
+@dataclass(frozen=True)
+class ExactlyOnceBehavior:
+    """Pathway's `exactly_once_behavior` (see the module doc); build with
+    `exactly_once_behavior`."""
+
+    shift: Length | None = None
+
+    def resolved(self, window: Sliding, table: str) -> Resolved:
+        shift = self.shift if self.shift is not None else (
+            timedelta(0) if window.timed else 0)
+        cutoff = CommonBehavior(cutoff=shift).resolved(window, table).cutoff  # checks the shift
+        assert cutoff is not None
+        return Resolved(delay=_in_units(window.duration) + cutoff, cutoff=cutoff)
+
+
+Behavior = CommonBehavior | ExactlyOnceBehavior
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A behavior in a window's units: numbers, microseconds for timestamp windows."""
+
+    delay: int | float | None
+    cutoff: int | float | None
+    keep_results: bool = True
+
+    @property
+    def forgets(self) -> bool:
+        """Whether closed windows keep their results but leave the reduce's state (a cutoff,
+        results kept): the reduce is told which of its input rows only forget."""
+        return self.cutoff is not None and self.keep_results
+
+
+def common_behavior(delay: Length | None = None, cutoff: Length | None = None,
+                    keep_results: bool = True) -> CommonBehavior:
+    """Pathway's `common_behavior`: emit a window from the clock reaching `start + delay`, ignore
+    its rows once the clock passed `end + cutoff`, then keep or retract its result."""
+    return CommonBehavior(delay, cutoff, keep_results)
+
+
+def exactly_once_behavior(shift: Length | None = None) -> ExactlyOnceBehavior:
+    """Pathway's `exactly_once_behavior`: each window emitted once, when the clock reaches its
+    end plus `shift`, and closed then."""
+    return ExactlyOnceBehavior(shift)
+
+
+def event_micros(column: str, timed: bool) -> str:
+    """Spark SQL of the time column or window bound `column` (quoted) in a behavior's units."""
+    return f"unix_micros({column})" if timed else column
+
+
 def sliding(hop: Length, duration: Length, origin: Origin | None = None) -> Sliding:
     """Windows of `duration` starting every `hop` (overlapping when hop < duration, with gaps
     when hop > duration): Pathway's `sliding(hop, duration, origin)`."""
@@ -129,8 +226,6 @@ def sliding(hop: Length, duration: Length, origin: Origin | None = None) -> Slid
 def tumbling(duration: Length, origin: Origin | None = None) -> Sliding:
     """Consecutive windows of `duration`, one per row: Pathway's `tumbling(duration, origin)`."""
     return Sliding(duration, duration, origin)
-
-
 
 
 def _positive(length: Length) -> bool:
@@ -143,6 +238,10 @@ def _number(length: Length) -> float:
 
 def _micros(length: timedelta) -> int:
     return length // timedelta(microseconds=1)
+
+
+def _in_units(length: Length) -> int | float:
+    return _micros(length) if isinstance(length, timedelta) else length
 
 
 def _origin_micros(origin: datetime) -> int:

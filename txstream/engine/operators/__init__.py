@@ -2,11 +2,13 @@
 rule, its delta rule (in the module's doc comment), its state and its output's key."""
 
 from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.operators.behavior import BehaviorOp
 from txstream.engine.operators.distinct import DistinctOp
 from txstream.engine.operators.join import JoinOp, PadOp
 from txstream.engine.operators.reduce import ReduceOp
 from txstream.engine.operators.rowwise import ConcatOp, FilterOp, NegateOp, SelectOp, SourceOp
 from txstream.engine.table import (
+    BehaviorNode,
     ConcatNode,
     DistinctNode,
     FilterNode,
@@ -29,6 +31,7 @@ OPERATORS: dict[type[Node], type[Operator]] = {
     PadNode: PadOp,
     DistinctNode: DistinctOp,
     ReduceNode: ReduceOp,
+    BehaviorNode: BehaviorOp,
 }
 
 __all__ = ["OPERATORS", "Delta", "Operator", "SourceOp"]

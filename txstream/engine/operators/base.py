@@ -46,15 +46,16 @@ def first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0]
 
 
-def _check_columns(node: Node, schema: StructType) -> StructType:
-    """Every column of a table: a supported type, not a reserved name, unique ignoring case
-    (Spark resolves names case-insensitively)."""
+def _check_columns(node: Node, schema: StructType, engine_columns: frozenset[str]
+                   ) -> StructType:
+    """Every column of a table: a supported type, not a reserved name (but the `engine_columns`
+    the operator itself adds), unique ignoring case (Spark resolves names case-insensitively)."""
     seen: dict[str, str] = {}
     for f in schema.fields:
         if f.name.lower() in RESERVED_COLUMNS:
             raise PipelineDefinitionError(
                 f"{node.label}: column {f.name!r} is reserved for change metadata; rename it")
-        if f.name.startswith(INTERNAL_PREFIX):
+        if f.name.startswith(INTERNAL_PREFIX) and f.name not in engine_columns:
             raise PipelineDefinitionError(
                 f"{node.label}: column {f.name!r}: names starting with {INTERNAL_PREFIX!r} are "
                 "reserved for the engine; rename it")
@@ -122,7 +123,7 @@ class Operator(ABC):
         self.input_schemas = list(inputs)
         # Where the runs of every state the operator keeps live (`_resolve` makes them).
         self.placement = placement
-        self.schema = _check_columns(node, self._resolve())
+        self.schema = _check_columns(node, self._resolve(), self.engine_columns())
         # The columns readers of this operator's output cluster it by at parallelism above 1
         # (see `input_clustering`), those most readers want first; set by the engine once the
         # DAG is known. An operator that must exchange its output anyway (a consolidation)
@@ -156,6 +157,11 @@ class Operator(ABC):
                 f"{self.node.label}: {what} column(s) {', '.join(missing)} not found; "
                 f"available: {', '.join(schema.names)}"
             )
+
+    def engine_columns(self) -> frozenset[str]:
+        """Columns of the output named as the engine's helpers are (with `INTERNAL_PREFIX`),
+        which the operator adds for its one reader to read (none, in the base class)."""
+        return frozenset()
 
     def states(self) -> dict[str, ZSetState]:
         """The operator's state by name; empty when stateless (as the base class is).

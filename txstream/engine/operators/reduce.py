@@ -11,6 +11,11 @@ State (each a Z-set, see `txstream.engine.state`):
 A group's row is a function of these, so the row to retract before the batch's first
 transaction is computed from the state as it was before the batch (time `BEFORE_BATCH`), the
 same way every later row is: no trace of the emitted rows is kept.
+
+After a temporal behavior that keeps the results of closed windows (`forgetting`), the input's
+rows marked `FORGET` retract a closed window's rows from the state alone: the timeline that
+makes the output leaves them out, so the window's row stays in the output and its group leaves
+the state (txstream.engine.operators.behavior).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from txstream.engine.frames import (
     prefixed,
 )
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
+from txstream.engine.operators.behavior import FORGET
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
 from txstream.engine.results import INSERT, OLD, RETRACT, Pairs
 from txstream.engine.state import ZSetState
@@ -84,6 +90,8 @@ class ReduceOp(Operator):
         src = self.input_schemas[0]
         keys = list(self.node.keys)
         self._require(src, keys, "group-by")
+        if self.node.forgetting:
+            self._require(src, [FORGET], "forgetting")
         self.keys = keys
         fields = [src[k] for k in keys]
         self.column_types: dict[str, ColumnType | None] = {}
@@ -247,8 +255,9 @@ class ReduceOp(Operator):
 
     def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
         """The keys and the reducers' columns, whatever its readers read."""
+        forget = [FORGET] if self.node.forgetting else []
         return [frozenset(self.keys).union(
-            red.column for _, red in self.node.reducers if red.column is not None)]
+            forget, (red.column for _, red in self.node.reducers if red.column is not None))]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
@@ -269,16 +278,19 @@ class ReduceOp(Operator):
         in_place = not self.value_states and known is not None and set(known) < set(keys)
         if not in_place:
             d = batch.clustered(d, keys)
-        rows = (d.groupBy(*key_cols, col(TIME)).agg(*self._accumulate)
+        forget = [col(FORGET)] if self.node.forgetting else []
+        rows = (d.groupBy(*key_cols, col(TIME), *forget).agg(*self._accumulate)
                 if in_place or self.many_per_key
-                else d.select(*key_cols, col(TIME), *self._per_row))
+                else d.select(*key_cols, col(TIME), *forget, *self._per_row))
         acc_delta = (batch.clustered(rows, keys) if in_place
                      else batch.shared(rows, clustered_by=keys))
-        touched = batch.shared(acc_delta.select(*key_cols).distinct(), clustered_by=keys)
+        # Rows that only forget change the state, not the output (see the module doc).
+        shown = acc_delta.where(~col(FORGET)).drop(FORGET) if forget else acc_delta
+        touched = batch.shared(shown.select(*key_cols).distinct(), clustered_by=keys)
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then the batch's rows (in
         # place: their sums by group and time).
-        timeline = acc_delta
+        timeline = shown
         base = self.acc_state.lookup(touched, keys, batch.parallelism)
         if base is not None:
             timeline = timeline.unionByName(base.withColumn(TIME, F.lit(BEFORE_BATCH)))
@@ -298,11 +310,15 @@ class ReduceOp(Operator):
         keys = self.keys
         key_cols = [col(k) for k in keys]
         state = self.value_states[column]
-        vd = batch.shared(consolidate(
+        forget = [FORGET] if self.node.forgetting else []
+        changed = batch.shared(consolidate(
             d.where(col(column).isNotNull()).select(*key_cols, col(column).alias(VALUE),
-                                                   col(TIME), col(DIFF)),
-            [*keys, VALUE],
+                                                   *[col(c) for c in forget], col(TIME),
+                                                   col(DIFF)),
+            [*keys, VALUE, *forget],
         ), clustered_by=keys)
+        # Rows that only forget change the state, not the output (see the module doc).
+        vd = changed.where(~col(FORGET)).drop(FORGET) if forget else changed
         touched_values = vd.select(*key_cols, col(VALUE)).distinct()
 
         # The state's values of the touched groups, split in two: values the batch does not
@@ -367,7 +383,7 @@ class ReduceOp(Operator):
             steady_low, steady_high, steady_count = [F.col(f"{STEADY}{n}") for n in STEADY_STATS]
             low, high = F.least(low, steady_low), F.greatest(high, steady_high)
             count = F.coalesce(count, F.lit(0)) + F.coalesce(steady_count, F.lit(0))
-        batch.append(state, vd)
+        batch.append(state, changed)
         names = value_stats(self.value_index[column])
         return joined.select(
             *[groups[f"`{c}`"] for c in groups.columns],

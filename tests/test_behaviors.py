@@ -1,0 +1,221 @@
+"""Temporal behaviors (`windowby(..., behavior=...)`, `txstream.engine.operators.behavior`):
+when a window's rows reach the reduce and when a closed window leaves its state.
+
+* Pathway's own update streams under each behavior, ported exactly (its tutorial's sliding
+  windows, a tumbling window with a deletion), one Pathway time per transaction; where
+  `keep_results=False` retracts a window, in the transaction whose rows close it (DESIGN
+  section 10), where Pathway waits for its next row that is not late;
+* random transactions (inserts, updates, deletes, event times mostly rising, some late) against
+  the clock rule's from-scratch recompute (`tests/support/temporal_model.py`, itself checked
+  against Pathway) after every transaction, at batch sizes 1, 7 and all and at parallelism 1
+  and 2: the same update streams;
+* a closed window's state leaves the engine: after a stream of windows, the states hold only
+  what open windows need;
+* definition errors that name what to fix.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from datetime import timedelta
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+from support import pathway_streams as printed
+from support.temporal_model import Behavior, Change, Windows, exactly_once, update_stream
+
+from txstream import Pipeline, PipelineDefinitionError, Table, TableSchema
+from txstream import reducers as r
+from txstream import temporal as t
+from txstream.changes import DIFF, TIME, Changes
+from txstream.engine import Engine
+
+EVENTS = TableSchema.of({"id": "bigint", "user_id": "bigint", "ts": "bigint", "v": "bigint"},
+                        primary_key=["id"])
+
+
+def _as_txstream(windows: Windows, behavior: Behavior | None) -> tuple[t.Sliding,
+                                                                          t.CommonBehavior | None]:
+    window = t.sliding(windows.hop, windows.duration, windows.origin)
+    if behavior is None:
+        return window, None
+    return window, t.common_behavior(behavior.delay, behavior.cutoff, behavior.keep_results)
+
+
+def _pipeline(cases: dict[str, tuple[Windows, Behavior | None, bool]]) -> Pipeline:
+    p = Pipeline()
+    events = p.source("s", EVENTS)
+    for name, (windows, behavior, instance) in cases.items():
+        window, shown = _as_txstream(windows, behavior)
+        p.output(name, events.windowby("ts", window=window, behavior=shown,
+                                       instance="user_id" if instance else ())
+                 .reduce(n=r.count(), s=r.sum("v")))
+    return p
+
+
+def _streams(spark: SparkSession, pipeline: Pipeline, changes: list[Change], size: int | None,
+             parallelism: int = 1, engine: Engine | None = None) -> dict[str, list[tuple]]:
+    """Every output's changes as (*row, transaction, diff) in stream order, the source's
+    `changes` given in batches of `size` transactions (None: one batch)."""
+    engine = engine or Engine(pipeline, spark, parallelism=parallelism)
+    times = sorted({number for _, number, _ in changes})
+    size = size or len(times)
+    got: dict[str, list[tuple]] = {name: [] for name in pipeline.outputs}
+    for i in range(0, len(times), size):
+        group = set(times[i:i + size])
+        batch = [c for c in changes if c[1] in group]
+        data = {n: [row[j] for row, _, _ in batch] for j, n in enumerate(EVENTS.names)}
+        data |= {TIME: [number for _, number, _ in batch], DIFF: [diff for _, _, diff in batch]}
+        out = engine.process({"s": Changes(pa.table(
+            data, schema=EVENTS.arrow_schema(with_changes=True)))})
+        for name in got:
+            got[name] += [tuple(row.values()) for row in out[name].table.to_pylist()]
+    return {name: printed.in_stream_order(rows) for name, rows in got.items()}
+
+
+# --- Pathway's streams -------------------------------------------------------------------------
+
+SLIDING = Windows(hop=4, duration=10)
+FROM_360 = Windows(hop=4, duration=10, origin=360)
+TUTORIAL_CASES = {
+    "common_behavior(delay=4)": (SLIDING, Behavior(delay=4), False),
+    "common_behavior(cutoff=4)": (SLIDING, Behavior(cutoff=4), False),
+    "exactly_once_behavior(shift=2)": (FROM_360, exactly_once(FROM_360, shift=2), False),
+}
+
+
+def _tutorial() -> list[Change]:
+    return [((i, 0, event, 1), printed.TUTORIAL_TIMES.index(arrived) + 1, 1)
+            for i, (event, arrived) in enumerate(printed.TUTORIAL)]
+
+
+def _count_only(stream: list[tuple]) -> list[tuple]:
+    """(start, end, n, transaction, diff): the tutorial's windows count rows only."""
+    return [(*row[:3], *row[4:]) for row in stream]
+
+
+@pytest.mark.parametrize(("size", "parallelism"), [(1, 1), (None, 1), (3, 2)])
+def test_pathways_tutorial_streams_under_each_behavior(spark: SparkSession, size: int | None,
+                                                       parallelism: int) -> None:
+    got = _streams(spark, _pipeline(TUTORIAL_CASES), _tutorial(), size, parallelism)
+    for name in TUTORIAL_CASES:
+        assert _count_only(got[name]) == printed.parse(printed.TUTORIAL_STREAMS[name],
+                                                       printed.TUTORIAL_TIMES), name
+
+
+def test_without_keeping_results_a_window_leaves_when_its_rows_close_it(
+        spark: SparkSession) -> None:
+    """Pathway's stream for `common_behavior(cutoff=4, keep_results=False)`, but the windows the
+    clock closes in transaction 6 retracted there, not at Pathway's next row that is not late."""
+    case = {"o": (FROM_360, Behavior(cutoff=4, keep_results=False), False)}
+    got = _streams(spark, _pipeline(case), _tutorial(), 1)["o"]
+    pathway = printed.parse(
+        printed.TUTORIAL_STREAMS["common_behavior(cutoff=4, keep_results=False)"],
+        printed.TUTORIAL_TIMES)
+    lazy = {(360, 370, 3, 7, -1), (364, 374, 4, 7, -1), (368, 378, 3, 7, -1)}
+    assert lazy <= set(pathway)
+    assert _count_only(got) == printed.in_stream_order(
+        [row for row in pathway if row not in lazy] + [(*row[:3], 6, -1) for row in lazy])
+
+
+TUMBLING = Windows(hop=10, duration=10)
+
+
+@pytest.mark.parametrize("size", [1, None])
+def test_pathways_tumbling_streams_with_a_deletion(spark: SparkSession, size: int | None
+                                                   ) -> None:
+    cases = {"common_behavior(cutoff=0)": (TUMBLING, Behavior(cutoff=0), False),
+             "exactly_once_behavior()": (TUMBLING, exactly_once(TUMBLING), False)}
+    changes = [((i, 0, ts, v), printed.TUMBLING_TIMES.index(time) + 1, diff)
+               for (i, ts, v), time, diff in printed.TUMBLING_ROWS]
+    got = _streams(spark, _pipeline(cases), changes, size)
+    for name in cases:
+        assert got[name] == printed.parse(printed.TUMBLING_STREAMS[name],
+                                          printed.TUMBLING_TIMES), name
+
+
+# --- against the clock rule's recompute ---------------------------------------------------------
+
+RANDOM_CASES: dict[str, tuple[Windows, Behavior | None, bool]] = {
+    "delay": (Windows(5, 5), Behavior(delay=3), True),
+    "cutoff": (Windows(3, 7), Behavior(cutoff=2), False),
+    "delay_cutoff": (Windows(4, 4), Behavior(delay=6, cutoff=1), True),
+    "retract": (Windows(5, 5), Behavior(cutoff=3, keep_results=False), True),
+    "retract_delayed": (Windows(4, 8), Behavior(delay=5, cutoff=2, keep_results=False), False),
+    # Released after the clock closed the window: emitted once, and forgotten at once.
+    "release_after_close": (Windows(4, 8), Behavior(delay=14, cutoff=2), True),
+    "exactly_once": (Windows(5, 5), exactly_once(Windows(5, 5), shift=1), True),
+    "exactly_once_sliding": (Windows(2, 6), exactly_once(Windows(2, 6)), False),
+}
+
+
+def random_changes(rng: random.Random, transactions: int) -> list[Change]:
+    """Inserts, updates and deletes of a dozen ids over `transactions` transactions, event
+    times rising by a few per transaction with some far behind (late for most windows)."""
+    live: dict[int, tuple[int, int, int, int]] = {}
+    changes: list[Change] = []
+    now = 0
+    for number in range(1, transactions + 1):
+        now += rng.randint(0, 4)
+        for _ in range(rng.randint(1, 4)):
+            key = rng.randrange(12)
+            ts = now - (rng.randint(5, 25) if rng.random() < 0.2 else rng.randint(0, 3))
+            row = (key, rng.randint(1, 2), ts, rng.choice((1, 5, -3)))
+            if key in live:
+                changes.append((live.pop(key), number, -1))
+                if rng.random() < 0.3:
+                    continue  # a deletion
+            live[key] = row
+            changes.append((row, number, 1))
+    return changes
+
+
+@pytest.mark.parametrize(("seed", "sizes", "parallelism"),
+                         [(1, (1, 7, None), 1), (2, (7, None), 2), (3, (1,), 2)])
+def test_behaviors_follow_the_clock_rule_at_every_batch_size(
+        spark: SparkSession, seed: int, sizes: tuple[int | None, ...], parallelism: int) -> None:
+    changes = random_changes(random.Random(seed), 40)
+    pipeline = _pipeline(RANDOM_CASES)
+    want = {name: update_stream(changes, windows, behavior, instance, 40)
+            for name, (windows, behavior, instance) in RANDOM_CASES.items()}
+    assert all(want.values()), "every case emits"
+    assert sum(row[-1] < 0 for stream in want.values() for row in stream) > 10, \
+        "the recompute retracts windows"
+    for size in sizes:
+        got = _streams(spark, pipeline, changes, size, parallelism)
+        for name in RANDOM_CASES:
+            assert got[name] == want[name], f"{name}: seed {seed}, batches of {size}"
+
+
+# --- definition errors -------------------------------------------------------------------------
+
+def _source() -> Table:
+    return Pipeline().source("s", TableSchema.of({"id": "bigint", "ts": "timestamp"},
+                                                 primary_key=["id"]))
+
+
+MINUTE = t.tumbling(timedelta(minutes=1))
+
+
+@pytest.mark.parametrize(("build", "says"), [
+    (lambda s: s.windowby("ts", window=MINUTE,
+                          behavior=t.common_behavior(keep_results=False)),
+     "keep_results=False .* needs a cutoff"),
+    (lambda s: s.windowby("ts", window=MINUTE, behavior=t.common_behavior(delay=5)),
+     "a timedelta for timestamp windows"),
+    (lambda s: s.windowby("ts", window=t.tumbling(5),
+                          behavior=t.exactly_once_behavior(timedelta(seconds=1))),
+     "a number for numeric ones"),
+    (lambda s: s.windowby("ts", window=MINUTE,
+                          behavior=t.common_behavior(cutoff=timedelta(seconds=-1))),
+     "must not be negative"),
+    (lambda s: s.windowby("ts", window=MINUTE, behavior="exactly once"),  # type: ignore[arg-type]
+     "is not a behavior"),
+])
+def test_a_behavior_that_cannot_be_says_why(build: Callable[[Table], object], says: str
+                                            ) -> None:
+    with pytest.raises(PipelineDefinitionError, match=says) as raised:
+        build(_source())
+    assert "source s" in str(raised.value), "the message names the table"

@@ -1,0 +1,203 @@
+"""Temporal behavior: when a windowed table's rows reach the reduce after it, and when they leave
+(Pathway's `common_behavior(delay, cutoff, keep_results)`; `exactly_once_behavior(shift)` is
+`delay = duration + shift, cutoff = shift`).
+
+    windowed rows --> [ clock | late? | buffer until released | kept until closed ] --> reduce
+
+The rule (DESIGN section 10), per row of the input (a row in one of its windows, with its
+transaction N and diff):
+
+* clock: `C(N)`, the largest event time of the input's rows of transactions up to N (one clock
+  for the table, deletions included; a transaction's changes consolidated first);
+* late: the row is ignored when `end + cutoff <= C(N - 1)`, the clock before its transaction;
+* released (emitted) in the first transaction M >= N with `C(M) >= start + delay` (N's own
+  rows count), at once without a delay;
+* closed in the first transaction K with `C(K) >= end + cutoff`: with `keep_results=False` the
+  window's released rows are retracted at K (a window closed at or before its release is never
+  shown); with `keep_results=True` they are retracted at `max(M, K)` *marked* `FORGET`, which
+  the reduce applies to its state and not to its output: the result stays, the state goes.
+
+Delta rule: the clock after each transaction of the batch is a running maximum over the
+batch's transactions, started from the clock before it (state); so are, per window, its
+release time R and its close time K (the first of the batch's transactions, or `BEFORE_BATCH`,
+whose clock reaches the window's thresholds). A row of the batch at N is late when `K < N`,
+released at `max(N, R)`; a buffered row at R; a row kept since its release is retracted at K.
+Every such time is a transaction of the batch, so the output of each transaction is what
+processing it alone gives, at every batch size.
+
+State: `clock` (the one value of the clock), `buffer` (rows not yet released, with a delay),
+`released` (rows released and not yet closed, with a cutoff). All three are bounded by the
+windows still open: a closed window's rows leave both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, StructField, StructType
+
+from txstream.engine.batch import BatchPlan
+from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
+from txstream.engine.frames import build_side, col, join, prefixed, union_all
+from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.state import ZSetState
+from txstream.engine.table import BehaviorNode
+from txstream.engine.temporal import WINDOW_END, WINDOW_START, event_micros
+
+# A retraction that only leaves the reduce's state (see the module doc). An output column.
+FORGET = "__forget"
+# The clock's column in the saved state (a new name would make earlier checkpoints unreadable).
+CLOCK = "__clock"
+# Within one batch's plans: where a row comes from (the batch, the buffer, the released rows),
+# a window's release and close times, and the window's bounds in the thresholds' frame.
+_FROM, _RELEASE, _CLOSE, _WINDOW = "__from", "__release", "__close", "__window_"
+_BATCH, _BUFFERED, _RELEASED = 0, 1, 2
+
+
+class BehaviorOp(Operator):
+    node: BehaviorNode
+
+    def _resolve(self) -> StructType:
+        src = self.input_schemas[0]
+        self._require(src, [self.node.time, WINDOW_START, WINDOW_END], "event-time")
+        names = src.names
+        behavior = self.node.behavior
+        self.clock = ZSetState([CLOCK], [DIFF], placement=self.placement)
+        self.buffer = (ZSetState(names, [DIFF], placement=self.placement)
+                       if behavior.delay is not None else None)
+        self.released = (ZSetState(names, [DIFF], placement=self.placement)
+                         if behavior.cutoff is not None else None)
+        marker = [StructField(FORGET, BooleanType(), False)] if behavior.forgets else []
+        return StructType([*src.fields, *marker])
+
+    def engine_columns(self) -> frozenset[str]:
+        return frozenset({FORGET})
+
+    def states(self) -> dict[str, ZSetState]:
+        found = {"clock": self.clock, "buffer": self.buffer, "released": self.released}
+        return {name: state for name, state in found.items() if state is not None}
+
+    def _at(self, column: str) -> Column:
+        """A time column or window bound in the behavior's units (microseconds or numbers)."""
+        return F.expr(event_micros(f"`{column}`", self.node.timed))
+
+    @staticmethod
+    def _read(state: ZSetState | None, planned: int) -> DataFrame | None:
+        """The state's rows, consolidated, or None when it has none."""
+        frame = state.frame(planned) if state is not None else None
+        if frame is None:
+            return None
+        assert state is not None
+        return (frame.groupBy(*[col(k) for k in state.keys]).agg(F.sum(col(DIFF)).alias(DIFF))
+                .where(col(DIFF) != 0))
+
+    def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
+        d = deltas[0]
+        if d is None:
+            return None  # the clock moves with rows only: nothing is released or closed
+        planned = batch.parallelism
+        names = self.input_schemas[0].names
+        rows = [col(n) for n in names]
+
+        # The clock after each transaction of the batch (BEFORE_BATCH: the clock before it).
+        before = self._read(self.clock, planned)
+        peaks = d.groupBy(col(TIME)).agg(F.max(self._at(self.node.time)).alias(CLOCK))
+        if before is not None:
+            peaks = peaks.unionByName(before.select(F.lit(BEFORE_BATCH).cast("long").alias(TIME),
+                                                    col(CLOCK)))
+        running = Window.orderBy(col(TIME)).rowsBetween(Window.unboundedPreceding,
+                                                        Window.currentRow)
+        clocks = peaks.select(col(TIME), F.max(col(CLOCK)).over(running).alias(CLOCK))
+
+        # Every row the batch may move: its own (at their transactions), the buffered and the
+        # kept ones (before the batch).
+        parts = [d.select(*rows, col(TIME), col(DIFF), F.lit(_BATCH).alias(_FROM))]
+        for state, origin in ((self.buffer, _BUFFERED), (self.released, _RELEASED)):
+            held = self._read(state, planned)
+            if held is not None:
+                parts.append(held.select(*rows, F.lit(BEFORE_BATCH).cast("long").alias(TIME),
+                                         col(DIFF), F.lit(origin).alias(_FROM)))
+        entries = union_all(parts, planned)
+
+        windows = build_side(prefixed(self._thresholds(entries, clocks), _WINDOW))
+        on = ((entries[f"`{WINDOW_START}`"] == windows[f"`{_WINDOW}{WINDOW_START}`"])
+              & (entries[f"`{WINDOW_END}`"] == windows[f"`{_WINDOW}{WINDOW_END}`"]))
+        marked = batch.shared(
+            join(entries, windows, on, "inner", planned)
+            .select(*rows, col(TIME), col(DIFF), col(_FROM),
+                    col(f"{_WINDOW}{_RELEASE}").alias(_RELEASE),
+                    col(f"{_WINDOW}{_CLOSE}").alias(_CLOSE))
+            .where(~self._late()))
+
+        released, close = self._released_at(), col(_CLOSE)
+        keep = self.node.behavior.keep_results
+        forgets = self.node.behavior.forgets
+        # keep_results=False: a window closed at or before its release is never shown.
+        hidden = F.lit(False) if keep else F.coalesce(close <= released, F.lit(False))
+        shown = released.isNotNull() & (released != BEFORE_BATCH) & ~hidden
+        marker = [F.lit(False).alias(FORGET)] if forgets else []
+        changes = [marked.where(shown).select(*rows, *marker, released.alias(TIME), col(DIFF))]
+        if self.node.behavior.cutoff is not None:
+            retracted = released.isNotNull() & close.isNotNull() & (
+                F.lit(True) if keep else close > released)
+            retract_at = F.greatest(released, close) if keep else close
+            changes.append(marked.where(retracted).select(
+                *rows, *([F.lit(True).alias(FORGET)] if forgets else []),
+                retract_at.alias(TIME), (-col(DIFF)).alias(DIFF)))
+
+        # What the states hold after the batch: buffered rows not yet released (with
+        # keep_results=False, not those of a window closed first), released rows not closed.
+        waiting = released.isNull() & (F.lit(True) if keep else close.isNull())
+        if self.buffer is not None:
+            batch.append(self.buffer, self._moved(marked, waiting, _BUFFERED, (_BATCH,)))
+        if self.released is not None:
+            batch.append(self.released, self._moved(
+                marked, released.isNotNull() & close.isNull(), _RELEASED, (_BATCH, _BUFFERED)))
+        old = [before.select(col(CLOCK), (-col(DIFF)).alias(DIFF))] if before is not None else []
+        batch.append(self.clock, union_all(
+            [*old, clocks.agg(F.max(col(CLOCK)).alias(CLOCK))
+             .select(col(CLOCK), F.lit(1).cast("long").alias(DIFF))], planned))
+        return self._output(union_all(changes, planned), batch)
+
+    def _thresholds(self, entries: DataFrame, clocks: DataFrame) -> DataFrame:
+        """Per window of `entries`, its release time (`_RELEASE`, a delay given) and its close
+        time (`_CLOSE`, a cutoff given): the first transaction of the batch, or BEFORE_BATCH,
+        whose clock reaches `start + delay` and `end + cutoff`; null when none does."""
+        behavior = self.node.behavior
+        reached = []
+        for threshold, name in ((behavior.delay, _RELEASE), (behavior.cutoff, _CLOSE)):
+            bound = self._at(WINDOW_START if name == _RELEASE else WINDOW_END)
+            first = (F.min(F.when(col(CLOCK) >= bound + F.lit(threshold), col(TIME)))
+                     if threshold is not None else F.lit(None).cast("long"))
+            reached.append(first.alias(name))
+        windows = entries.select(col(WINDOW_START), col(WINDOW_END)).distinct()
+        return (windows.crossJoin(clocks).groupBy(col(WINDOW_START), col(WINDOW_END))
+                .agg(*reached))
+
+    def _late(self) -> Column:
+        """Whether a row of the batch is late: its window closed before its transaction (the
+        close time of a held row is never before BEFORE_BATCH, its time)."""
+        if self.node.behavior.cutoff is None:
+            return F.lit(False)
+        return F.coalesce(col(_CLOSE) < col(TIME), F.lit(False))
+
+    def _released_at(self) -> Column:
+        """When a row is released: BEFORE_BATCH for a row released before, its transaction
+        without a delay, else the later of its transaction and its window's release (null:
+        not in this batch)."""
+        release = (col(TIME) if self.node.behavior.delay is None
+                   else F.when(col(_RELEASE).isNotNull(), F.greatest(col(TIME), col(_RELEASE))))
+        return F.when(col(_FROM) == _RELEASED, F.lit(BEFORE_BATCH).cast("long")) \
+            .otherwise(release)
+
+    def _moved(self, marked: DataFrame, stays: Column, origin: int, entering: tuple[int, ...]
+               ) -> DataFrame:
+        """A state's changes: the rows from `entering` (the batch, the buffer) that `stays` says
+        it holds now, minus its own rows (`origin`) that `stays` lets go."""
+        diff = (F.when(col(_FROM).isin(*entering) & stays, col(DIFF))
+                .when((col(_FROM) == origin) & ~stays, -col(DIFF))
+                .otherwise(F.lit(0).cast("long")))
+        return marked.select(*[col(n) for n in self.input_schemas[0].names],
+                             diff.alias(DIFF)).where(col(DIFF) != 0)
