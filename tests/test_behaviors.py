@@ -172,13 +172,14 @@ def random_changes(rng: random.Random, transactions: int) -> list[Change]:
     return changes
 
 
-@pytest.mark.parametrize(("seed", "sizes", "parallelism"),
-                         [(1, (1, 7, None), 1), (2, (7, None), 2), (3, (1,), 2)])
+@pytest.mark.parametrize(("seed", "transactions", "sizes", "parallelism"),
+                         [(1, 30, (1, 7, None), 1), (2, 40, (7, None), 2), (3, 15, (1,), 2)])
 def test_behaviors_follow_the_clock_rule_at_every_batch_size(
-        spark: SparkSession, seed: int, sizes: tuple[int | None, ...], parallelism: int) -> None:
-    changes = random_changes(random.Random(seed), 40)
+        spark: SparkSession, seed: int, transactions: int, sizes: tuple[int | None, ...],
+        parallelism: int) -> None:
+    changes = random_changes(random.Random(seed), transactions)
     pipeline = _pipeline(RANDOM_CASES)
-    want = {name: update_stream(changes, windows, behavior, instance, 40)
+    want = {name: update_stream(changes, windows, behavior, instance, transactions)
             for name, (windows, behavior, instance) in RANDOM_CASES.items()}
     assert all(want.values()), "every case emits"
     assert sum(row[-1] < 0 for stream in want.values() for row in stream) > 10, \
@@ -187,6 +188,73 @@ def test_behaviors_follow_the_clock_rule_at_every_batch_size(
         got = _streams(spark, pipeline, changes, size, parallelism)
         for name in RANDOM_CASES:
             assert got[name] == want[name], f"{name}: seed {seed}, batches of {size}"
+
+
+# --- closed windows leave the state ------------------------------------------------------------
+
+def _open_entries(changes: list[Change], windows: Windows, shift: int) -> int:
+    """The (row, window) pairs an exactly-once buffer holds after `changes`: rows present
+    (net of their deletions) in the windows the clock has not reached the end plus `shift` of."""
+    clock = max(row[2] for row, _, _ in changes)
+    net: dict[tuple[tuple[int, ...], tuple[int, int]], int] = {}
+    for row, _, diff in changes:
+        for window in windows.of(row[2]):
+            if window[1] + shift > clock:
+                net[(row, window)] = net.get((row, window), 0) + diff
+    return sum(1 for n in net.values() if n)
+
+
+def test_closed_windows_leave_the_state(spark: SparkSession) -> None:
+    """60 transactions over 40 windows: without a behavior the reduce keeps a group per window
+    and user; exactly once, it keeps none (each window is forgotten as it is emitted) and the
+    buffer only the rows of the windows still open; with a cutoff, the reduce keeps the
+    windows not yet closed, its released rows no more."""
+    windows = Windows(5, 5)
+    rng = random.Random(7)
+    changes: list[Change] = []
+    for number in range(1, 61):  # new page views for ever, now and then one taken back
+        for i in range(3):
+            changes.append(((3 * number + i, rng.randint(1, 2), 3 * number + rng.randint(-2, 2),
+                             rng.randint(1, 9)), number, 1))
+        if rng.random() < 0.3:
+            changes.append((changes[-4][0], number, -1))
+    cases = {"kept": (windows, None, True),
+             "exactly_once": (windows, exactly_once(windows, shift=1), True),
+             "cutoff": (windows, Behavior(cutoff=2), True)}
+    pipeline = _pipeline(cases)
+    engine = Engine(pipeline, spark)
+    got = _streams(spark, pipeline, changes, 10, engine=engine)
+    assert all(got.values())
+    rows = engine.state_rows()
+
+    def of(operator: str, state: str) -> list[int]:
+        return [n for name, n in rows.items() if operator in name and name.endswith(state)]
+
+    groups = of("ReduceOp", "acc_state")  # in the order of the outputs
+    clock = max(row[2] for row, _, _ in changes)
+    assert groups[0] > 60, "without a behavior every window stays"
+    assert groups[1] == 0, "exactly once: a window leaves the state as it is emitted"
+    open_groups = {(row[1], w) for row, _, _ in changes for w in windows.of(row[2])
+                   if w[1] + 2 > clock}
+    assert 0 < groups[2] <= len(open_groups)
+    assert of("BehaviorOp", "buffer") == [_open_entries(changes, windows, 1)]
+    assert of("BehaviorOp", "released")[-1] <= 4 * len(open_groups)
+    assert of("BehaviorOp", "clock") == [1, 1]
+
+
+def test_a_pipeline_with_a_behavior_is_never_netted(spark: SparkSession) -> None:
+    """A batch's net change moves a behavior's clock once where its transactions move it one by
+    one, so the runner must not net batches (`Engine.nets_exactly`) even when every sink
+    would allow it: here netting transactions 1 and 2 would count the row of transaction 1,
+    late by the clock of transaction 1."""
+    case = {"o": (Windows(5, 5), Behavior(cutoff=0), False)}
+    changes: list[Change] = [((1, 1, 20, 1), 1, 1), ((2, 1, 3, 1), 2, 1)]
+    by_one = _streams(spark, _pipeline(case), changes, 1)["o"]
+    netted = _streams(spark, _pipeline(case), [(row, 2, diff) for row, _, diff in changes],
+                      1)["o"]
+    assert [row[:-2] for row in by_one] != [row[:-2] for row in netted]
+    assert not Engine(_pipeline(case), spark).nets_exactly
+    assert Engine(_pipeline({"o": (Windows(5, 5), None, False)}), spark).nets_exactly
 
 
 # --- definition errors -------------------------------------------------------------------------

@@ -130,6 +130,7 @@ class PassThrough:
         self.sources = {"s"}
         self.totals = SimpleNamespace(jobs=0, stages=0)
         self.index_bytes = 0
+        self.nets_exactly = True
         self.calls: list[list[int]] = []
         self.logged_at_call: list[int] = []
         self._checkpoints = checkpoints

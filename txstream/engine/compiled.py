@@ -87,6 +87,9 @@ class CompiledPipeline:
             for name, out in pipeline.outputs.items()
         }
         self.sources = {op.name: op for op in self.operators if isinstance(op, SourceOp)}
+        # Whether computing a batch as its net change gives the same outputs at its end (see
+        # `Operator.sees_transactions`).
+        self.nets_exactly = not any(op.sees_transactions for op in self.operators)
         self.result = ResultLayout({name: (out.schema, by_id[out.node.id].pairs() if
                                            by_id[out.node.id].emit_pairs else None)
                                     for name, out in self.outputs.items()})

@@ -222,6 +222,21 @@ class Engine:
         """Whether the engine has neither loaded state nor processed a batch."""
         return self.last_batch is None and not any(s.runs for s in self.compiled.states.values())
 
+    @property
+    def nets_exactly(self) -> bool:
+        """Whether a batch's transactions computed as one, their net change (`Changes.net`),
+        give the outputs at the batch's end that computing them one by one gives: not with a
+        temporal behavior, whose clock moves transaction by transaction."""
+        return self.compiled.nets_exactly
+
+    def state_rows(self) -> dict[str, int]:
+        """The rows each state holds now, by its name (`CompiledPipeline.states`): a Spark job
+        per state, for tests and samples, never run by a batch."""
+        with call_site(self.spark.sparkContext, "txstream state rows"):
+            return {name: (0 if frame is None else frame.count())
+                    for name, state in self.compiled.states.items()
+                    for frame in [state.consolidated(state.runs, state.partitions)]}
+
     def forget(self) -> None:
         """Back to fresh: empty state, no batch run (for the warm-up: the plans it recorded
         stay; see `txstream.engine.warmup.warming_up`)."""

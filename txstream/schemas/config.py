@@ -281,7 +281,9 @@ class PipelineConfig(BaseModel):
         ends; a row's `time`, and whether a row inserted and deleted within a batch leaves a
         tombstone, depend on the batching then). Under a backlog this saves the engine the states
         between: a group-by whose keys all change in every transaction of a 100-transaction
-        batch otherwise computes each key's row 100 times and hands the sinks every one."""
+        batch otherwise computes each key's row 100 times and hands the sinks every one. The
+        runner nets only when the pipeline allows it too (`Engine.nets_exactly`: no temporal
+        behavior, whose clock moves transaction by transaction)."""
         return self.postgres_commit == "batch" and all(
             s.settings.shows_batch_ends_only for s in self.sinks)
 

@@ -152,16 +152,20 @@ class PipelineRunner:
                                resuming=resumed.resuming, live=live, retrying=self._retrying,
                                crash=self._crash, fence=fence,
                                checkpoint_fence=self.checkpoints.check_epoch)
+        nets = config.nets_batches and engine.nets_exactly
         try:
             refuse(self._startup_problems(resumed.resuming, checkpointed))
-            self._net_groups = NetGroups.of(config.nets_batches, resumed.replay,
+            self._net_groups = NetGroups.of(nets, resumed.replay,
                                             self._logged_through, self.outputs.progress_row())
         except BaseException:
             self.outputs.close()
             raise
-        if config.nets_batches:
+        if nets:
             log.info("every sink is a PostgreSQL snapshot committed per batch: a batch of "
                      "several transactions is computed as one, their net change")
+        elif config.nets_batches:
+            log.info("every sink is a PostgreSQL snapshot committed per batch, but the "
+                     "pipeline's temporal behaviors see each transaction: batches not netted")
         self._checkpointing = Checkpointing(config, engine, checkpoints, self.outputs,
                                             self.metrics.checkpoint, self._crash, checkpointed,
                                             clock)

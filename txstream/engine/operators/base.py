@@ -115,6 +115,10 @@ class Operator(ABC):
     # matching row of the other side), so that readers downstream may get many changes per
     # key and transaction (see `many_per_key`).
     multiplies_rows: ClassVar[bool] = False
+    # Whether the output at a batch's end depends on how the batch's changes are cut into
+    # transactions, not only on their sum (a temporal behavior's clock moves transaction by
+    # transaction): a batch is then never computed as one netted transaction.
+    sees_transactions: ClassVar[bool] = False
 
     def __init__(self, spark: SparkSession, node: Node, inputs: Sequence[StructType],
                  placement: StatePlacement) -> None:

@@ -58,6 +58,7 @@ _BATCH, _BUFFERED, _RELEASED = 0, 1, 2
 
 class BehaviorOp(Operator):
     node: BehaviorNode
+    sees_transactions = True
 
     def _resolve(self) -> StructType:
         src = self.input_schemas[0]
