@@ -24,7 +24,14 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 from support import pathway_streams as printed
-from support.temporal_model import Behavior, Change, Windows, exactly_once, update_stream
+from support.temporal_model import (
+    Behavior,
+    Change,
+    Windows,
+    exactly_once,
+    late_entries,
+    update_stream,
+)
 
 from txstream import Pipeline, PipelineDefinitionError, Table, TableSchema
 from txstream import reducers as r
@@ -44,14 +51,19 @@ def _as_txstream(windows: Windows, behavior: Behavior | None) -> tuple[t.Sliding
     return window, t.common_behavior(behavior.delay, behavior.cutoff, behavior.keep_results)
 
 
-def _pipeline(cases: dict[str, tuple[Windows, Behavior | None, bool]]) -> Pipeline:
+def _pipeline(cases: dict[str, tuple[Windows, Behavior | None, bool]], late: bool = False
+              ) -> Pipeline:
+    """Each case's windowed count and sum of `v` as an output; with `late`, the late rows of
+    each case with a cutoff too (output `<case>_late`)."""
     p = Pipeline()
     events = p.source("s", EVENTS)
     for name, (windows, behavior, instance) in cases.items():
         window, shown = _as_txstream(windows, behavior)
-        p.output(name, events.windowby("ts", window=window, behavior=shown,
-                                       instance="user_id" if instance else ())
-                 .reduce(n=r.count(), s=r.sum("v")))
+        grouped = events.windowby("ts", window=window, behavior=shown,
+                                  instance="user_id" if instance else ())
+        p.output(name, grouped.reduce(n=r.count(), s=r.sum("v")))
+        if late and behavior is not None and behavior.cutoff is not None:
+            p.output(f"{name}_late", grouped.late_rows())
     return p
 
 
@@ -178,16 +190,27 @@ def test_behaviors_follow_the_clock_rule_at_every_batch_size(
         spark: SparkSession, seed: int, transactions: int, sizes: tuple[int | None, ...],
         parallelism: int) -> None:
     changes = random_changes(random.Random(seed), transactions)
-    pipeline = _pipeline(RANDOM_CASES)
+    pipeline = _pipeline(RANDOM_CASES, late=True)
     want = {name: update_stream(changes, windows, behavior, instance, transactions)
             for name, (windows, behavior, instance) in RANDOM_CASES.items()}
     assert all(want.values()), "every case emits"
     assert sum(row[-1] < 0 for stream in want.values() for row in stream) > 10, \
         "the recompute retracts windows"
+    late = {f"{name}_late": late_entries(changes, windows, behavior, transactions)
+            for name, (windows, behavior, _) in RANDOM_CASES.items()
+            if behavior is not None and behavior.cutoff is not None}
+    assert sum(map(len, late.values())) > 10, "rows come late"
     for size in sizes:
-        got = _streams(spark, pipeline, changes, size, parallelism)
+        engine = Engine(pipeline, spark, parallelism=parallelism)
+        got = _streams(spark, pipeline, changes, size, engine=engine)
         for name in RANDOM_CASES:
             assert got[name] == want[name], f"{name}: seed {seed}, batches of {size}"
+        for name, rows in late.items():
+            # The late rows' table: the row, its window, the clock then, the behavior's label.
+            assert {row[-3] for row in got[name]} == {pipeline.outputs[name].node.inputs[0].label}
+            assert [(*row[:-3], *row[-2:]) for row in got[name]] == rows, name
+        assert sum(engine.late_rows.values()) == sum(abs(row[-1]) for rows in late.values()
+                                                     for row in rows)
 
 
 # --- closed windows leave the state ------------------------------------------------------------

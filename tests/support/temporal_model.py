@@ -20,7 +20,8 @@ The rule, per *entry* (a row in one of its windows, with the row's transaction N
   that is not late, which this model does not copy: DESIGN section 10 asks for the exact time).
 
 A window's result after T is the reduce (`n`: rows, `s`: the sum of `v`) of its entries that
-are neither late nor unreleased by T, present while `n` is not 0.
+are neither late nor unreleased by T, present while `n` is not 0. The late entries themselves,
+with the clock that judged them, are `late_entries`.
 """
 
 from __future__ import annotations
@@ -69,10 +70,12 @@ def exactly_once(windows: Windows, shift: int = 0) -> Behavior:
     return Behavior(delay=windows.duration + shift, cutoff=shift)
 
 
-def results_after(changes: Sequence[Change], windows: Windows, behavior: Behavior | None,
-                  instance: bool, through: int) -> Counter[Result]:
-    """Every window's result after transaction `through` (see the module doc)."""
-    behavior = behavior or Behavior()
+Entry = tuple[Row, tuple[int, int], int, int]  # (row, window, transaction, diff)
+
+
+def _entries(changes: Sequence[Change], windows: Windows, through: int
+             ) -> tuple[list[Entry], dict[int, float]]:
+    """The entries of transactions 1..`through`, and the clock after each transaction."""
     # Consolidated per transaction, as a transaction's changes always are: a row inserted and
     # deleted in one transaction never reaches an operator, nor moves its clock.
     net: Counter[tuple[Row, int]] = Counter()
@@ -87,6 +90,25 @@ def results_after(changes: Sequence[Change], windows: Windows, behavior: Behavio
         high = max([high, *(row[2] for row, _, n, _ in entries if n == number)])
         clock[number] = high
     clock[0] = -math.inf
+    return entries, clock
+
+
+def late_entries(changes: Sequence[Change], windows: Windows, behavior: Behavior,
+                 through: int) -> list[tuple[int | float, ...]]:
+    """The late entries of transactions 1..`through` as (*row, window_start, window_end, the
+    clock before the entry's transaction, transaction, diff), in stream order."""
+    entries, clock = _entries(changes, windows, through)
+    assert behavior.cutoff is not None, "without a cutoff nothing is late"
+    return in_stream_order((*row, start, end, clock[number - 1], number, diff)
+                           for row, (start, end), number, diff in entries
+                           if end + behavior.cutoff <= clock[number - 1])
+
+
+def results_after(changes: Sequence[Change], windows: Windows, behavior: Behavior | None,
+                  instance: bool, through: int) -> Counter[Result]:
+    """Every window's result after transaction `through` (see the module doc)."""
+    behavior = behavior or Behavior()
+    entries, clock = _entries(changes, windows, through)
     sums: dict[tuple[int, ...], list[int]] = {}
     for row, (start, end), number, diff in entries:
         if behavior.cutoff is not None and end + behavior.cutoff <= clock[number - 1]:

@@ -22,6 +22,7 @@ from pyspark.sql.types import StructType
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, tell_readers
+from txstream.engine.operators.late import LateOp
 from txstream.engine.results import ResultLayout
 from txstream.engine.state import StatePlacement, ZSetState
 from txstream.engine.table import Node, Pipeline
@@ -73,11 +74,16 @@ class CompiledPipeline:
             by_id[node.id] = op
             keys[node.id] = op.key([keys[i.id] for i in node.inputs])
             self.operators.append(op)
-        tell_readers(self.operators, {out.node.id for out in pipeline.outputs.values()})
+        # Every batch's late rows, counted by the engine whether or not an output shows them:
+        # outputs of the engine's own, by a name no user's output can have.
+        self.late = {f"__late{i}": op.node for i, op in enumerate(
+            op for op in self.operators if isinstance(op, LateOp))}
+        nodes = [*(out.node for out in pipeline.outputs.values()), *self.late.values()]
+        tell_readers(self.operators, {node.id for node in nodes})
         # A delta read by several operators or outputs is computed once (BatchPlan.shared).
         self.consumers = Counter(i.id for op in self.operators for i in op.node.inputs)
-        self.consumers.update(out.node.id for out in pipeline.outputs.values())
-        outputs = {out.node.id for out in pipeline.outputs.values()}
+        self.consumers.update(node.id for node in nodes)
+        outputs = {node.id for node in nodes}
         for op in self.operators:  # read by an output alone: as pairs, if it makes them
             op.emit_pairs = (op.pairs() is not None and op.node.id in outputs
                              and self.consumers[op.node.id] == 1)
@@ -90,9 +96,11 @@ class CompiledPipeline:
         # Whether computing a batch as its net change gives the same outputs at its end (see
         # `Operator.sees_transactions`).
         self.nets_exactly = not any(op.sees_transactions for op in self.operators)
-        self.result = ResultLayout({name: (out.schema, by_id[out.node.id].pairs() if
-                                           by_id[out.node.id].emit_pairs else None)
-                                    for name, out in self.outputs.items()})
+        late = {name: (_table_schema(name, by_id[node.id].schema, (), None), None)
+                for name, node in self.late.items()}
+        self.result = ResultLayout({**{name: (out.schema, by_id[out.node.id].pairs() if
+                                              by_id[out.node.id].emit_pairs else None)
+                                       for name, out in self.outputs.items()}, **late})
         # Every operator's states by a name stable for the pipeline definition (DAG order).
         self.states: dict[str, ZSetState] = {
             f"{i:03d}-{type(op).__name__}-{name}": state

@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import pyarrow.compute as pc
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from txstream.changes import Changes
+from txstream.changes import DIFF, Changes
 from txstream.engine import codegen, persistence, run_index
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import PART
@@ -127,6 +129,9 @@ class Engine:
         self.sources = self.compiled.sources
         self.last_batch: BatchStats | None = None
         self.totals = JobCount(0, 0)  # Spark jobs and stages of every batch so far
+        # Late changes (inserted or deleted rows) each temporal behavior ignored so far, by its
+        # label; its late rows' table shows them (`GroupedTable.late_rows`).
+        self.late_rows: Counter[str] = Counter()
         self._templates: dict[tuple[object, ...], Template] = {}
         self.state_replicas = state_replicas
         self.state_replications = 0  # times runs were copied again (`txstream.engine.replicas`)
@@ -206,6 +211,10 @@ class Engine:
             rebound=template is not None, interpreted=interpreted,
             indexing_s=round(indexing_s, 4), indexes=indexes)
         self.totals = JobCount(self.totals.jobs + count.jobs, self.totals.stages + count.stages)
+        for name, node in self.compiled.late.items():
+            late = result.pop(name)
+            if late.num_rows:
+                self.late_rows[node.inputs[0].label] += pc.sum(pc.abs(late.table[DIFF])).as_py()
         return result
 
     def _keep_replicated(self) -> None:
@@ -245,6 +254,7 @@ class Engine:
         self._index(list(self.compiled.states.values()))
         self.last_batch = None
         self.totals = JobCount(0, 0)
+        self.late_rows.clear()
 
     def _index(self, states: list[ZSetState]) -> None:
         """Index the states' large runs, and drop the indexes of runs merged away."""
@@ -284,6 +294,7 @@ class Engine:
                 delta = batch.shared(delta, clustered_by=batch.clustering_of(delta))
             deltas[op.node.id] = delta
         outputs = {name: deltas[out.node.id] for name, out in self.outputs.items()}
+        outputs |= {name: deltas[node.id] for name, node in self.compiled.late.items()}
         final, present = self._final_frame(outputs, batch)
         template = None
         if final is not None:

@@ -113,9 +113,16 @@ class BehaviorNode(Node):
 class ReduceNode(Node):
     keys: tuple[str, ...] = ()
     reducers: tuple[tuple[str, Reducer], ...] = ()
-    # The input is a behavior's that marks the rows of closed windows which only leave state
-    # (`Resolved.forgets`): those change the state, never the output.
-    forgetting: bool = False
+    # The input is a temporal behavior's, whose rows say what they do to the reduce (`FATE`,
+    # txstream.engine.operators.behavior).
+    temporal: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class LateNode(Node):
+    """The rows a temporal behavior (`inputs[0]`, a `BehaviorNode`) found late: the windowed
+    row, `late_clock` (the clock before its transaction) and `late_operator` (the behavior's
+    label)."""
 
 
 class Table:
@@ -237,14 +244,17 @@ class Table:
             parts.append(FilterNode(f"{label}: rows {back} hop(s) back", (bounded,),
                                     predicate=window.holds(quoted)))
         windowed = parts[0] if len(parts) == 1 else ConcatNode(label, tuple(parts))
-        forgetting = False
+        grouped = GroupedTable(self._derive(windowed), (*keys, WINDOW_START, WINDOW_END))
         if behavior is not None:
             resolved = behavior.resolved(window, self.node.label)
-            windowed = BehaviorNode(f"{label} under {behavior}", (windowed,), time=time,
-                                    timed=window.timed, behavior=resolved)
-            forgetting = resolved.forgets
-        return GroupedTable(self._derive(windowed), (*keys, WINDOW_START, WINDOW_END),
-                            forgetting=forgetting)
+            node = BehaviorNode(f"{label} under {behavior}", (windowed,), time=time,
+                                timed=window.timed, behavior=resolved)
+            late = None
+            if resolved.cutoff is not None:  # without one no row is ever late
+                late = LateNode(f"late rows of {node.label}", (node,))
+                self.pipeline.late.append(late)
+            grouped = GroupedTable(self._derive(node), grouped.keys, temporal=True, late=late)
+        return grouped
 
     def concat(self, *others: Table) -> Table:
         """Union all: the same columns (names and types, in order) on every side."""
@@ -258,10 +268,23 @@ class Table:
 
 
 class GroupedTable:
-    def __init__(self, table: Table, keys: tuple[str, ...], forgetting: bool = False) -> None:
+    def __init__(self, table: Table, keys: tuple[str, ...], temporal: bool = False,
+                 late: LateNode | None = None) -> None:
         self.table = table
         self.keys = keys
-        self.forgetting = forgetting  # see ReduceNode
+        self.temporal = temporal  # see ReduceNode
+        self._late = late
+
+    def late_rows(self) -> Table:
+        """The rows the temporal behavior found late, as a table to route to any sink: the
+        row, its window (`window_start`, `window_end`), `late_clock` (the clock before the
+        row's transaction, of the time column's type) and `late_operator` (the windowed
+        table's label). Each late change is one change of it, at its transaction."""
+        if self._late is None:
+            raise PipelineDefinitionError(
+                f"late_rows of {self.table.node.label}: only a behavior with a cutoff finds "
+                "rows late; give windowby a behavior with one")
+        return self.table._derive(self._late)
 
     def reduce(self, **reducers: Reducer) -> Table:
         """One row per group: the key columns, then one column per reducer."""
@@ -283,7 +306,7 @@ class GroupedTable:
                 )
         label = f"groupby({', '.join(self.keys)}).reduce of {self.table.node.label}"
         node = ReduceNode(label, (self.table.node,), keys=self.keys,
-                          reducers=tuple(reducers.items()), forgetting=self.forgetting)
+                          reducers=tuple(reducers.items()), temporal=self.temporal)
         return self.table._derive(node)
 
 
@@ -300,6 +323,9 @@ class Pipeline:
     def __init__(self) -> None:
         self.sources: dict[str, SourceNode] = {}
         self.outputs: dict[str, Output] = {}
+        # The late rows' table of every temporal behavior defined: the engine counts them
+        # (`late_rows`) whether or not an output shows them.
+        self.late: list[LateNode] = []
 
     def source(self, name: str, schema: TableSchema) -> Table:
         if name in self.sources:
@@ -318,7 +344,8 @@ class Pipeline:
                                     tuple(primary_key) if primary_key is not None else None)
 
     def nodes(self) -> Iterator[Node]:
-        """Every node the outputs depend on, each once, inputs before the nodes using them."""
+        """Every node the outputs depend on, each once, inputs before the nodes using them;
+        then the late rows' tables of the temporal behaviors among them."""
         seen: set[int] = set()
         order: list[Node] = []
 
@@ -333,4 +360,7 @@ class Pipeline:
 
         for out in self.outputs.values():
             visit(out.node)
+        for late in self.late:  # after the outputs': no other node's number moves
+            if late.inputs[0].id in seen:
+                visit(late)
         return iter(order)

@@ -192,12 +192,6 @@ class Resolved:
     cutoff: int | float | None
     keep_results: bool = True
 
-    @property
-    def forgets(self) -> bool:
-        """Whether closed windows keep their results but leave the reduce's state (a cutoff,
-        results kept): the reduce is told which of its input rows only forget."""
-        return self.cutoff is not None and self.keep_results
-
 
 def common_behavior(delay: Length | None = None, cutoff: Length | None = None,
                     keep_results: bool = True) -> CommonBehavior:

@@ -5,6 +5,7 @@ from txstream.engine.operators.base import Delta, Operator
 from txstream.engine.operators.behavior import BehaviorOp
 from txstream.engine.operators.distinct import DistinctOp
 from txstream.engine.operators.join import JoinOp, PadOp
+from txstream.engine.operators.late import LateOp
 from txstream.engine.operators.reduce import ReduceOp
 from txstream.engine.operators.rowwise import ConcatOp, FilterOp, NegateOp, SelectOp, SourceOp
 from txstream.engine.table import (
@@ -13,6 +14,7 @@ from txstream.engine.table import (
     DistinctNode,
     FilterNode,
     JoinNode,
+    LateNode,
     NegateNode,
     Node,
     PadNode,
@@ -32,6 +34,7 @@ OPERATORS: dict[type[Node], type[Operator]] = {
     DistinctNode: DistinctOp,
     ReduceNode: ReduceOp,
     BehaviorNode: BehaviorOp,
+    LateNode: LateOp,
 }
 
 __all__ = ["OPERATORS", "Delta", "Operator", "SourceOp"]

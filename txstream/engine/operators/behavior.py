@@ -14,8 +14,12 @@ transaction N and diff):
   rows count), at once without a delay;
 * closed in the first transaction K with `C(K) >= end + cutoff`: with `keep_results=False` the
   window's released rows are retracted at K (a window closed at or before its release is never
-  shown); with `keep_results=True` they are retracted at `max(M, K)` *marked* `FORGET`, which
-  the reduce applies to its state and not to its output: the result stays, the state goes.
+  shown); with `keep_results=True` they are retracted at `max(M, K)` as `FORGETS`, which the
+  reduce applies to its state and not to its output: the result stays, the state goes.
+
+Every row of the output says its `FATE`: `COUNTS` (the reduce's state and output), `FORGETS`
+(its state only) or `LATE` (neither: the late rows' table, `txstream.engine.operators.late`,
+which takes `LATE_CLOCK`, the clock before the row's transaction, null on the other rows).
 
 Delta rule: the clock after each transaction of the batch is a running maximum over the
 batch's transactions, started from the clock before it (state); so are, per window, its
@@ -36,7 +40,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, StructField, StructType
+from pyspark.sql.types import IntegerType, StructField, StructType
 
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
@@ -46,13 +50,16 @@ from txstream.engine.state import ZSetState
 from txstream.engine.table import BehaviorNode
 from txstream.engine.temporal import WINDOW_END, WINDOW_START, event_micros
 
-# A retraction that only leaves the reduce's state (see the module doc). An output column.
-FORGET = "__forget"
+# Output columns (see the module doc): what the reduce does with a row, and a late row's clock.
+FATE, LATE_CLOCK = "__fate", "__late_clock"
+COUNTS, FORGETS, LATE = 0, 1, 2
 # The clock's column in the saved state (a new name would make earlier checkpoints unreadable).
 CLOCK = "__clock"
 # Within one batch's plans: where a row comes from (the batch, the buffer, the released rows),
-# a window's release and close times, and the window's bounds in the thresholds' frame.
+# a window's release and close times, the window's bounds in the thresholds' frame, the clock
+# before a transaction and its name in the frame late rows are joined with.
 _FROM, _RELEASE, _CLOSE, _WINDOW = "__from", "__release", "__close", "__window_"
+_BEFORE, _CLOCKS = "__before", "__clocks_"
 _BATCH, _BUFFERED, _RELEASED = 0, 1, 2
 
 
@@ -70,11 +77,12 @@ class BehaviorOp(Operator):
                        if behavior.delay is not None else None)
         self.released = (ZSetState(names, [DIFF], placement=self.placement)
                          if behavior.cutoff is not None else None)
-        marker = [StructField(FORGET, BooleanType(), False)] if behavior.forgets else []
-        return StructType([*src.fields, *marker])
+        time = src[self.node.time].dataType
+        return StructType([*src.fields, StructField(FATE, IntegerType(), False),
+                           StructField(LATE_CLOCK, time, True)])
 
     def engine_columns(self) -> frozenset[str]:
-        return frozenset({FORGET})
+        return frozenset({FATE, LATE_CLOCK})
 
     def states(self) -> dict[str, ZSetState]:
         found = {"clock": self.clock, "buffer": self.buffer, "released": self.released}
@@ -111,6 +119,8 @@ class BehaviorOp(Operator):
         running = Window.orderBy(col(TIME)).rowsBetween(Window.unboundedPreceding,
                                                         Window.currentRow)
         clocks = peaks.select(col(TIME), F.max(col(CLOCK)).over(running).alias(CLOCK))
+        clocks = batch.shared(clocks.select(
+            "*", F.lag(col(CLOCK)).over(Window.orderBy(col(TIME))).alias(_BEFORE)))
 
         # Every row the batch may move: its own (at their transactions), the buffered and the
         # kept ones (before the batch).
@@ -129,33 +139,35 @@ class BehaviorOp(Operator):
             join(entries, windows, on, "inner", planned)
             .select(*rows, col(TIME), col(DIFF), col(_FROM),
                     col(f"{_WINDOW}{_RELEASE}").alias(_RELEASE),
-                    col(f"{_WINDOW}{_CLOSE}").alias(_CLOSE))
-            .where(~self._late()))
+                    col(f"{_WINDOW}{_CLOSE}").alias(_CLOSE)))
+        late = self._late()
+        on_time = marked.where(~late)
 
         released, close = self._released_at(), col(_CLOSE)
         keep = self.node.behavior.keep_results
-        forgets = self.node.behavior.forgets
         # keep_results=False: a window closed at or before its release is never shown.
         hidden = F.lit(False) if keep else F.coalesce(close <= released, F.lit(False))
         shown = released.isNotNull() & (released != BEFORE_BATCH) & ~hidden
-        marker = [F.lit(False).alias(FORGET)] if forgets else []
-        changes = [marked.where(shown).select(*rows, *marker, released.alias(TIME), col(DIFF))]
+        no_clock = F.lit(None).cast(self.schema[LATE_CLOCK].dataType).alias(LATE_CLOCK)
+        changes = [on_time.where(shown).select(*rows, F.lit(COUNTS).alias(FATE), no_clock,
+                                               released.alias(TIME), col(DIFF))]
         if self.node.behavior.cutoff is not None:
             retracted = released.isNotNull() & close.isNotNull() & (
                 F.lit(True) if keep else close > released)
             retract_at = F.greatest(released, close) if keep else close
-            changes.append(marked.where(retracted).select(
-                *rows, *([F.lit(True).alias(FORGET)] if forgets else []),
+            changes.append(on_time.where(retracted).select(
+                *rows, F.lit(FORGETS if keep else COUNTS).alias(FATE), no_clock,
                 retract_at.alias(TIME), (-col(DIFF)).alias(DIFF)))
+            changes.append(self._late_rows(marked.where(late), clocks, planned))
 
         # What the states hold after the batch: buffered rows not yet released (with
         # keep_results=False, not those of a window closed first), released rows not closed.
         waiting = released.isNull() & (F.lit(True) if keep else close.isNull())
         if self.buffer is not None:
-            batch.append(self.buffer, self._moved(marked, waiting, _BUFFERED, (_BATCH,)))
+            batch.append(self.buffer, self._moved(on_time, waiting, _BUFFERED, (_BATCH,)))
         if self.released is not None:
             batch.append(self.released, self._moved(
-                marked, released.isNotNull() & close.isNull(), _RELEASED, (_BATCH, _BUFFERED)))
+                on_time, released.isNotNull() & close.isNull(), _RELEASED, (_BATCH, _BUFFERED)))
         old = [before.select(col(CLOCK), (-col(DIFF)).alias(DIFF))] if before is not None else []
         batch.append(self.clock, union_all(
             [*old, clocks.agg(F.max(col(CLOCK)).alias(CLOCK))
@@ -176,6 +188,19 @@ class BehaviorOp(Operator):
         windows = entries.select(col(WINDOW_START), col(WINDOW_END)).distinct()
         return (windows.crossJoin(clocks).groupBy(col(WINDOW_START), col(WINDOW_END))
                 .agg(*reached))
+
+    def _late_rows(self, late: DataFrame, clocks: DataFrame, planned: int) -> DataFrame:
+        """The late rows, at their transactions, with the clock before it (in the time
+        column's type)."""
+        before = build_side(prefixed(clocks.select(col(TIME), col(_BEFORE)), _CLOCKS))
+        clock = col(f"{_CLOCKS}{_BEFORE}")
+        if self.node.timed:
+            clock = F.timestamp_micros(clock)
+        return join(late, before, late[f"`{TIME}`"] == before[f"`{_CLOCKS}{TIME}`"], "inner",
+                    planned).select(*[col(n) for n in self.input_schemas[0].names],
+                                    F.lit(LATE).alias(FATE),
+                                    clock.cast(self.schema[LATE_CLOCK].dataType).alias(LATE_CLOCK),
+                                    col(TIME), col(DIFF))
 
     def _late(self) -> Column:
         """Whether a row of the batch is late: its window closed before its transaction (the

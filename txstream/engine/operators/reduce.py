@@ -12,10 +12,10 @@ A group's row is a function of these, so the row to retract before the batch's f
 transaction is computed from the state as it was before the batch (time `BEFORE_BATCH`), the
 same way every later row is: no trace of the emitted rows is kept.
 
-After a temporal behavior that keeps the results of closed windows (`forgetting`), the input's
-rows marked `FORGET` retract a closed window's rows from the state alone: the timeline that
-makes the output leaves them out, so the window's row stays in the output and its group leaves
-the state (txstream.engine.operators.behavior).
+After a temporal behavior (`temporal`), each input row's `FATE` says what it does: `COUNTS` as
+any row, `FORGETS` (a closed window's rows retracted, results kept) the state alone, so the
+window's row stays in the output and its group leaves the state, and `LATE` nothing
+(txstream.engine.operators.behavior).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from txstream.engine.frames import (
     prefixed,
 )
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
-from txstream.engine.operators.behavior import FORGET
+from txstream.engine.operators.behavior import COUNTS, FATE, LATE
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
 from txstream.engine.results import INSERT, OLD, RETRACT, Pairs
 from txstream.engine.state import ZSetState
@@ -90,8 +90,8 @@ class ReduceOp(Operator):
         src = self.input_schemas[0]
         keys = list(self.node.keys)
         self._require(src, keys, "group-by")
-        if self.node.forgetting:
-            self._require(src, [FORGET], "forgetting")
+        if self.node.temporal:
+            self._require(src, [FATE], "temporal behavior")
         self.keys = keys
         fields = [src[k] for k in keys]
         self.column_types: dict[str, ColumnType | None] = {}
@@ -255,14 +255,16 @@ class ReduceOp(Operator):
 
     def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
         """The keys and the reducers' columns, whatever its readers read."""
-        forget = [FORGET] if self.node.forgetting else []
+        fate = [FATE] if self.node.temporal else []
         return [frozenset(self.keys).union(
-            forget, (red.column for _, red in self.node.reducers if red.column is not None))]
+            fate, (red.column for _, red in self.node.reducers if red.column is not None))]
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
         if d is None:
             return None
+        if self.node.temporal:
+            d = d.where(col(FATE) != LATE)
         keys = self.keys
         key_cols = [col(k) for k in keys]
         # At P > 1 everything below is partitioned by the group keys, as the states are. A
@@ -278,14 +280,14 @@ class ReduceOp(Operator):
         in_place = not self.value_states and known is not None and set(known) < set(keys)
         if not in_place:
             d = batch.clustered(d, keys)
-        forget = [col(FORGET)] if self.node.forgetting else []
-        rows = (d.groupBy(*key_cols, col(TIME), *forget).agg(*self._accumulate)
+        fate = [col(FATE)] if self.node.temporal else []
+        rows = (d.groupBy(*key_cols, col(TIME), *fate).agg(*self._accumulate)
                 if in_place or self.many_per_key
-                else d.select(*key_cols, col(TIME), *forget, *self._per_row))
+                else d.select(*key_cols, col(TIME), *fate, *self._per_row))
         acc_delta = (batch.clustered(rows, keys) if in_place
                      else batch.shared(rows, clustered_by=keys))
         # Rows that only forget change the state, not the output (see the module doc).
-        shown = acc_delta.where(~col(FORGET)).drop(FORGET) if forget else acc_delta
+        shown = acc_delta.where(col(FATE) == COUNTS).drop(FATE) if fate else acc_delta
         touched = batch.shared(shown.select(*key_cols).distinct(), clustered_by=keys)
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then the batch's rows (in
@@ -310,15 +312,15 @@ class ReduceOp(Operator):
         keys = self.keys
         key_cols = [col(k) for k in keys]
         state = self.value_states[column]
-        forget = [FORGET] if self.node.forgetting else []
+        fate = [FATE] if self.node.temporal else []
         changed = batch.shared(consolidate(
             d.where(col(column).isNotNull()).select(*key_cols, col(column).alias(VALUE),
-                                                   *[col(c) for c in forget], col(TIME),
+                                                   *[col(c) for c in fate], col(TIME),
                                                    col(DIFF)),
-            [*keys, VALUE, *forget],
+            [*keys, VALUE, *fate],
         ), clustered_by=keys)
         # Rows that only forget change the state, not the output (see the module doc).
-        vd = changed.where(~col(FORGET)).drop(FORGET) if forget else changed
+        vd = changed.where(col(FATE) == COUNTS).drop(FATE) if fate else changed
         touched_values = vd.select(*key_cols, col(VALUE)).distinct()
 
         # The state's values of the touched groups, split in two: values the batch does not
