@@ -202,6 +202,20 @@ def test_halted_and_rejected_rows_are_reported() -> None:
     assert "txstream_halted 1" in body and "txstream_ready 0" in body
 
 
+def test_late_rows_are_counted_per_windowed_table() -> None:
+    metrics = Metrics()
+    late = {'tumbling(0:01:00) windows of source "v" by ts under common_behavior(cutoff=0:00:10)':
+            3, "sliding(hop=2, duration=4) windows of source w by t under "
+            "exactly_once_behavior()": 1}
+    metrics.compute.computed(1, 10, engine_s=0.1, check_s=0.0, busy_s=0.1, jobs=1, stages=1,
+                             index_bytes=0, late_rows=late)
+    body = metrics_text(metrics, Readiness(max_lag=10))
+    assert ('txstream_late_rows_total{operator="tumbling(0:01:00) windows of source \\"v\\" '
+            'by ts under common_behavior(cutoff=0:00:10)"} 3') in body
+    assert "exactly_once_behavior()\"} 1" in body
+    assert "| late rows 4" in metrics.line() and metrics.fields()["late_rows"] == 4
+
+
 # ---- value excerpts in bad-record logs ----------------------------------------------------
 
 

@@ -131,6 +131,7 @@ class PassThrough:
         self.totals = SimpleNamespace(jobs=0, stages=0)
         self.index_bytes = 0
         self.nets_exactly = True
+        self.late_rows: dict[str, int] = {}
         self.calls: list[list[int]] = []
         self.logged_at_call: list[int] = []
         self._checkpoints = checkpoints

@@ -247,7 +247,7 @@ class Table:
         grouped = GroupedTable(self._derive(windowed), (*keys, WINDOW_START, WINDOW_END))
         if behavior is not None:
             resolved = behavior.resolved(window, self.node.label)
-            node = BehaviorNode(f"{label} under {behavior}", (windowed,), time=time,
+            node = BehaviorNode(f"{label} under {behavior.describe()}", (windowed,), time=time,
                                 timed=window.timed, behavior=resolved)
             late = None
             if resolved.cutoff is not None:  # without one no row is ever late

@@ -140,6 +140,15 @@ class CommonBehavior:
     cutoff: Length | None = None
     keep_results: bool = True
 
+    def describe(self) -> str:
+        """The behavior as a pipeline author wrote it, for labels and messages."""
+        given = [f"{name}={value}" for name, value in (("delay", self.delay),
+                                                       ("cutoff", self.cutoff))
+                 if value is not None]
+        if not self.keep_results:
+            given.append("keep_results=False")
+        return f"common_behavior({', '.join(given)})"
+
     def resolved(self, window: Sliding, table: str) -> Resolved:
         """The behavior in the window's units (microseconds for timestamp windows), checked
         against the window: lengths of its kind, not negative, a cutoff to close by."""
@@ -172,6 +181,10 @@ class ExactlyOnceBehavior:
     `exactly_once_behavior`."""
 
     shift: Length | None = None
+
+    def describe(self) -> str:
+        """The behavior as a pipeline author wrote it, for labels and messages."""
+        return f"exactly_once_behavior({'' if self.shift is None else f'shift={self.shift}'})"
 
     def resolved(self, window: Sliding, table: str) -> Resolved:
         shift = self.shift if self.shift is not None else (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -97,6 +97,9 @@ class ComputeMetrics:
     spark_jobs: int = 0  # of the engine's batches
     spark_stages: int = 0
     state_index_bytes: int = 0
+    # Late changes each temporal behavior ignored since start, by the windowed table's label
+    # (`Engine.late_rows`; the rows themselves: `GroupedTable.late_rows`).
+    late_rows: dict[str, int] = field(default_factory=dict)
     batch_transactions: Histogram = field(default_factory=lambda: Histogram(_COUNTS))
     batch_changes: Histogram = field(default_factory=lambda: Histogram(_CHANGES))
     spark_job_seconds: Histogram = field(default_factory=_seconds)
@@ -105,10 +108,12 @@ class ComputeMetrics:
     halted: str | None = None
 
     def computed(self, transactions: int, changes: int, *, engine_s: float, check_s: float,
-                 busy_s: float, jobs: int, stages: int, index_bytes: int) -> None:
+                 busy_s: float, jobs: int, stages: int, index_bytes: int,
+                 late_rows: Mapping[str, int]) -> None:
         """A batch of `transactions` with `changes` input rows was computed: `engine_s` in the
         engine, `check_s` in the invariant checks, `busy_s` in all; the engine's totals since
-        start (`jobs`, `stages`) and its state's index bytes after it."""
+        start (`jobs`, `stages`, `late_rows`) and its state's index bytes after it."""
+        self.late_rows = dict(late_rows)
         self.spark_job_seconds.observe(engine_s)
         self.engine_seconds += engine_s
         self.check_seconds += check_s
@@ -241,6 +246,8 @@ class Metrics:
             f" | bad records {self.ingest.bad_records} | output changes "
             f"{delivered.output_changes} | lag {source.lag} [{lags}] | checkpoint {checkpoint}"
             f" | spark {self.compute.engine_seconds:.1f}s sinks {delivered.sink_seconds:.1f}s"
+            + (f" | late rows {sum(self.compute.late_rows.values())}"
+               if self.compute.late_rows else "")
         )
 
     def fields(self) -> dict[str, object]:
@@ -256,6 +263,7 @@ class Metrics:
             "lag_by_partition": {f"{t}/{p}": n for (t, p), n in source.lag_by_partition.items()},
             "last_checkpoint_transaction": self.checkpoint.last_transaction,
             "checkpoint_age_s": self.checkpoint.age,
+            "late_rows": sum(self.compute.late_rows.values()),
         }
 
 
@@ -316,6 +324,11 @@ def _families(m: Metrics) -> Iterator[tuple[str, str, str, object]]:
     )
 
 
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def render_metrics(metrics: Metrics, up: dict[str, bool], ready: bool) -> str:
     """Every metric in Prometheus' text format; `up`: whether each dependency answered at its
     last use, `ready`: whether `/readyz` answers 200 (`txstream.service.health.Readiness`)."""
@@ -343,6 +356,10 @@ def render_metrics(metrics: Metrics, up: dict[str, bool], ready: bool) -> str:
          "counter")
     lines += [f'txstream_rejected_rows_total{{output="{o}"}} {n}'
               for o, n in sorted(metrics.delivery.rejected_rows.items())]
+    head("txstream_late_rows_total", "changes a temporal behavior ignored as late, per "
+         "windowed table (GroupedTable.late_rows holds them)", "counter")
+    lines += [f'txstream_late_rows_total{{operator="{_label(o)}"}} {n}'
+              for o, n in sorted(metrics.compute.late_rows.items())]
     head("txstream_halted", "1 when a pipeline expression failed on the data and processing "
          "stopped", "gauge")
     lines.append(f"txstream_halted {int(metrics.compute.halted is not None)}")

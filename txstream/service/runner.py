@@ -327,7 +327,8 @@ class PipelineRunner:
         self.metrics.compute.computed(
             len(batch), batch.rows, engine_s=(checking - t0) + (processed - checked),
             check_s=(checked - checking) + (t1 - processed), busy_s=t1 - started,
-            jobs=totals.jobs, stages=totals.stages, index_bytes=self.engine.index_bytes)
+            jobs=totals.jobs, stages=totals.stages, index_bytes=self.engine.index_bytes,
+            late_rows=self.engine.late_rows)
         self._stages.hand_over(Computed(batch, outputs, self.engine.version()))
 
     def _deliver(self) -> None:
