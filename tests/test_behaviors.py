@@ -8,7 +8,9 @@ when a window's rows reach the reduce and when a closed window leaves its state.
 * random transactions (inserts, updates, deletes, event times mostly rising, some late) against
   the clock rule's from-scratch recompute (`tests/support/temporal_model.py`, itself checked
   against Pathway) after every transaction, at batch sizes 1, 7 and all and at parallelism 1
-  and 2: the same update streams;
+  and 2: the same update streams, and the same late rows;
+* the same random transactions through Pathway 0.33 itself (its own virtualenv), one Pathway
+  time per transaction, under every behavior that keeps its results: the same update streams;
 * a closed window's state leaves the engine: after a stream of windows, the states hold only
   what open windows need;
 * definition errors that name what to fix.
@@ -19,17 +21,20 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 from support import pathway_streams as printed
+from support.pathway_peer import pathway_spec, windows_streams
 from support.temporal_model import (
     Behavior,
     Change,
     Windows,
     exactly_once,
     late_entries,
+    rising_changes,
     update_stream,
 )
 
@@ -163,33 +168,12 @@ RANDOM_CASES: dict[str, tuple[Windows, Behavior | None, bool]] = {
 }
 
 
-def random_changes(rng: random.Random, transactions: int) -> list[Change]:
-    """Inserts, updates and deletes of a dozen ids over `transactions` transactions, event
-    times rising by a few per transaction with some far behind (late for most windows)."""
-    live: dict[int, tuple[int, int, int, int]] = {}
-    changes: list[Change] = []
-    now = 0
-    for number in range(1, transactions + 1):
-        now += rng.randint(0, 4)
-        for _ in range(rng.randint(1, 4)):
-            key = rng.randrange(12)
-            ts = now - (rng.randint(5, 25) if rng.random() < 0.2 else rng.randint(0, 3))
-            row = (key, rng.randint(1, 2), ts, rng.choice((1, 5, -3)))
-            if key in live:
-                changes.append((live.pop(key), number, -1))
-                if rng.random() < 0.3:
-                    continue  # a deletion
-            live[key] = row
-            changes.append((row, number, 1))
-    return changes
-
-
 @pytest.mark.parametrize(("seed", "transactions", "sizes", "parallelism"),
-                         [(1, 30, (1, 7, None), 1), (2, 40, (7, None), 2), (3, 15, (1,), 2)])
+                         [(1, 25, (1, 7, None), 1), (2, 40, (7, None), 2), (3, 15, (1,), 2)])
 def test_behaviors_follow_the_clock_rule_at_every_batch_size(
         spark: SparkSession, seed: int, transactions: int, sizes: tuple[int | None, ...],
         parallelism: int) -> None:
-    changes = random_changes(random.Random(seed), transactions)
+    changes = rising_changes(random.Random(seed), transactions)
     pipeline = _pipeline(RANDOM_CASES, late=True)
     want = {name: update_stream(changes, windows, behavior, instance, transactions)
             for name, (windows, behavior, instance) in RANDOM_CASES.items()}
@@ -211,6 +195,23 @@ def test_behaviors_follow_the_clock_rule_at_every_batch_size(
             assert [(*row[:-3], *row[-2:]) for row in got[name]] == rows, name
         assert sum(engine.late_rows.values()) == sum(abs(row[-1]) for rows in late.values()
                                                      for row in rows)
+
+
+# --- Pathway itself on the same changes --------------------------------------------------------
+
+def test_behaviors_give_pathways_update_streams(spark: SparkSession, tmp_path: Path) -> None:
+    """Every case that keeps its results (Pathway retracts a closed window later than the
+    clock rule: see test_without_keeping_results_...), through Pathway 0.33's windowby in its
+    own virtualenv and through txstream in batches of 7 transactions."""
+    cases = {name: case for name, case in RANDOM_CASES.items()
+             if case[1] is not None and case[1].keep_results}
+    changes = rising_changes(random.Random(21), 40)
+    want = windows_streams([(*row, number, diff) for row, number, diff in changes],
+                           {name: pathway_spec(*case) for name, case in cases.items()}, tmp_path)
+    got = _streams(spark, _pipeline(cases), changes, 7)
+    for name in cases:
+        assert len(want[name]) > 5, f"{name}: Pathway emitted little"
+        assert got[name] == [tuple(row) for row in want[name]], name
 
 
 # --- closed windows leave the state ------------------------------------------------------------

@@ -16,7 +16,7 @@ import random
 from pathlib import Path
 
 import pytest
-from support.pathway_peer import windows_streams
+from support.pathway_peer import pathway_spec, windows_streams
 from support.pathway_streams import (
     TUMBLING_ROWS,
     TUMBLING_STREAMS,
@@ -27,7 +27,14 @@ from support.pathway_streams import (
     in_stream_order,
     parse,
 )
-from support.temporal_model import Behavior, Change, Windows, exactly_once, update_stream
+from support.temporal_model import (
+    Behavior,
+    Change,
+    Windows,
+    exactly_once,
+    rising_changes,
+    update_stream,
+)
 
 SLIDING = Windows(hop=4, duration=10)
 FROM_360 = Windows(hop=4, duration=10, origin=360)
@@ -104,54 +111,16 @@ def test_closing_on_time_retracts_a_window_pathway_never_retracts() -> None:
     assert (10, 20, 2, 18, 6, -1) not in pathway and (0, 10, 2, 5, 5, -1) in pathway
 
 
-def _as_pathway(name: str, windows: Windows, behavior: Behavior | None, instance: bool
-                ) -> dict[str, object]:
-    shown: dict[str, object] | None = None
-    if behavior is not None:
-        shown = {"kind": "common", "delay": behavior.delay, "cutoff": behavior.cutoff,
-                 "keep_results": behavior.keep_results}
-    return {"kind": "tumbling" if windows.hop == windows.duration else "sliding",
-            "hop": windows.hop, "duration": windows.duration, "origin": windows.origin,
-            "instance": instance, "behavior": shown}
-
-
 def test_the_stored_tumbling_streams_are_pathways(tmp_path: Path) -> None:
     rows = [(*row, number, diff) for row, number, diff in _tumbling_changes()]
     cases = {**TUMBLING_CASES, "common_behavior(cutoff=0, keep_results=False)":
              Behavior(cutoff=0, keep_results=False)}
-    specs = {name: _as_pathway(name, TUMBLING, behavior, False)
+    specs = {name: pathway_spec(TUMBLING, behavior, False)
              for name, behavior in cases.items()}
     specs["exactly_once_behavior()"]["behavior"] = {"kind": "exactly_once", "shift": 0}
     got = windows_streams(rows, specs, tmp_path)
     for name in cases:
         assert got[name] == parse(TUMBLING_STREAMS[name], TUMBLING_TIMES), name
-
-
-def _rising_changes(rng: random.Random, transactions: int) -> list[Change]:
-    """Inserts, updates and deletes whose event times rise with the transaction, a few of them
-    far behind (late for a closed window)."""
-    live: dict[int, tuple[int, ...]] = {}
-    changes: list[Change] = []
-    next_id = 0
-    for number in range(1, transactions + 1):
-        for _ in range(rng.randint(1, 3)):
-            kind = rng.random()
-            if kind < 0.6 or not live:
-                behind = rng.choice((0, 0, 0, 2, 5, 15))
-                row = (next_id, rng.randint(1, 2), 2 * number - behind + rng.randint(-1, 1),
-                       rng.choice((1, 5, 10)))
-                live[next_id] = row
-                next_id += 1
-                changes.append((row, number, 1))
-            else:
-                key = rng.choice(sorted(live))
-                old = live.pop(key)
-                changes.append((old, number, -1))
-                if kind < 0.85:  # an update: the same id, another value
-                    new = (key, old[1], old[2], old[3] + 1)
-                    live[key] = new
-                    changes.append((new, number, 1))
-    return changes
 
 
 PEER_CASES: dict[str, tuple[Windows, Behavior | None, bool]] = {
@@ -168,9 +137,9 @@ PEER_CASES: dict[str, tuple[Windows, Behavior | None, bool]] = {
 def test_the_model_gives_pathways_streams_on_random_transactions(tmp_path: Path, seed: int
                                                                   ) -> None:
     transactions = 40
-    changes = _rising_changes(random.Random(seed), transactions)
+    changes = rising_changes(random.Random(seed), transactions)
     rows = [(*row, number, diff) for row, number, diff in changes]
-    got = windows_streams(rows, {name: _as_pathway(name, *case)
+    got = windows_streams(rows, {name: pathway_spec(*case)
                                  for name, case in PEER_CASES.items()}, tmp_path)
     for name, (windows, behavior, instance) in PEER_CASES.items():
         want = update_stream(changes, windows, behavior, instance, transactions)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from support.pathway_streams import in_stream_order
+from support.temporal_model import Behavior, Windows
 
 PIN = "pathway==0.33.0"
 VENV = Path.home() / ".cache" / "txstream" / "peers" / "pathway-venv"
@@ -73,3 +74,15 @@ def windows_streams(rows: Sequence[tuple[Any, ...]], windows: dict[str, dict[str
             net[(*row, time // 2)] += diff
         streams[name] = in_stream_order((*key, diff) for key, diff in net.items() if diff)
     return streams
+
+
+def pathway_spec(windows: Windows, behavior: Behavior | None, instance: bool
+                 ) -> dict[str, Any]:
+    """The JSON form (`windows_streams`) of a windowed reduce with `behavior`."""
+    shown: dict[str, Any] | None = None
+    if behavior is not None:
+        shown = {"kind": "common", "delay": behavior.delay, "cutoff": behavior.cutoff,
+                 "keep_results": behavior.keep_results}
+    return {"kind": "tumbling" if windows.hop == windows.duration else "sliding",
+            "hop": windows.hop, "duration": windows.duration, "origin": windows.origin,
+            "instance": instance, "behavior": shown}

@@ -27,6 +27,7 @@ with the clock that judged them, are `late_entries`.
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,3 +144,30 @@ def update_stream(changes: Sequence[Change], windows: Windows, behavior: Behavio
                 stream.append((*row, number, diff))
         before = after
     return in_stream_order(stream)
+
+
+def rising_changes(rng: random.Random, transactions: int) -> list[Change]:
+    """Inserts, updates and deletes whose event times rise with the transaction, a few of them
+    far behind (late for a closed window)."""
+    live: dict[int, tuple[int, ...]] = {}
+    changes: list[Change] = []
+    next_id = 0
+    for number in range(1, transactions + 1):
+        for _ in range(rng.randint(1, 3)):
+            kind = rng.random()
+            if kind < 0.6 or not live:
+                behind = rng.choice((0, 0, 0, 2, 5, 15))
+                row = (next_id, rng.randint(1, 2), 2 * number - behind + rng.randint(-1, 1),
+                       rng.choice((1, 5, 10)))
+                live[next_id] = row
+                next_id += 1
+                changes.append((row, number, 1))
+            else:
+                key = rng.choice(sorted(live))
+                old = live.pop(key)
+                changes.append((old, number, -1))
+                if kind < 0.85:  # an update: the same id, another value
+                    new = (key, old[1], old[2], old[3] + 1)
+                    live[key] = new
+                    changes.append((new, number, 1))
+    return changes
