@@ -4,14 +4,17 @@ DataFrames carrying `time` and `diff`.
 Defining a pipeline (no Spark job):
     table              the Table API: Pipeline, Table, GroupedTable, a DAG of immutable nodes
     reducers           count, sum, avg, min, max, count_distinct for groupby(...).reduce(...)
-    temporal           event-time windows (tumbling, sliding) for windowby(...).reduce(...)
+    temporal           event-time windows (tumbling, sliding) and temporal behaviors
+                       (common_behavior, exactly_once_behavior) for windowby(...).reduce(...)
     exact_sums         exact sums of decimals and doubles, kept as two longs
     errors             what a bad definition, a bad input, a saved state or an expression raises
 Compiling it and running its batches:
     compiled           CompiledPipeline: the DAG's operators, told once what their readers need
     operators/         one incremental rule per node kind: base (what every operator is),
                        rowwise (source, select, filter, negate, concat), join (inner joins and
-                       the padding of outer ones), reduce (group-by), distinct
+                       the padding of outer ones), reduce (group-by), distinct, behavior
+                       (when windowed rows reach a reduce, and leave), late (a behavior's late
+                       rows as a table)
     engine             Engine: a batch in two phases, planned then computed by one Spark action
     batch              BatchPlan: what a batch's job computes besides the outputs
     frames             DataFrame helpers, given the partitions a batch is planned for
