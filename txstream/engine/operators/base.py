@@ -108,9 +108,9 @@ class Operator(ABC):
     # itself where that is needed. A distinct's crossings need each row's changes summed.
     reads_unconsolidated: ClassVar[bool] = False
     # Whether the operator passes its (first) input's rows through, row by row, without
-    # consolidating (filter, negate, padding): that input needs consolidating wherever its
-    # output does.
-    passes_through: ClassVar[bool] = False
+    # consolidating (filter, negate, padding, a select that keeps every input column): that
+    # input needs consolidating wherever its output does. An operator may set it per node.
+    passes_through: bool = False
     # Whether a row of input can make many rows of output (a join: a row pairs with every
     # matching row of the other side), so that readers downstream may get many changes per
     # key and transaction (see `many_per_key`).

@@ -14,12 +14,14 @@ transaction N and diff):
   rows count), at once without a delay;
 * closed in the first transaction K with `C(K) >= end + cutoff`: with `keep_results=False` the
   window's released rows are retracted at K (a window closed at or before its release is never
-  shown); with `keep_results=True` they are retracted at `max(M, K)` as `FORGETS`, which the
-  reduce applies to its state and not to its output: the result stays, the state goes.
+  shown); with `keep_results=True` they leave at `max(M, K)`, from the reduce's state and not
+  from its output: the result stays, the state goes.
 
 Every row of the output says its `FATE`: `COUNTS` (the reduce's state and output), `FORGETS`
-(its state only) or `LATE` (neither: the late rows' table, `txstream.engine.operators.late`,
-which takes `LATE_CLOCK`, the clock before the row's transaction, null on the other rows).
+(its state only), `SHOWN` (its output only: a row released and forgotten in one transaction,
+as every row of `exactly_once_behavior`, which would otherwise reach the reduce twice) or `LATE`
+(neither: the late rows' table, `txstream.engine.operators.late`, which takes `LATE_CLOCK`, the
+clock before the row's transaction, null on the other rows).
 
 Delta rule: the clock after each transaction of the batch is a running maximum over the
 batch's transactions, started from the clock before it (state); so are, per window, its
@@ -52,7 +54,7 @@ from txstream.engine.temporal import WINDOW_END, WINDOW_START, event_micros
 
 # Output columns (see the module doc): what the reduce does with a row, and a late row's clock.
 FATE, LATE_CLOCK = "__fate", "__late_clock"
-COUNTS, FORGETS, LATE = 0, 1, 2
+COUNTS, FORGETS, SHOWN, LATE = 0, 1, 2, 3
 # The clock's column in the saved state (a new name would make earlier checkpoints unreadable).
 CLOCK = "__clock"
 # Within one batch's plans: where a row comes from (the batch, the buffer, the released rows),
@@ -109,6 +111,9 @@ class BehaviorOp(Operator):
         planned = batch.parallelism
         names = self.input_schemas[0].names
         rows = [col(n) for n in names]
+        # Consolidated (a row inserted and deleted in one transaction moves no clock), and read
+        # three times below: computed once.
+        d = batch.shared(d)
 
         # The clock after each transaction of the batch (BEFORE_BATCH: the clock before it).
         before = self._read(self.clock, planned)
@@ -132,7 +137,7 @@ class BehaviorOp(Operator):
                                          col(DIFF), F.lit(origin).alias(_FROM)))
         entries = union_all(parts, planned)
 
-        windows = build_side(prefixed(self._thresholds(entries, clocks), _WINDOW))
+        windows = build_side(prefixed(self._thresholds(entries, clocks, planned), _WINDOW))
         on = ((entries[f"`{WINDOW_START}`"] == windows[f"`{_WINDOW}{WINDOW_START}`"])
               & (entries[f"`{WINDOW_END}`"] == windows[f"`{_WINDOW}{WINDOW_END}`"]))
         marked = batch.shared(
@@ -149,15 +154,18 @@ class BehaviorOp(Operator):
         hidden = F.lit(False) if keep else F.coalesce(close <= released, F.lit(False))
         shown = released.isNotNull() & (released != BEFORE_BATCH) & ~hidden
         no_clock = F.lit(None).cast(self.schema[LATE_CLOCK].dataType).alias(LATE_CLOCK)
-        changes = [on_time.where(shown).select(*rows, F.lit(COUNTS).alias(FATE), no_clock,
-                                               released.alias(TIME), col(DIFF))]
+        # Results kept: a row released once its window is closed is forgotten as it is shown.
+        once = (F.coalesce(close <= released, F.lit(False)) if keep and
+                self.node.behavior.cutoff is not None else F.lit(False))
+        changes = [on_time.where(shown).select(
+            *rows, F.when(once, F.lit(SHOWN)).otherwise(F.lit(COUNTS)).alias(FATE), no_clock,
+            released.alias(TIME), col(DIFF))]
         if self.node.behavior.cutoff is not None:
-            retracted = released.isNotNull() & close.isNotNull() & (
-                F.lit(True) if keep else close > released)
-            retract_at = F.greatest(released, close) if keep else close
+            # The rest of a closed window's released rows: forgotten (results kept) or retracted.
+            retracted = released.isNotNull() & close.isNotNull() & (close > released)
             changes.append(on_time.where(retracted).select(
                 *rows, F.lit(FORGETS if keep else COUNTS).alias(FATE), no_clock,
-                retract_at.alias(TIME), (-col(DIFF)).alias(DIFF)))
+                close.alias(TIME), (-col(DIFF)).alias(DIFF)))
             changes.append(self._late_rows(marked.where(late), clocks, planned))
 
         # What the states hold after the batch: buffered rows not yet released (with
@@ -174,7 +182,7 @@ class BehaviorOp(Operator):
              .select(col(CLOCK), F.lit(1).cast("long").alias(DIFF))], planned))
         return self._output(union_all(changes, planned), batch)
 
-    def _thresholds(self, entries: DataFrame, clocks: DataFrame) -> DataFrame:
+    def _thresholds(self, entries: DataFrame, clocks: DataFrame, planned: int) -> DataFrame:
         """Per window of `entries`, its release time (`_RELEASE`, a delay given) and its close
         time (`_CLOSE`, a cutoff given): the first transaction of the batch, or BEFORE_BATCH,
         whose clock reaches `start + delay` and `end + cutoff`; null when none does."""
@@ -186,8 +194,11 @@ class BehaviorOp(Operator):
                      if threshold is not None else F.lit(None).cast("long"))
             reached.append(first.alias(name))
         windows = entries.select(col(WINDOW_START), col(WINDOW_END)).distinct()
-        return (windows.crossJoin(clocks).groupBy(col(WINDOW_START), col(WINDOW_END))
-                .agg(*reached))
+        pairs = windows.crossJoin(clocks)
+        # A product's partitioning is unknown to Spark: at P = 1 it is said to be one partition,
+        # or the aggregate would exchange it into the session's shuffle partitions and back.
+        return ((pairs.coalesce(1) if planned == 1 else pairs)
+                .groupBy(col(WINDOW_START), col(WINDOW_END)).agg(*reached))
 
     def _late_rows(self, late: DataFrame, clocks: DataFrame, planned: int) -> DataFrame:
         """The late rows, at their transactions, with the clock before it (in the time

@@ -26,7 +26,9 @@ CLOCK_COLUMN, OPERATOR_COLUMN = "late_clock", "late_operator"
 
 class LateOp(Operator):
     node: LateNode
-    passes_through = True
+    # Its input is the behavior's every row; the few late ones are consolidated here, where a
+    # reader needs them so, not all of them upstream.
+    reads_unconsolidated = True
 
     def _resolve(self) -> StructType:
         src = self.input_schemas[0]

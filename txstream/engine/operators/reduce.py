@@ -13,9 +13,9 @@ transaction is computed from the state as it was before the batch (time `BEFORE_
 same way every later row is: no trace of the emitted rows is kept.
 
 After a temporal behavior (`temporal`), each input row's `FATE` says what it does: `COUNTS` as
-any row, `FORGETS` (a closed window's rows retracted, results kept) the state alone, so the
-window's row stays in the output and its group leaves the state, and `LATE` nothing
-(txstream.engine.operators.behavior).
+any row; `FORGETS` (a closed window's rows retracted, results kept) the state alone, so the
+window's row stays in the output and its group leaves the state; `SHOWN` (rows released and
+forgotten at once) the output alone; `LATE` nothing (txstream.engine.operators.behavior).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from txstream.engine.frames import (
     prefixed,
 )
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
-from txstream.engine.operators.behavior import COUNTS, FATE, LATE
+from txstream.engine.operators.behavior import FATE, FORGETS, LATE, SHOWN
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
 from txstream.engine.results import INSERT, OLD, RETRACT, Pairs
 from txstream.engine.state import ZSetState
@@ -286,8 +286,9 @@ class ReduceOp(Operator):
                 else d.select(*key_cols, col(TIME), *fate, *self._per_row))
         acc_delta = (batch.clustered(rows, keys) if in_place
                      else batch.shared(rows, clustered_by=keys))
-        # Rows that only forget change the state, not the output (see the module doc).
-        shown = acc_delta.where(col(FATE) == COUNTS).drop(FATE) if fate else acc_delta
+        # What the output shows, and what the state keeps (see the module doc).
+        shown = acc_delta.where(col(FATE) != FORGETS).drop(FATE) if fate else acc_delta
+        kept = acc_delta.where(col(FATE) != SHOWN) if fate else acc_delta
         touched = batch.shared(shown.select(*key_cols).distinct(), clustered_by=keys)
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then the batch's rows (in
@@ -301,7 +302,7 @@ class ReduceOp(Operator):
         for column in self.value_states:
             groups = self._with_values(groups, d, touched, column, batch)
 
-        batch.append(self.acc_state, acc_delta)
+        batch.append(self.acc_state, kept)
         return self._emit(groups.select(*self._new_row))
 
     def _with_values(self, groups: DataFrame, d: DataFrame, touched: DataFrame, column: str,
@@ -319,8 +320,9 @@ class ReduceOp(Operator):
                                                    col(DIFF)),
             [*keys, VALUE, *fate],
         ), clustered_by=keys)
-        # Rows that only forget change the state, not the output (see the module doc).
-        vd = changed.where(col(FATE) == COUNTS).drop(FATE) if fate else changed
+        # What the output shows, and what the state keeps (see the module doc).
+        vd = changed.where(col(FATE) != FORGETS).drop(FATE) if fate else changed
+        kept = changed.where(col(FATE) != SHOWN) if fate else changed
         touched_values = vd.select(*key_cols, col(VALUE)).distinct()
 
         # The state's values of the touched groups, split in two: values the batch does not
@@ -385,7 +387,7 @@ class ReduceOp(Operator):
             steady_low, steady_high, steady_count = [F.col(f"{STEADY}{n}") for n in STEADY_STATS]
             low, high = F.least(low, steady_low), F.greatest(high, steady_high)
             count = F.coalesce(count, F.lit(0)) + F.coalesce(steady_count, F.lit(0))
-        batch.append(state, changed)
+        batch.append(state, kept)
         names = value_stats(self.value_index[column])
         return joined.select(
             *[groups[f"`{c}`"] for c in groups.columns],

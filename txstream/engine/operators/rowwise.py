@@ -114,7 +114,9 @@ class SourceOp(Operator):
 class SelectOp(Operator):
     """New columns from row-wise expressions. A projection can map distinct rows to one row
     (an update of a column it drops), so the result is consolidated where it must be (see
-    `Operator._output`)."""
+    `Operator._output`); one that keeps every input column (`keep_input`: window bounds) maps
+    distinct rows to distinct rows, so it passes its rows through, consolidated when its input
+    is (a source's are, in Arrow, where a reader needs them so)."""
 
     node: SelectNode
     reads_unconsolidated = True
@@ -159,6 +161,7 @@ class SelectOp(Operator):
         except Exception as exc:  # analysis and parse errors, as pyspark exceptions
             raise PipelineDefinitionError(f"{self.node.label}: {first_line(exc)}") from exc
         check_row_wise(self.node, frame, self.expressions(), "Project")
+        self.passes_through = self.node.keep_input
         exprs = analyzed(frame).projectList()
         # Per output column, the input columns its expression reads (see `reads`).
         self._reads = {e.name(): column_names(e)
@@ -176,7 +179,7 @@ class SelectOp(Operator):
         known = batch.clustering_of(d)
         if known is not None and set(known) <= self._plain:
             batch.keeps(projected, d)
-        return self._output(projected, batch)
+        return projected if self.passes_through else self._output(projected, batch)
 
 
 class FilterOp(Operator):

@@ -1,0 +1,199 @@
+"""Event-time windows through the engine: state that stays bounded, and the speed of getting it.
+
+Workload: page views over a simulated day, `--events` of them (default 10M) from `--users`
+users (default 100,000), event times rising with the stream (the day spread evenly) and
+`--late` of them (default 1%) 2 to 30 minutes behind; transactions of `--per-transaction`
+events (default 10,000), `--per-batch` transactions per engine call (default 10, as under a
+backlog). Two pipelines, each on a fresh engine, each a per-user count in tumbling one-minute
+windows (`windowby("ts", window=tumbling(1 min), instance="user_id").reduce(views=count())`):
+
+* `exactly_once`: with `exactly_once_behavior()`, and the late rows' table as an output too;
+* `no_behavior`: the same windows without a behavior (today's group-by semantics).
+
+Measured per pipeline: events/s through the engine (Arrow in, consolidated changes out, the
+events generated before the clock starts); after the first `--first` events (default 1M) and
+at the end: the rows every state holds (`Engine.state_rows`) and the JVM's heap in use after a
+full GC (local mode: driver and executor are one JVM), neither timed. Checked, with numpy:
+the integrated output equals the windows' counts from scratch under the clock rule (exactly
+once: the windows the clock has closed, without the rows late by the clock before their
+transaction; without a behavior: every window), and the late rows counted
+(`Engine.late_rows`) are those numpy finds late.
+
+Not yet (issue 56's benchmark): Kafka to PostgreSQL, Pathway and Flink on the same input,
+session windows.
+
+Prints one JSON object; progress on stderr.
+
+    .venv/bin/python bench/temporal.py [--events 10000000] [--first 1000000] [--users 100000]
+        [--late 0.01] [--per-transaction 10000] [--per-batch 10] [--only exactly_once,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+
+from txstream.changes import DIFF, TIME, Changes
+from txstream.engine import Engine, Pipeline
+from txstream.engine import reducers as r
+from txstream.engine import temporal as t
+from txstream.schemas.tables import TableSchema
+from txstream.service.spark import get_spark
+
+VIEWS = TableSchema.of({"view_id": "bigint", "user_id": "bigint", "ts": "timestamp"},
+                       primary_key=["view_id"])
+DAY = datetime(2026, 12, 1, tzinfo=UTC)
+MINUTE_US = 60_000_000
+DAY_US = 86_400_000_000
+
+
+def log(message: str) -> None:
+    print(f"[temporal {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def page_views(events: int, users: int, late: float, seed: int = 1) -> dict[str, np.ndarray]:
+    """`view_id`, `user_id` and `ts` (microseconds since the epoch) of the day's views."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(events, dtype=np.int64)
+    start = int((DAY - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(microseconds=1))
+    ts = start + ids * (DAY_US // events) + rng.integers(0, 1_000_000, events)
+    behind = rng.random(events) < late
+    ts[behind] -= rng.integers(2 * MINUTE_US, 30 * MINUTE_US, int(behind.sum()))
+    return {"view_id": ids, "user_id": rng.integers(0, users, events), "ts": ts}
+
+
+def pipeline(behavior: bool) -> Pipeline:
+    p = Pipeline()
+    views = p.source("views", VIEWS)
+    grouped = views.windowby("ts", window=t.tumbling(timedelta(minutes=1)), instance="user_id",
+                             behavior=t.exactly_once_behavior() if behavior else None)
+    p.output("per_minute", grouped.reduce(views=r.count()))
+    if behavior:
+        p.output("late_views", grouped.late_rows())
+    return p
+
+
+def heap_mb(spark: SparkSession) -> float:
+    """The JVM's heap in use after a full GC, in MiB."""
+    runtime = spark.sparkContext._jvm.java.lang.Runtime.getRuntime()  # type: ignore[union-attr]
+    spark.sparkContext._jvm.java.lang.System.gc()  # type: ignore[union-attr]
+    return round((runtime.totalMemory() - runtime.freeMemory()) / 2**20, 1)
+
+
+def expected(views: dict[str, np.ndarray], transaction: np.ndarray, behavior: bool
+             ) -> tuple[dict[tuple[int, int], int], int]:
+    """The integrated output, {(user_id, window start in us): views}, and the late rows:
+    numpy's own account of the clock rule (the clock before a transaction is the largest event
+    time of the transactions before it; exactly once: a row is late when its window ends at or
+    below it, and a window is shown once the clock reaches its end)."""
+    ts, users = views["ts"], views["user_id"]
+    start = ts - np.mod(ts - _origin_us(), MINUTE_US)
+    keep = np.ones(len(ts), dtype=bool)
+    late = 0
+    if behavior:
+        count = int(transaction.max()) + 1
+        peak = np.full(count, np.iinfo(np.int64).min)
+        np.maximum.at(peak, transaction, ts)
+        after = np.maximum.accumulate(peak)
+        before = np.concatenate([[np.iinfo(np.int64).min], after[:-1]])[transaction]
+        on_time = start + MINUTE_US > before
+        late = int((~on_time).sum())
+        keep = on_time & (start + MINUTE_US <= after[-1])
+    pairs, counts = np.unique(np.stack([users[keep], start[keep]]), axis=1, return_counts=True)
+    return {(int(u), int(s)): int(c) for (u, s), c in zip(pairs.T, counts, strict=True)}, late
+
+
+def _origin_us() -> int:
+    return int((datetime(1973, 1, 1, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC))
+               / timedelta(microseconds=1))
+
+
+def integrated(outputs: list[pa.Table]) -> dict[tuple[int, int], int]:
+    """The output's changes summed into its rows: {(user_id, window start in us): views}."""
+    rows: dict[tuple[int, int, int], int] = {}
+    for table in outputs:
+        starts = pc.cast(table["window_start"], pa.int64()).to_pylist()
+        for user, begin, n, diff in zip(table["user_id"].to_pylist(), starts,
+                                        table["views"].to_pylist(), table[DIFF].to_pylist(),
+                                        strict=True):
+            rows[(user, begin, n)] = rows.get((user, begin, n), 0) + diff
+    got: dict[tuple[int, int], int] = {}
+    for (user, begin, n), weight in rows.items():
+        if weight:
+            assert weight == 1 and (user, begin) not in got, "one row per window"
+            got[(user, begin)] = n
+    return got
+
+
+def run(spark: SparkSession, name: str, views: dict[str, np.ndarray], args: argparse.Namespace
+        ) -> dict[str, Any]:
+    behavior = name == "exactly_once"
+    engine = Engine(pipeline(behavior), spark)
+    events = len(views["ts"])
+    transaction = np.arange(events, dtype=np.int64) // args.per_transaction + 1
+    table = pa.table({"view_id": views["view_id"], "user_id": views["user_id"],
+                      "ts": pa.array(views["ts"], pa.timestamp("us", tz="UTC")),
+                      TIME: transaction, DIFF: np.ones(events, dtype=np.int64)},
+                     schema=VIEWS.arrow_schema(with_changes=True))
+    rows = args.per_transaction * args.per_batch
+    outputs: list[pa.Table] = []
+    samples = []
+    computing = 0.0
+    done = 0
+    for lo in range(0, events, rows):
+        chunk = table.slice(lo, rows)
+        started = time.perf_counter()
+        out = engine.process({"views": Changes(chunk)})
+        computing += time.perf_counter() - started
+        outputs.append(out["per_minute"].table)
+        done += chunk.num_rows
+        if done in (min(args.first, events), events):
+            states = engine.state_rows()
+            samples.append({"events": done, "state_rows": sum(states.values()),
+                            "by_state": states, "jvm_heap_mb_after_gc": heap_mb(spark),
+                            "events_per_s_so_far": round(done / computing)})
+            log(f"{name}: {done:,} events, {sum(states.values()):,} state rows, "
+                f"{done / computing:,.0f} events/s")
+    want, late = expected(views, transaction, behavior)
+    got = integrated(outputs)
+    assert got == want, f"{name}: {len(got)} windows, {len(want)} expected"
+    assert sum(engine.late_rows.values()) == late, (engine.late_rows, late)
+    first, last = samples[0], samples[-1]
+    return {"events": events, "seconds": round(computing, 2),
+            "events_per_s": round(events / computing), "windows_out": len(got),
+            "late_rows": late, "samples": samples,
+            "state_rows_growth": round(last["state_rows"] / max(first["state_rows"], 1), 3),
+            "heap_growth": round(last["jvm_heap_mb_after_gc"]
+                                 / first["jvm_heap_mb_after_gc"], 3),
+            "verified": True}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=10_000_000)
+    parser.add_argument("--first", type=int, default=1_000_000)
+    parser.add_argument("--users", type=int, default=100_000)
+    parser.add_argument("--late", type=float, default=0.01)
+    parser.add_argument("--per-transaction", type=int, default=10_000)
+    parser.add_argument("--per-batch", type=int, default=10)
+    parser.add_argument("--only", default="exactly_once,no_behavior")
+    args = parser.parse_args()
+    views = page_views(args.events, args.users, args.late)
+    spark = get_spark()
+    results = {name: run(spark, name, views, args) for name in args.only.split(",")}
+    print(json.dumps({"workload": {k: v for k, v in vars(args).items() if k != "only"},
+                      "date": datetime.now(UTC).isoformat(timespec="seconds"), **results},
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()
