@@ -19,22 +19,30 @@ once: the windows the clock has closed, without the rows late by the clock befor
 transaction; without a behavior: every window), and the late rows counted
 (`Engine.late_rows`) are those numpy finds late.
 
-Not yet (issue 56's benchmark): Kafka to PostgreSQL, Pathway and Flink on the same input,
-session windows.
+Pathway 0.33 runs the `exactly_once` pipeline on the same views in the same run
+(bench/peers/pathway_windows.py, in its own virtualenv; one Pathway time per transaction, fed
+from Python as bench/peers/pathway_groupby.py's input is), its integrated output checked against
+the same recompute; `pathway_ratio` is txstream's events/s over Pathway's.
+
+Not yet (issue 56's benchmark): Kafka to PostgreSQL, Flink on the same input, session windows.
 
 Prints one JSON object; progress on stderr.
 
     .venv/bin/python bench/temporal.py [--events 10000000] [--first 1000000] [--users 100000]
         [--late 0.01] [--per-transaction 10000] [--per-batch 10] [--only exactly_once,...]
+        [--no-peer]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,12 +142,42 @@ def integrated(outputs: list[pa.Table]) -> dict[tuple[int, int], int]:
     return got
 
 
+PEER = Path(__file__).with_name("peers") / "pathway_windows.py"
+
+
+def pathway_peer(views: dict[str, np.ndarray], transaction: np.ndarray) -> dict[str, Any]:
+    """The exactly-once pipeline run by Pathway on the same views, its output checked."""
+    log("the same views through Pathway")
+    with tempfile.TemporaryDirectory() as work:
+        source, target = Path(work) / "views.npz", Path(work) / "out.npz"
+        np.savez(source, transaction=transaction, **views)
+        done = subprocess.run([sys.executable, str(PEER), str(source), str(target)],
+                              capture_output=True, text=True, check=False)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            return {"peer": "pathway", "skipped": f"exit {done.returncode}: "
+                                                  f"{done.stderr[-500:]}"}
+        result = json.loads(lines[-1])
+        if "skipped" in result:
+            return result
+        out = np.load(target)
+        got = {(int(u), int(w)): int(n) for u, w, n in zip(
+            out["user_id"], out["window_start"], out["views"], strict=True)}
+    want, _ = expected(views, transaction, behavior=True)
+    assert got == want, f"pathway: {len(got)} windows, {len(want)} expected"
+    return {**result, "verified": True}
+
+
+def transactions_of(events: int, per_transaction: int) -> np.ndarray:
+    return np.arange(events, dtype=np.int64) // per_transaction + 1
+
+
 def run(spark: SparkSession, name: str, views: dict[str, np.ndarray], args: argparse.Namespace
         ) -> dict[str, Any]:
     behavior = name == "exactly_once"
     engine = Engine(pipeline(behavior), spark)
     events = len(views["ts"])
-    transaction = np.arange(events, dtype=np.int64) // args.per_transaction + 1
+    transaction = transactions_of(events, args.per_transaction)
     table = pa.table({"view_id": views["view_id"], "user_id": views["user_id"],
                       "ts": pa.array(views["ts"], pa.timestamp("us", tz="UTC")),
                       TIME: transaction, DIFF: np.ones(events, dtype=np.int64)},
@@ -186,13 +224,21 @@ def main() -> None:
     parser.add_argument("--per-transaction", type=int, default=10_000)
     parser.add_argument("--per-batch", type=int, default=10)
     parser.add_argument("--only", default="exactly_once,no_behavior")
+    parser.add_argument("--no-peer", action="store_true")
     args = parser.parse_args()
     views = page_views(args.events, args.users, args.late)
     spark = get_spark()
-    results = {name: run(spark, name, views, args) for name in args.only.split(",")}
-    print(json.dumps({"workload": {k: v for k, v in vars(args).items() if k != "only"},
-                      "date": datetime.now(UTC).isoformat(timespec="seconds"), **results},
-                     indent=1))
+    results: dict[str, Any] = {name: run(spark, name, views, args)
+                               for name in args.only.split(",")}
+    if not args.no_peer:
+        peer = pathway_peer(views, transactions_of(args.events, args.per_transaction))
+        results["pathway"] = peer
+        if "events_per_s" in peer and "exactly_once" in results:
+            results["pathway_ratio"] = round(results["exactly_once"]["events_per_s"]
+                                             / peer["events_per_s"], 2)
+    shown = {k: v for k, v in vars(args).items() if k not in ("only", "no_peer")}
+    print(json.dumps({"workload": shown, "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                      **results}, indent=1))
 
 
 if __name__ == "__main__":
