@@ -24,6 +24,8 @@ Compiling it and running its batches:
     codegen            whether a batch's expressions run interpreted or as generated code
     columns            the columns the engine adds, and its helper columns' prefix
     warmup             warming_up, warm_up: made-up batches through a fresh engine, forgotten
+    java_garbage       JavaGarbage: the JVM objects Python's reference cycles pin, freed on a
+                       schedule
 Operator state:
     state              ZSetState: a Z-set in versions of runs, read and staged in its partitions
     runs               Run: a lazy local checkpoint on `replicas` executors; size-tier merges

@@ -50,6 +50,7 @@ from txstream.engine.errors import (
 )
 from txstream.engine.frames import union_all
 from txstream.engine.indexing import StateIndexes
+from txstream.engine.java_garbage import JavaGarbage
 from txstream.engine.operators import SourceOp
 from txstream.engine.operators.base import first_line
 from txstream.engine.replicas import keep_replicated
@@ -132,6 +133,7 @@ class Engine:
         # Late changes (inserted or deleted rows) each temporal behavior ignored so far, by its
         # label; its late rows' table shows them (`GroupedTable.late_rows`).
         self.late_rows: Counter[str] = Counter()
+        self._java_garbage = JavaGarbage()
         self._templates: dict[tuple[object, ...], Template] = {}
         self.state_replicas = state_replicas
         self.state_replications = 0  # times runs were copied again (`txstream.engine.replicas`)
@@ -215,6 +217,7 @@ class Engine:
             late = result.pop(name)
             if late.num_rows:
                 self.late_rows[node.inputs[0].label] += pc.sum(pc.abs(late.table[DIFF])).as_py()
+        self._java_garbage.after_batch()
         return result
 
     def _keep_replicated(self) -> None:
