@@ -266,6 +266,26 @@ def test_closed_windows_leave_the_state(spark: SparkSession) -> None:
     assert of("BehaviorOp", "clock") == [1, 1]
 
 
+def test_a_restored_engine_goes_on_as_if_it_never_stopped(spark: SparkSession,
+                                                         tmp_path: Path) -> None:
+    """The clock, the buffer and the released rows are state like any other: saved after
+    transaction 20 and loaded into a new engine (as a restart from a checkpoint does), the
+    rest of the stream is the one an engine that never stopped gives."""
+    changes = rising_changes(random.Random(5), 40)
+    cases = {name: RANDOM_CASES[name] for name in ("delay_cutoff", "retract", "exactly_once")}
+    pipeline = _pipeline(cases, late=True)
+    whole = _streams(spark, pipeline, changes, 5)
+    first = Engine(pipeline, spark)
+    before = _streams(spark, pipeline, [c for c in changes if c[1] <= 20], 5, engine=first)
+    first.save_state(str(tmp_path / "state"))
+    second = Engine(_pipeline(cases, late=True), spark)
+    second.load_state(str(tmp_path / "state"))
+    after = _streams(spark, pipeline, [c for c in changes if c[1] > 20], 5, engine=second)
+    for name, stream in whole.items():
+        assert any(row[-2] > 20 for row in stream), name
+        assert before[name] + after[name] == stream, name
+
+
 def test_a_pipeline_with_a_behavior_is_never_netted(spark: SparkSession) -> None:
     """A batch's net change moves a behavior's clock once where its transactions move it one by
     one, so the runner must not net batches (`Engine.nets_exactly`) even when every sink
