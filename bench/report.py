@@ -12,7 +12,9 @@ Reads the JSON documents the benchmarks printed, stored unchanged under
   `bench/end_to_end.py`), and a lone transaction's engine time (`bench/scale.py`);
 * `scale.png`: parallelism 1 against 2 (`bench/scale.py`), txstream and Flink;
 * `startup.png`: the lives of `bench/startup.py`: Spark's start, the first commit, caught up;
-* `stress.png`: which seeds of `bench/stress.py` held, one row per result file (a revision).
+* `stress.png`: which seeds of `bench/stress.py` held, one row per result file (a revision);
+* `temporal.png`: event-time windows with and without a behavior (`bench/temporal.py`): state
+  rows and the JVM heap as the events grow, and events/s beside Pathway.
 
 Documents of one script are merged in file name order (a later file's sections win), so one
 run may hold the group-by and another the example pipeline; `bench/stress.py`'s are kept
@@ -271,8 +273,46 @@ def stress(found: dict[str, list[tuple[str, Document]]]) -> Figure | None:
     return fig
 
 
+def temporal(results: dict[str, Document]) -> Figure | None:
+    document = results.get("temporal", {})
+    pipelines = [name for name in ("exactly_once", "no_behavior") if name in document]
+    if not pipelines:
+        return None
+    fig, (rows, heap, rate) = plt.subplots(1, 3, figsize=(14, 4))
+    colours = {"exactly_once": TXSTREAM, "no_behavior": "#9ecae1"}
+    for name in pipelines:
+        samples = document[name]["samples"]
+        events = [sample["events"] for sample in samples]
+        label = name.replace("_", " ")
+        rows.plot(events, [max(sample["state_rows"], 1) for sample in samples], "o-",
+                  color=colours[name], label=label)
+        heap.plot(events, [sample["jvm_heap_mb_after_gc"] for sample in samples], "o-",
+                  color=colours[name], label=label)
+    rows.set_yscale("log")
+    rows.set_ylabel("state rows (log)")
+    heap.set_ylabel("JVM heap after GC (MB)")
+    for ax, title in ((rows, "State rows"), (heap, "Memory")):
+        ax.set_xlabel("events")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1e6:.0f}M"))
+        ax.set_title(f"{title} (bench/temporal.py)", fontsize=9)
+        ax.legend(fontsize=8)
+    labels = [name.replace("_", " ") for name in pipelines]
+    values = [document[name]["events_per_s"] for name in pipelines]
+    colour_list = [colours[name] for name in pipelines]
+    if _rate(document.get("pathway")):
+        labels.append("pathway\nexactly once")
+        values.append(document["pathway"]["events_per_s"])
+        colour_list.append(PEER)
+    _bars(rate, labels, values, colour_list, "events/s")
+    rate.set_title(f"Per-user minute windows, {document['exactly_once']['events']:,} views",
+                   fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 PLOTS: dict[str, Callable[[dict[str, Document]], Figure | None]] = {
-    "throughput": throughput, "latency": latency, "scale": scale, "startup": startup}
+    "throughput": throughput, "latency": latency, "scale": scale, "startup": startup,
+    "temporal": temporal}
 
 
 def main() -> None:
