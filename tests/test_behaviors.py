@@ -169,7 +169,7 @@ RANDOM_CASES: dict[str, tuple[Windows, Behavior | None, bool]] = {
 
 
 @pytest.mark.parametrize(("seed", "transactions", "sizes", "parallelism"),
-                         [(1, 25, (1, 7, None), 1), (2, 40, (7, None), 2), (3, 15, (1,), 2)])
+                         [(1, 20, (1, 7, None), 1), (2, 40, (7, None), 2), (3, 12, (1,), 2)])
 def test_behaviors_follow_the_clock_rule_at_every_batch_size(
         spark: SparkSession, seed: int, transactions: int, sizes: tuple[int | None, ...],
         parallelism: int) -> None:
