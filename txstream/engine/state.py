@@ -283,6 +283,14 @@ class ZSetState:
             self._leaf[planned] = self.leaf(streamed[0].frame.sparkSession, streamed, planned)
         return self._leaf[planned]
 
+    def whole(self, planned: int) -> DataFrame | None:
+        """The current version's collection, consolidated, for a batch `planned` for that many
+        partitions, or None when it has no runs: for a state never looked up, so never indexed,
+        whose streamed runs are all its runs (the leaf a batch's template rebinds, `frame`)."""
+        assert self.lookup_on is None, "a looked-up state's indexed runs are read by `matches`"
+        frame = self.frame(planned)
+        return None if frame is None else self._consolidate(frame, whole=True)
+
     def index_frame(self) -> DataFrame | None:
         """The files of the current version's indexed runs as a leaf (one row per file, see
         `run_index.FILES_TYPE`), or None when no run is indexed."""

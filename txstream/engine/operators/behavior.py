@@ -94,16 +94,6 @@ class BehaviorOp(Operator):
         """A time column or window bound in the behavior's units (microseconds or numbers)."""
         return F.expr(event_micros(f"`{column}`", self.node.timed))
 
-    @staticmethod
-    def _read(state: ZSetState | None, planned: int) -> DataFrame | None:
-        """The state's rows, consolidated, or None when it has none."""
-        frame = state.frame(planned) if state is not None else None
-        if frame is None:
-            return None
-        assert state is not None
-        return (frame.groupBy(*[col(k) for k in state.keys]).agg(F.sum(col(DIFF)).alias(DIFF))
-                .where(col(DIFF) != 0))
-
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
         d = deltas[0]
         if d is None:
@@ -116,7 +106,7 @@ class BehaviorOp(Operator):
         d = batch.shared(d)
 
         # The clock after each transaction of the batch (BEFORE_BATCH: the clock before it).
-        before = self._read(self.clock, planned)
+        before = self.clock.whole(planned)
         peaks = d.groupBy(col(TIME)).agg(F.max(self._at(self.node.time)).alias(CLOCK))
         if before is not None:
             peaks = peaks.unionByName(before.select(F.lit(BEFORE_BATCH).cast("long").alias(TIME),
@@ -131,7 +121,7 @@ class BehaviorOp(Operator):
         # kept ones (before the batch).
         parts = [d.select(*rows, col(TIME), col(DIFF), F.lit(_BATCH).alias(_FROM))]
         for state, origin in ((self.buffer, _BUFFERED), (self.released, _RELEASED)):
-            held = self._read(state, planned)
+            held = state.whole(planned) if state is not None else None
             if held is not None:
                 parts.append(held.select(*rows, F.lit(BEFORE_BATCH).cast("long").alias(TIME),
                                          col(DIFF), F.lit(origin).alias(_FROM)))
@@ -150,16 +140,17 @@ class BehaviorOp(Operator):
 
         released, close = self._released_at(), col(_CLOSE)
         keep = self.node.behavior.keep_results
-        # keep_results=False: a window closed at or before its release is never shown.
-        hidden = F.lit(False) if keep else F.coalesce(close <= released, F.lit(False))
-        shown = released.isNotNull() & (released != BEFORE_BATCH) & ~hidden
+        # Whether the row's window closed at or before its release (never without a cutoff):
+        # with keep_results=False it is never shown; with results kept it is forgotten as it
+        # is shown.
+        closed_first = F.coalesce(close <= released, F.lit(False))
+        shown = released.isNotNull() & (released != BEFORE_BATCH) & (
+            F.lit(True) if keep else ~closed_first)
         no_clock = F.lit(None).cast(self.schema[LATE_CLOCK].dataType).alias(LATE_CLOCK)
-        # Results kept: a row released once its window is closed is forgotten as it is shown.
-        once = (F.coalesce(close <= released, F.lit(False)) if keep and
-                self.node.behavior.cutoff is not None else F.lit(False))
-        changes = [on_time.where(shown).select(
-            *rows, F.when(once, F.lit(SHOWN)).otherwise(F.lit(COUNTS)).alias(FATE), no_clock,
-            released.alias(TIME), col(DIFF))]
+        fate = F.when(closed_first, F.lit(SHOWN)).otherwise(F.lit(COUNTS)) if keep \
+            else F.lit(COUNTS)
+        changes = [on_time.where(shown).select(*rows, fate.alias(FATE), no_clock,
+                                               released.alias(TIME), col(DIFF))]
         if self.node.behavior.cutoff is not None:
             # The rest of a closed window's released rows: forgotten (results kept) or retracted.
             retracted = released.isNotNull() & close.isNotNull() & (close > released)
