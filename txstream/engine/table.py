@@ -113,9 +113,6 @@ class BehaviorNode(Node):
 class ReduceNode(Node):
     keys: tuple[str, ...] = ()
     reducers: tuple[tuple[str, Reducer], ...] = ()
-    # The input is a temporal behavior's, whose rows say what they do to the reduce (`FATE`,
-    # txstream.engine.operators.behavior).
-    temporal: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -253,7 +250,7 @@ class Table:
             if resolved.cutoff is not None:  # without one no row is ever late
                 late = LateNode(f"late rows of {node.label}", (node,))
                 self.pipeline.late.append(late)
-            grouped = GroupedTable(self._derive(node), grouped.keys, temporal=True, late=late)
+            grouped = GroupedTable(self._derive(node), grouped.keys, late=late)
         return grouped
 
     def concat(self, *others: Table) -> Table:
@@ -268,11 +265,10 @@ class Table:
 
 
 class GroupedTable:
-    def __init__(self, table: Table, keys: tuple[str, ...], temporal: bool = False,
-                 late: LateNode | None = None) -> None:
+    def __init__(self, table: Table, keys: tuple[str, ...], late: LateNode | None = None
+                 ) -> None:
         self.table = table
         self.keys = keys
-        self.temporal = temporal  # see ReduceNode
         self._late = late
 
     def late_rows(self) -> Table:
@@ -306,7 +302,7 @@ class GroupedTable:
                 )
         label = f"groupby({', '.join(self.keys)}).reduce of {self.table.node.label}"
         node = ReduceNode(label, (self.table.node,), keys=self.keys,
-                          reducers=tuple(reducers.items()), temporal=self.temporal)
+                          reducers=tuple(reducers.items()))
         return self.table._derive(node)
 
 

@@ -12,10 +12,11 @@ A group's row is a function of these, so the row to retract before the batch's f
 transaction is computed from the state as it was before the batch (time `BEFORE_BATCH`), the
 same way every later row is: no trace of the emitted rows is kept.
 
-After a temporal behavior (`temporal`), each input row's `FATE` says what it does: `COUNTS` as
-any row; `FORGETS` (a closed window's rows retracted, results kept) the state alone, so the
-window's row stays in the output and its group leaves the state; `SHOWN` (rows released and
-forgotten at once) the output alone; `LATE` nothing (txstream.engine.operators.behavior).
+After a temporal behavior (the input a `BehaviorNode`), each input row's `FATE` says what it
+does: `COUNTS` as any row; `FORGETS` (a closed window's rows retracted, results kept) the state
+alone, so the window's row stays in the output and its group leaves the state; `SHOWN` (rows
+released and forgotten at once) the output alone; `LATE` nothing
+(txstream.engine.operators.behavior).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from txstream.engine.operators.behavior import FATE, FORGETS, LATE, SHOWN
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
 from txstream.engine.results import INSERT, OLD, RETRACT, Pairs
 from txstream.engine.state import ZSetState
-from txstream.engine.table import ReduceNode
+from txstream.engine.table import BehaviorNode, ReduceNode
 from txstream.schemas.tables import ColumnType
 
 # Open end of a value's presence interval: later than every transaction.
@@ -90,7 +91,9 @@ class ReduceOp(Operator):
         src = self.input_schemas[0]
         keys = list(self.node.keys)
         self._require(src, keys, "group-by")
-        if self.node.temporal:
+        # After a temporal behavior, whose rows say what they do to the reduce (`FATE`).
+        self.temporal = isinstance(self.node.inputs[0], BehaviorNode)
+        if self.temporal:
             self._require(src, [FATE], "temporal behavior")
         self.keys = keys
         fields = [src[k] for k in keys]
@@ -255,7 +258,7 @@ class ReduceOp(Operator):
 
     def reads(self, needed: frozenset[str]) -> list[frozenset[str]]:
         """The keys and the reducers' columns, whatever its readers read."""
-        fate = [FATE] if self.node.temporal else []
+        fate = [FATE] if self.temporal else []
         return [frozenset(self.keys).union(
             fate, (red.column for _, red in self.node.reducers if red.column is not None))]
 
@@ -263,7 +266,7 @@ class ReduceOp(Operator):
         d = deltas[0]
         if d is None:
             return None
-        if self.node.temporal:
+        if self.temporal:
             d = d.where(col(FATE) != LATE)
         keys = self.keys
         key_cols = [col(k) for k in keys]
@@ -280,15 +283,13 @@ class ReduceOp(Operator):
         in_place = not self.value_states and known is not None and set(known) < set(keys)
         if not in_place:
             d = batch.clustered(d, keys)
-        fate = [col(FATE)] if self.node.temporal else []
+        fate = [col(FATE)] if self.temporal else []
         rows = (d.groupBy(*key_cols, col(TIME), *fate).agg(*self._accumulate)
                 if in_place or self.many_per_key
                 else d.select(*key_cols, col(TIME), *fate, *self._per_row))
         acc_delta = (batch.clustered(rows, keys) if in_place
                      else batch.shared(rows, clustered_by=keys))
-        # What the output shows, and what the state keeps (see the module doc).
-        shown = acc_delta.where(col(FATE) != FORGETS).drop(FATE) if fate else acc_delta
-        kept = acc_delta.where(col(FATE) != SHOWN) if fate else acc_delta
+        shown, kept = self._shown_and_kept(acc_delta)
         touched = batch.shared(shown.select(*key_cols).distinct(), clustered_by=keys)
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then the batch's rows (in
@@ -305,6 +306,14 @@ class ReduceOp(Operator):
         batch.append(self.acc_state, kept)
         return self._emit(groups.select(*self._new_row))
 
+    def _shown_and_kept(self, changes: DataFrame) -> tuple[DataFrame, DataFrame]:
+        """Of a batch's `changes`, those its output shows (without `FATE`) and those its state
+        keeps (see the module doc); both all of them without a temporal behavior."""
+        if not self.temporal:
+            return changes, changes
+        return (changes.where(col(FATE) != FORGETS).drop(FATE),
+                changes.where(col(FATE) != SHOWN))
+
     def _with_values(self, groups: DataFrame, d: DataFrame, touched: DataFrame, column: str,
                      batch: BatchPlan) -> DataFrame:
         """Add `value_stats(i)` of `column` (value column number i): the min, max and distinct
@@ -313,16 +322,14 @@ class ReduceOp(Operator):
         keys = self.keys
         key_cols = [col(k) for k in keys]
         state = self.value_states[column]
-        fate = [FATE] if self.node.temporal else []
+        fate = [FATE] if self.temporal else []
         changed = batch.shared(consolidate(
             d.where(col(column).isNotNull()).select(*key_cols, col(column).alias(VALUE),
                                                    *[col(c) for c in fate], col(TIME),
                                                    col(DIFF)),
             [*keys, VALUE, *fate],
         ), clustered_by=keys)
-        # What the output shows, and what the state keeps (see the module doc).
-        vd = changed.where(col(FATE) != FORGETS).drop(FATE) if fate else changed
-        kept = changed.where(col(FATE) != SHOWN) if fate else changed
+        vd, kept = self._shown_and_kept(changed)
         touched_values = vd.select(*key_cols, col(VALUE)).distinct()
 
         # The state's values of the touched groups, split in two: values the batch does not
