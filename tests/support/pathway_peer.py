@@ -55,7 +55,8 @@ def pathway_python() -> Path:
 def windows_streams(rows: Sequence[tuple[Any, ...]], windows: dict[str, dict[str, Any]],
                     work: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Pathway's update stream of each window reduce of `windows` (name -> `kind` "tumbling" or
-    "sliding", `hop`, `duration`, `origin` or None, `instance` bool, optionally `behavior`: see
+    "sliding", `hop`, `duration`, `origin` or None, or "session", `max_gap`; `instance` bool,
+    optionally `behavior`: see
     `tests/support/pathway_windows.py`) over the changes `rows` (id, user_id, ts, v,
     transaction, diff): per name, (*row, transaction, diff) consolidated, in stream order,
     without what Pathway flushes at the end of its input."""

@@ -4,7 +4,8 @@ through Pathway's `windowby(...).reduce(...)`, each window's update stream writt
     <pathway-venv>/bin/python tests/support/pathway_windows.py INPUT.json OUTPUT.json
 
 INPUT: {"rows": [[id, user_id, ts, v, transaction, diff], ...], "windows": {name: {"kind":
-"tumbling" | "sliding", "hop", "duration", "origin" (or null), "instance": bool, "behavior":
+"tumbling" | "sliding", "hop", "duration", "origin" (or null) | "kind": "session", "max_gap";
+"instance": bool, "behavior":
 null | {"kind": "common", "delay", "cutoff", "keep_results"} | {"kind": "exactly_once",
 "shift"}}}}. Transaction N
 is Pathway time 2N. OUTPUT: {name: [[user_id (with instance), window_start, window_end, n, s,
@@ -45,7 +46,9 @@ def main(source: str, target: str) -> None:
     events = pw.debug.table_from_rows(Events, rows, is_stream=True)
     streams: dict[str, list[list[Any]]] = {}
     for name, window in spec["windows"].items():
-        if window["kind"] == "tumbling":
+        if window["kind"] == "session":
+            kind = pw.temporal.session(max_gap=window["max_gap"])
+        elif window["kind"] == "tumbling":
             kind = pw.temporal.tumbling(duration=window["duration"], origin=window["origin"])
         else:
             kind = pw.temporal.sliding(hop=window["hop"], duration=window["duration"],

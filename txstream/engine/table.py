@@ -28,6 +28,7 @@ from txstream.engine.temporal import (
     CommonBehavior,
     ExactlyOnceBehavior,
     Resolved,
+    Session,
     Sliding,
 )
 from txstream.schemas.tables import TableSchema
@@ -107,6 +108,16 @@ class BehaviorNode(Node):
     time: str = ""
     timed: bool = False
     behavior: Resolved = field(default_factory=lambda: Resolved(None, None))
+
+
+@dataclass(frozen=True, eq=False)
+class SessionNode(Node):
+    """The input's rows, each with its session (`window_start`, `window_end`) among the rows of
+    its `instance` by the event-time column `time` (`txstream.engine.operators.session`)."""
+
+    time: str = ""
+    instance: tuple[str, ...] = ()
+    window: Session = field(default_factory=lambda: Session(1))
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,27 +222,37 @@ class Table:
             )
         return GroupedTable(self, tuple(keys))
 
-    def windowby(self, time: str, *, window: Sliding, instance: str | Sequence[str] = (),
-                 behavior: Behavior | None = None) -> GroupedTable:
+    def windowby(self, time: str, *, window: Sliding | Session,
+                 instance: str | Sequence[str] = (), behavior: Behavior | None = None
+                 ) -> GroupedTable:
         """Group by `instance` (columns) and the event-time windows of `window`
-        (`txstream.temporal`'s `tumbling` or `sliding`) the column `time` falls in;
+        (`txstream.temporal`'s `tumbling`, `sliding` or `session`) the column `time` falls in;
         `.reduce(...)` gives `*instance, window_start, window_end` and the reducers. A row
-        becomes a row of each of its windows (a select and a filter per hop back, concatenated):
-        row-wise, so the reduce after it is exact as any reduce is (see
-        `txstream.engine.temporal`). A `behavior` (`common_behavior`, `exactly_once_behavior`)
-        decides when those rows reach the reduce and when closed windows leave it."""
-        if not isinstance(window, Sliding):
+        becomes a row of each of its windows (a select and a filter per hop back, concatenated;
+        for sessions, an operator of its own), and the reduce after it is exact as any reduce
+        is (see `txstream.engine.temporal`). A `behavior` (`common_behavior`,
+        `exactly_once_behavior`) decides when those rows reach the reduce and when closed
+        windows leave it."""
+        if not isinstance(window, Sliding | Session):
             raise PipelineDefinitionError(
                 f"windowby on {self.node.label}: window={window!r} is not a window (use "
-                "txstream.temporal.tumbling or sliding)")
+                "txstream.temporal.tumbling, sliding or session)")
         if behavior is not None and not isinstance(behavior,
                                                    CommonBehavior | ExactlyOnceBehavior):
             raise PipelineDefinitionError(
                 f"windowby on {self.node.label}: behavior={behavior!r} is not a behavior (use "
                 "txstream.temporal.common_behavior or exactly_once_behavior)")
         keys = (instance,) if isinstance(instance, str) else tuple(instance)
-        quoted = f"`{time}`"
         label = f"{window.describe()} windows of {self.node.label} by {time}"
+        if isinstance(window, Session):
+            if behavior is not None:
+                raise PipelineDefinitionError(
+                    f"windowby on {self.node.label}: session windows take no behavior yet (a "
+                    "session's end moves with its rows; Pathway ignores behaviors there); "
+                    "drop behavior=, or use tumbling or sliding windows")
+            sessions = SessionNode(label, (self.node,), time=time, instance=keys, window=window)
+            return GroupedTable(self._derive(sessions), (*keys, WINDOW_START, WINDOW_END))
+        quoted = f"`{time}`"
         parts = []
         for back in range(window.windows_per_row):
             start, end = window.bounds(quoted, back)

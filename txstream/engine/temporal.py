@@ -34,7 +34,17 @@ when they leave it, by one clock per windowed table: the largest event time of i
   never revised.
 
 Without a behavior a window's group lives as long as any group of an ordinary `groupby`: its
-state is never dropped. Not yet: session windows, as-of joins and now().
+state is never dropped.
+
+`session(max_gap)`: per instance, the rows sorted by event time, a new session wherever the gap
+to the previous row is at least `max_gap` (so rows closer than it are in one session, Pathway's
+strict `<`); `window_start` and `window_end` are the session's first and last time (a closed
+interval, as Pathway's), so a row that bridges two sessions retracts both and inserts the
+merged one, in its transaction. Sessions are a function of the rows an instance holds, not of
+the rows' windows, so they are computed by their own operator
+(`txstream.engine.operators.session`) before the ordinary reduce; behaviors do not apply to
+them (Pathway ignores them there; txstream refuses them rather than ignore them). Not yet:
+as-of joins and now().
 """
 
 from __future__ import annotations
@@ -133,6 +143,37 @@ class Sliding:
 
 
 @dataclass(frozen=True)
+class Session:
+    """Session windows: rows closer than `max_gap` in event time are in one session (see the
+    module doc); build with `session`."""
+
+    max_gap: Length
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_gap, bool) or not isinstance(self.max_gap,
+                                                            timedelta | int | float):
+            raise PipelineDefinitionError(
+                f"session max_gap {self.max_gap!r} must be a timedelta (a timestamp column) or "
+                "a number (a numeric one)")
+        if not _positive(self.max_gap):
+            raise PipelineDefinitionError(f"session max_gap {self.max_gap!r} must be positive")
+
+    @property
+    def timed(self) -> bool:
+        """Whether the sessions are over a timestamp column (a timedelta gap)."""
+        return isinstance(self.max_gap, timedelta)
+
+    @property
+    def gap(self) -> int | float:
+        """The gap in the operator's units: microseconds for timestamp columns."""
+        return _in_units(self.max_gap)
+
+    def describe(self) -> str:
+        """The window as a pipeline author wrote it, for labels and messages."""
+        return f"session(max_gap={self.max_gap})"
+
+
+@dataclass(frozen=True)
 class CommonBehavior:
     """Pathway's `common_behavior` (see the module doc); build with `common_behavior`."""
 
@@ -222,6 +263,13 @@ def exactly_once_behavior(shift: Length | None = None) -> ExactlyOnceBehavior:
 def event_micros(column: str, timed: bool) -> str:
     """Spark SQL of the time column or window bound `column` (quoted) in a behavior's units."""
     return f"unix_micros({column})" if timed else column
+
+
+def session(*, max_gap: Length) -> Session:
+    """Session windows: per instance, rows less than `max_gap` apart in event time are in one
+    session, `[first, last]`: Pathway's `session(max_gap=...)`. Pathway's other form, a
+    Python `predicate` of two times, is not offered: it cannot run inside Spark's plans."""
+    return Session(max_gap)
 
 
 def sliding(hop: Length, duration: Length, origin: Origin | None = None) -> Sliding:

@@ -8,6 +8,7 @@ from txstream.engine.operators.join import JoinOp, PadOp
 from txstream.engine.operators.late import LateOp
 from txstream.engine.operators.reduce import ReduceOp
 from txstream.engine.operators.rowwise import ConcatOp, FilterOp, NegateOp, SelectOp, SourceOp
+from txstream.engine.operators.session import SessionOp
 from txstream.engine.table import (
     BehaviorNode,
     ConcatNode,
@@ -20,6 +21,7 @@ from txstream.engine.table import (
     PadNode,
     ReduceNode,
     SelectNode,
+    SessionNode,
     SourceNode,
 )
 
@@ -34,6 +36,7 @@ OPERATORS: dict[type[Node], type[Operator]] = {
     DistinctNode: DistinctOp,
     ReduceNode: ReduceOp,
     BehaviorNode: BehaviorOp,
+    SessionNode: SessionOp,
     LateNode: LateOp,
 }
 
