@@ -1,6 +1,7 @@
 """Pathway 0.33 itself as an oracle: its own virtualenv (made on first use, as the benchmarks'
-is: `~/.cache/txstream/peers/pathway-venv`), and a program run there that puts the same changes
-through Pathway's `windowby` and prints the update streams (`tests/support/pathway_windows.py`).
+is: `~/.cache/txstream/peers/pathway-venv`), and programs run there that put the same changes
+through Pathway's `windowby` (`tests/support/pathway_windows.py`) or `asof_join`
+(`tests/support/pathway_asof.py`) and print the update streams.
 
 One Pathway time per transaction: transaction N is Pathway time 2N (Pathway's times of input
 are even), so an update stream maps back exactly, time by time.
@@ -21,7 +22,8 @@ from support.temporal_model import Behavior, Windows
 
 PIN = "pathway==0.33.0"
 VENV = Path.home() / ".cache" / "txstream" / "peers" / "pathway-venv"
-PROGRAM = Path(__file__).with_name("pathway_windows.py")
+WINDOWS = Path(__file__).with_name("pathway_windows.py")
+ASOF = Path(__file__).with_name("pathway_asof.py")
 # The time at which Pathway releases what its buffers still hold when the input ends
 # (u64::MAX rounded down to even).
 END_OF_INPUT = 2**64 - 2
@@ -52,18 +54,13 @@ def pathway_python() -> Path:
     return python
 
 
-def windows_streams(rows: Sequence[tuple[Any, ...]], windows: dict[str, dict[str, Any]],
-                    work: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Pathway's update stream of each window reduce of `windows` (name -> `kind` "tumbling" or
-    "sliding", `hop`, `duration`, `origin` or None, or "session", `max_gap`; `instance` bool,
-    optionally `behavior`: see
-    `tests/support/pathway_windows.py`) over the changes `rows` (id, user_id, ts, v,
-    transaction, diff): per name, (*row, transaction, diff) consolidated, in stream order,
-    without what Pathway flushes at the end of its input."""
-    spec = work / "pathway-input.json"
-    out = work / "pathway-output.json"
-    spec.write_text(json.dumps({"rows": [list(r) for r in rows], "windows": windows}))
-    run = subprocess.run([str(pathway_python()), str(PROGRAM), str(spec), str(out)],
+def _streams(program: Path, spec: dict[str, Any], work: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Run `program` in Pathway's virtualenv on the JSON `spec`: per name, its output's changes
+    (*row, transaction, diff) consolidated, in stream order, without what Pathway flushes at the
+    end of its input."""
+    given, out = work / "pathway-input.json", work / "pathway-output.json"
+    given.write_text(json.dumps(spec))
+    run = subprocess.run([str(pathway_python()), str(program), str(given), str(out)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"Pathway failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     streams = {}
@@ -75,6 +72,25 @@ def windows_streams(rows: Sequence[tuple[Any, ...]], windows: dict[str, dict[str
             net[(*row, time // 2)] += diff
         streams[name] = in_stream_order((*key, diff) for key, diff in net.items() if diff)
     return streams
+
+
+def windows_streams(rows: Sequence[tuple[Any, ...]], windows: dict[str, dict[str, Any]],
+                    work: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Pathway's update stream of each window reduce of `windows` (name -> `kind` "tumbling" or
+    "sliding", `hop`, `duration`, `origin` or None, or "session", `max_gap`; `instance` bool,
+    optionally `behavior`: see `tests/support/pathway_windows.py`) over the changes `rows` (id,
+    user_id, ts, v, transaction, diff)."""
+    return _streams(WINDOWS, {"rows": [list(r) for r in rows], "windows": windows}, work)
+
+
+def asof_streams(sides: dict[str, Sequence[tuple[tuple[Any, ...], int, int]]],
+                 directions: Sequence[str], work: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Pathway's update stream of the left as-of join of `orders` with `prices` on the product
+    in each direction (see `tests/support/pathway_asof.py`), given each side's (row,
+    transaction, diff) changes."""
+    spec = {name: [[*row, number, diff] for row, number, diff in changes]
+            for name, changes in sides.items()}
+    return _streams(ASOF, spec | {"directions": list(directions)}, work)
 
 
 def pathway_spec(windows: Windows, behavior: Behavior | None, instance: bool

@@ -91,8 +91,9 @@ TUMBLING_STREAMS = {
 
 def in_stream_order(rows: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """Changes `(*row, transaction, diff)` sorted by transaction, then row, then diff: the one
-    order in which update streams are compared."""
-    return sorted(rows, key=lambda row: (row[-2], row[:-2], row[-1]))
+    order in which update streams are compared (a null before any value)."""
+    return sorted(rows, key=lambda row: (row[-2], [(v is not None, v) for v in row[:-2]],
+                                         row[-1]))
 
 
 def parse(text: str, times: list[int]) -> list[tuple[int, ...]]:

@@ -34,6 +34,8 @@ from txstream.engine.temporal import (
 from txstream.schemas.tables import TableSchema
 
 JoinHow = Literal["inner", "left", "right", "outer"]
+AsofHow = Literal["inner", "left"]
+Direction = Literal["backward", "forward", "nearest"]
 _ids = itertools.count(1)
 
 
@@ -80,6 +82,19 @@ class JoinNode(Node):
     """Inner equi-join; columns: the keys, the left's other columns, the right's other columns."""
 
     on: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class AsofJoinNode(Node):
+    """Each row of `inputs[0]` with the row of `inputs[1]` of the same `on` columns whose time
+    (`right_time`) is the nearest to its own (`left_time`) in `direction`
+    (`txstream.engine.operators.asof_join`); columns as a `JoinNode`'s."""
+
+    left_time: str = ""
+    right_time: str = ""
+    on: tuple[str, ...] = ()
+    how: AsofHow = "inner"
+    direction: Direction = "backward"
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,6 +211,31 @@ class Table:
         if len(parts) == 1:
             return self._derive(inner)
         return self._derive(ConcatNode(label, tuple(parts)))
+
+    def asof_join(self, other: Table, self_time: str, other_time: str,
+                  on: str | Sequence[str] = (), how: AsofHow = "inner",
+                  direction: Direction = "backward") -> Table:
+        """Each row of this table with the row of `other` with the same `on` columns whose
+        `other_time` is nearest its `self_time`: the greatest at or before it (`backward`), the
+        least at or after it (`forward`), or the closest (`nearest`, a tie going forward), as
+        Pathway's `asof_join`; right rows of equal time are told apart by their other columns
+        (the least first). `how="left"` keeps a row with no such partner, the right's columns
+        null. Exact under inserts, updates and deletes on either side, as of each transaction.
+        Columns as `join`'s: the `on` columns, the left's others, the right's others."""
+        self._same_pipeline(other)
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if how not in ("inner", "left"):
+            raise PipelineDefinitionError(
+                f"asof_join how={how!r} is not one of inner, left (a right row is not matched "
+                "to one left row, so right and outer as-of joins have no meaning here)")
+        if direction not in ("backward", "forward", "nearest"):
+            raise PipelineDefinitionError(
+                f"asof_join direction={direction!r} is not one of backward, forward, nearest")
+        label = (f"{how} {direction} asof_join of {self.node.label} and {other.node.label} by "
+                 f"{self_time}, {other_time}" + (f" on {', '.join(keys)}" if keys else ""))
+        return self._derive(AsofJoinNode(label, (self.node, other.node), left_time=self_time,
+                                         right_time=other_time, on=keys, how=how,
+                                         direction=direction))
 
     @staticmethod
     def _unmatched(side: Node, other: Node, keys: tuple[str, ...],

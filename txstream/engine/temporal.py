@@ -43,8 +43,10 @@ interval, as Pathway's), so a row that bridges two sessions retracts both and in
 merged one, in its transaction. Sessions are a function of the rows an instance holds, not of
 the rows' windows, so they are computed by their own operator
 (`txstream.engine.operators.session`) before the ordinary reduce; behaviors do not apply to
-them (Pathway ignores them there; txstream refuses them rather than ignore them). Not yet:
-as-of joins and now().
+them (Pathway ignores them there; txstream refuses them rather than ignore them).
+
+As-of joins (`Table.asof_join`, `txstream.engine.operators.asof_join`) pair rows by nearest
+time; they need no window. Not yet: interval joins, `asof_now_join` and now().
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The incremental operators, one module per kind of DAG node; each owns its node's schema
 rule, its delta rule (in the module's doc comment), its state and its output's key."""
 
+from txstream.engine.operators.asof_join import AsofJoinOp
 from txstream.engine.operators.base import Delta, Operator
 from txstream.engine.operators.behavior import BehaviorOp
 from txstream.engine.operators.distinct import DistinctOp
@@ -10,6 +11,7 @@ from txstream.engine.operators.reduce import ReduceOp
 from txstream.engine.operators.rowwise import ConcatOp, FilterOp, NegateOp, SelectOp, SourceOp
 from txstream.engine.operators.session import SessionOp
 from txstream.engine.table import (
+    AsofJoinNode,
     BehaviorNode,
     ConcatNode,
     DistinctNode,
@@ -32,6 +34,7 @@ OPERATORS: dict[type[Node], type[Operator]] = {
     NegateNode: NegateOp,
     ConcatNode: ConcatOp,
     JoinNode: JoinOp,
+    AsofJoinNode: AsofJoinOp,
     PadNode: PadOp,
     DistinctNode: DistinctOp,
     ReduceNode: ReduceOp,
