@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 import pyarrow.compute as pc
 from pyspark.errors import PySparkException
@@ -58,8 +59,9 @@ from txstream.engine.runs import Runs
 from txstream.engine.spark_internals import plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import StagedRuns, StatePlacement, ZSetState
-from txstream.engine.table import Pipeline
+from txstream.engine.table import CLOCK_SOURCE, Pipeline
 from txstream.engine.templates import Template, instantiate, ready, record
+from txstream.engine.wall_clock import clock_changes
 
 # A state run holding at least this many rows gets an index, so lookups probe it instead of
 # streaming it (see `txstream.engine.indexed_runs`): streaming costs ~0.1 s per million rows per
@@ -144,12 +146,20 @@ class Engine:
         return (planned, tuple(sorted(changes)),
                 tuple(s.shape() for s in self.compiled.states.values()))
 
-    def process(self, changes: Mapping[str, Changes]) -> dict[str, Changes]:
+    def process(self, changes: Mapping[str, Changes],
+                wall_times: Mapping[int, datetime] | None = None) -> dict[str, Changes]:
         """Run one batch: `changes` maps source names to their changes (any number of
         transactions, all later than those already processed, their numbers increasing but
         not necessarily consecutive: a netted batch is one, `Changes.net`; a source without
-        changes may be left out). Returns every output's changes, consolidated and ordered
-        (by time, and within a time the deletions before the insertions)."""
+        changes may be left out). A pipeline that calls now() needs `wall_times`, each
+        transaction's wall time (aware), for every transaction with changes, and may have more
+        (ticks: `txstream.engine.wall_clock`); others ignore them. Returns every output's
+        changes, consolidated and ordered (by time, and within a time the deletions before the
+        insertions)."""
+        clock = self.sources.get(CLOCK_SOURCE)
+        if clock is not None and CLOCK_SOURCE not in changes:
+            changes = {**changes, CLOCK_SOURCE: clock_changes(clock.table_schema, wall_times,
+                                                              changes)}
         unknown = sorted(set(changes) - set(self.sources))
         if unknown:
             raise EngineInputError(

@@ -15,6 +15,7 @@ below has one incremental rule.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -33,6 +34,10 @@ from txstream.engine.temporal import (
 )
 from txstream.schemas.tables import TableSchema
 
+# The wall clock's source: the transactions' wall times, as the engine is given them
+# (`Engine.process`), read by every filter that calls now(); no user's source can have its name.
+CLOCK_SOURCE, WALL_TIME = "__now", "wall_time"
+_NOW = re.compile(r"\bnow\s*\(|\bcurrent_timestamp\b", re.IGNORECASE)
 JoinHow = Literal["inner", "left", "right", "outer"]
 AsofHow = Literal["inner", "left"]
 Direction = Literal["backward", "forward", "nearest"]
@@ -64,6 +69,15 @@ class SelectNode(Node):
 
 @dataclass(frozen=True, eq=False)
 class FilterNode(Node):
+    predicate: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class NowFilterNode(Node):
+    """Rows of `inputs[0]` for which `predicate`, which calls now(), is true as of each
+    transaction's wall time (`inputs[1]`, the wall clock's source;
+    `txstream.engine.operators.now_filter`)."""
+
     predicate: str = ""
 
 
@@ -182,9 +196,15 @@ class Table:
         return self._derive(SelectNode(label, (self.node,), exprs=pairs))
 
     def filter(self, predicate: str) -> Table:
-        """Rows for which the Spark SQL predicate is true (null counts as false)."""
-        return self._derive(FilterNode(f"filter({predicate}) of {self.node.label}", (self.node,),
-                                       predicate=predicate))
+        """Rows for which the Spark SQL predicate is true (null counts as false). The predicate
+        may compare a column with now(), the transaction's wall time (`ts >= now() - INTERVAL
+        1 HOUR`): rows then enter and leave as the wall time moves (see
+        `txstream.engine.operators.now_filter`)."""
+        label = f"filter({predicate}) of {self.node.label}"
+        if _NOW.search(predicate):
+            return self._derive(NowFilterNode(label, (self.node, self.pipeline.clock()),
+                                              predicate=predicate))
+        return self._derive(FilterNode(label, (self.node,), predicate=predicate))
 
     def join(self, other: Table, on: str | Sequence[str], how: JoinHow = "inner") -> Table:
         """Equi-join on columns of the same name on both sides (SQL `JOIN ... USING`).
@@ -383,10 +403,23 @@ class Pipeline:
         # The late rows' table of every temporal behavior defined: the engine counts them
         # (`late_rows`) whether or not an output shows them.
         self.late: list[LateNode] = []
+        self._clock: SourceNode | None = None
+
+    def clock(self) -> SourceNode:
+        """The wall clock's source (made on first use): one row per transaction, its wall
+        time, which the engine is given with the batch rather than read from Kafka."""
+        if self._clock is None:
+            self._clock = SourceNode("wall clock", (), name=CLOCK_SOURCE,
+                                     schema=TableSchema.of({WALL_TIME: "timestamp"}))
+        return self._clock
 
     def source(self, name: str, schema: TableSchema) -> Table:
         if name in self.sources:
             raise PipelineDefinitionError(f"source {name!r} is defined twice")
+        if name.startswith("__"):
+            raise PipelineDefinitionError(
+                f"source {name!r}: names starting with '__' are the engine's (its wall clock is "
+                f"{CLOCK_SOURCE!r}); rename it")
         node = SourceNode(f"source {name}", (), name=name, schema=schema)
         self.sources[name] = node
         return Table(self, node)

@@ -7,6 +7,7 @@ from txstream.engine.operators.behavior import BehaviorOp
 from txstream.engine.operators.distinct import DistinctOp
 from txstream.engine.operators.join import JoinOp, PadOp
 from txstream.engine.operators.late import LateOp
+from txstream.engine.operators.now_filter import NowFilterOp
 from txstream.engine.operators.reduce import ReduceOp
 from txstream.engine.operators.rowwise import ConcatOp, FilterOp, NegateOp, SelectOp, SourceOp
 from txstream.engine.operators.session import SessionOp
@@ -20,6 +21,7 @@ from txstream.engine.table import (
     LateNode,
     NegateNode,
     Node,
+    NowFilterNode,
     PadNode,
     ReduceNode,
     SelectNode,
@@ -31,6 +33,7 @@ OPERATORS: dict[type[Node], type[Operator]] = {
     SourceNode: SourceOp,
     SelectNode: SelectOp,
     FilterNode: FilterOp,
+    NowFilterNode: NowFilterOp,
     NegateNode: NegateOp,
     ConcatNode: ConcatOp,
     JoinNode: JoinOp,

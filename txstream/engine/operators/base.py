@@ -98,7 +98,8 @@ def check_row_wise(node: Node, frame: DataFrame, exprs: Sequence[str], operator:
     if used:
         raise PipelineDefinitionError(
             f"{node.label}: {shown}: {used[0].rstrip('(')} depends on when a batch runs, so a "
-            "deletion would not retract its insertion; carry the time in a source column")
+            "deletion would not retract its insertion; carry the time in a source column, or "
+            "compare a column with now() in a filter, which is the transaction's wall time")
 
 
 class Operator(ABC):
