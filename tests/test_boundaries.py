@@ -264,6 +264,50 @@ def test_mini_batches_and_upstream_transactions_share_one_numbering() -> None:
     assert [(t.number, t.upstream_id) for t in closing.transactions] == [(1, "U"), (2, None)]
 
 
+# ---- wall times and ticks -----------------------------------------------------------------
+
+
+def test_a_transaction_carries_its_records_latest_timestamp_and_ticks_fill_idle_time() -> None:
+    core = core_of(policy(caught_up_rule=True))
+    (first,) = feed(core, [Rec(("t", 0), 0, timestamp=7_000), Rec(("t", 1), 0, timestamp=5_000)],
+                    caught_up=True).transactions
+    assert first.wall_time_ms == 7_000
+    assert core.tick(7_999) is None, "not before tick_ms after the last wall time"
+    tick = core.tick(8_000)
+    assert tick is not None
+    assert (tick.number, tick.ranges, tick.wall_time_ms) == (2, {}, 8_000)
+    assert tick.offsets == first.offsets, "a tick moves no offset"
+    assert core.tick(8_500) is None
+    (later,) = feed(core, [Rec(("t", 0), 1, timestamp=8_100)], caught_up=True).transactions
+    assert (later.number, later.wall_time_ms) == (3, 8_100)
+    assert core.tick(9_000) is None, "tick_ms after the latest wall time, a tick's included"
+    assert core.tick(9_100) is not None
+
+
+def test_no_tick_while_a_transaction_is_open_or_ticks_are_off() -> None:
+    core = core_of(policy())  # a mini-batch stays open until max_events or its delay
+    assert feed(core, [Rec(("t", 0), 0, timestamp=1_000)]).transactions == []
+    assert core.tick(60_000) is None, "a tick would be numbered before the open transaction"
+    off = core_of(policy(caught_up_rule=True, tick_ms=0))
+    feed(off, [Rec(("t", 0), 0, timestamp=1_000)], caught_up=True)
+    assert off.tick(60_000) is None
+
+
+def test_a_logged_tick_is_replayed_with_its_wall_time() -> None:
+    first = core_of(policy(caught_up_rule=True))
+    (batch,) = feed(first, [Rec(("t", 0), 0, timestamp=1_000)], caught_up=True).transactions
+    tick = first.tick(5_000)
+    (after,) = feed(first, [Rec(("t", 0), 1, timestamp=6_000)], caught_up=True).transactions
+    assert tick is not None
+    logged = [t.log_entry() for t in (batch, tick, after)]
+    second = TransactionBoundaries(policy(caught_up_rule=True), BATCHED)
+    second.restore(1, [], logged, now=0.0)
+    second.assign(PARTITIONS, {})
+    again = feed(second, [Rec(("t", 0), 0, timestamp=1_000), Rec(("t", 0), 1, timestamp=6_000)],
+                 caught_up=True).transactions
+    assert [t.log_entry() for t in again] == logged
+
+
 # ---- restore and replay -------------------------------------------------------------------
 
 

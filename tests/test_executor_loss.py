@@ -89,7 +89,7 @@ def drive(events: Path, output: Path, progress: Path, allowed: Path) -> None:
                     raise TimeoutError(f"batch {n} not allowed within {2 * WAIT:.0f} s")
                 time.sleep(0.05)
             started = time.time()
-            results = engine.process(batch)
+            results = engine.process(batch.changes, batch.wall_times)
             batches.append((started, time.time()))
             assert engine.last_batch is not None
             indexes.append(engine.last_batch.indexes)

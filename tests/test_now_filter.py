@@ -12,10 +12,12 @@ transactions' wall time moves.
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -26,6 +28,7 @@ from txstream import Pipeline, PipelineDefinitionError, TableSchema
 from txstream.changes import DIFF, TIME, Changes
 from txstream.engine import Engine
 from txstream.engine.errors import EngineInputError
+from txstream.service.replay import ReplayInputError, replay
 
 VIEWS = TableSchema.of({"id": "bigint", "ts": "timestamp", "v": "bigint"}, primary_key=["id"])
 T0 = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -219,3 +222,37 @@ def test_a_transaction_without_its_wall_time_is_refused(spark: SparkSession) -> 
 def test_a_source_may_not_take_the_clocks_name() -> None:
     with pytest.raises(PipelineDefinitionError, match="names starting with '__'"):
         Pipeline().source("__now", VIEWS)
+
+
+# --- txstream replay ---------------------------------------------------------------------------
+
+def _log(path: Path, lines: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("batch", [1, 100])
+def test_replay_takes_wall_times_and_ticks(spark: SparkSession, tmp_path: Path, batch: int
+                                           ) -> None:
+    # A timestamp column's value in a change log is epoch microseconds.
+    row = {"id": 1, "ts": int(T0.timestamp() * 1_000_000), "v": 1}
+    given = _log(tmp_path / "in.jsonl", [
+        {"source": "views", "time": 1, "diff": 1, "row": row,
+         "wall_time": "2026-12-06T12:01:00Z"},
+        {"time": 2, "wall_time": "2026-12-06T12:09:00Z"},   # a tick: still within 10 minutes
+        {"time": 3, "wall_time": "2026-12-06T12:10:01Z"},   # a tick: the row leaves
+    ])
+    out = tmp_path / "out.jsonl"
+    assert replay(_last_ten_minutes(), spark, given, out, batch_transactions=batch) == 2
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(c["time"], c["diff"], c["row"]["id"]) for c in got] == [(1, 1, 1), (3, -1, 1)]
+
+
+def test_replay_of_a_now_pipeline_needs_every_wall_time(spark: SparkSession, tmp_path: Path
+                                                        ) -> None:
+    given = _log(tmp_path / "in.jsonl", [
+        {"source": "views", "time": 1, "diff": 1,
+         "row": {"id": 1, "ts": int(T0.timestamp() * 1_000_000), "v": 1}},
+    ])
+    with pytest.raises(ReplayInputError, match="line 1: transaction 1 has no wall_time"):
+        replay(_last_ten_minutes(), spark, given, tmp_path / "out.jsonl")

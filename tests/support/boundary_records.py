@@ -22,11 +22,14 @@ class Rec:
     upstream_id: str | None = None
     count: int = -1
     end: bool = False
+    timestamp: int = -1  # Kafka's, ms
 
 
-def policy(max_events: int = 1000, caught_up_rule: bool = False) -> BatchPolicy:
+def policy(max_events: int = 1000, caught_up_rule: bool = False, tick_ms: int = 1_000
+           ) -> BatchPolicy:
     return BatchPolicy(max_events=max_events, max_delay_ms=60_000,
-                       close_when_caught_up=caught_up_rule, upstream_timeout_ms=5_000)
+                       close_when_caught_up=caught_up_rule, upstream_timeout_ms=5_000,
+                       tick_ms=tick_ms)
 
 
 def feed(core: TransactionBoundaries, records: Sequence[Rec], now: float = 0.0,
@@ -41,7 +44,8 @@ def feed(core: TransactionBoundaries, records: Sequence[Rec], now: float = 0.0,
         seq0 = core.take_seqs(len(records))
         core.place(PolledRecords.of(topics, partitions, offsets,
                                     [r.upstream_id for r in records],
-                                    [r.count for r in records], [r.end for r in records]),
+                                    [r.count for r in records], [r.end for r in records],
+                                    [r.timestamp for r in records]),
                    seq0, now)
     core.seal_if_caught_up(lambda: caught_up)
     return core.close_ready(now)

@@ -18,3 +18,12 @@ def pipeline() -> Pipeline:
                                         behavior=t.common_behavior(cutoff=2))
              .reduce(n=r.count(), s=r.sum("v")))
     return p
+
+
+def recent() -> Pipeline:
+    """The events of the last two seconds of wall time, by their epoch-ms `ts`
+    (`tests/test_now_service.py`)."""
+    p = Pipeline()
+    events = p.source("events", EVENTS)
+    p.output("recent", events.filter("timestamp_millis(ts) >= now() - INTERVAL 2 SECONDS"))
+    return p

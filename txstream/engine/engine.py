@@ -245,6 +245,12 @@ class Engine:
         return self.last_batch is None and not any(s.runs for s in self.compiled.states.values())
 
     @property
+    def uses_wall_clock(self) -> bool:
+        """Whether the pipeline calls now(): every transaction then needs its wall time
+        (`process`), and the service ticks while its input is idle."""
+        return CLOCK_SOURCE in self.sources
+
+    @property
     def nets_exactly(self) -> bool:
         """Whether a batch's transactions computed as one, their net change (`Changes.net`),
         give the outputs at the batch's end that computing them one by one gives: not with a

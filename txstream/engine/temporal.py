@@ -46,7 +46,8 @@ the rows' windows, so they are computed by their own operator
 them (Pathway ignores them there; txstream refuses them rather than ignore them).
 
 As-of joins (`Table.asof_join`, `txstream.engine.operators.asof_join`) pair rows by nearest
-time; they need no window. Not yet: interval joins, `asof_now_join` and now().
+time; they need no window. A filter may compare a column with now(), the transaction's wall
+time (`txstream.engine.operators.now_filter`). Not yet: interval joins and `asof_now_join`.
 """
 
 from __future__ import annotations

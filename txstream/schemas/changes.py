@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 
 class SourceChange(BaseModel):
-    """One input change of a recorded change log: `{"source", "time", "diff", "row"}`."""
+    """One input change of a recorded change log: `{"source", "time", "diff", "row"}`, and
+    optionally its transaction's `wall_time` (ISO 8601 with a zone), which now() reads."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -16,6 +17,7 @@ class SourceChange(BaseModel):
     time: int = Field(ge=1)
     diff: int
     row: dict[str, Any]
+    wall_time: AwareDatetime | None = None
 
     @field_validator("diff")
     @classmethod
@@ -24,3 +26,13 @@ class SourceChange(BaseModel):
             raise ValueError("diff must be non-zero (+1 insert, -1 delete)")
         return v
 
+
+
+class WallTime(BaseModel):
+    """A transaction's wall time alone in a recorded change log: `{"time", "wall_time"}`, a
+    tick when no change has that time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    time: int = Field(ge=1)
+    wall_time: AwareDatetime

@@ -404,11 +404,16 @@ class BatchPolicy(BaseModel):
     Debezium END event) is never emitted: its records go to the dead-letter topic (an aborted or
     lost upstream transaction). Emitting the part that arrived instead would break the
     transaction's atomicity, and a replay after a crash could not form the same part again.
+    A pipeline that calls now() takes each transaction's wall time from its records' Kafka
+    timestamps (the latest), and while every partition is read to its end and no transaction
+    is open it gets a tick transaction (no changes, the wall time alone) every `tick_ms`, so
+    that rows leave a `now()` filter without new data (0: no ticks).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_events: int = Field(default=10_000, gt=0)
+    tick_ms: int = Field(default=1_000, ge=0)
     max_delay_ms: int = Field(default=1_000, ge=0)
     close_when_caught_up: bool = True
     upstream_timeout_ms: int = Field(default=60_000, gt=0)

@@ -60,7 +60,9 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
                                   sources={s.name: s.topic for s in config.sources},
                                   outputs=sorted(engine.outputs)))
     return PipelineRunner(config, engine=engine, checkpoints=checkpoints,
-                          open_input=partial(KafkaInput, config), metrics=metrics,
+                          open_input=partial(KafkaInput, config,
+                                             wall_clock=engine.uses_wall_clock),
+                          metrics=metrics,
                           readiness=readiness, live=live_tables(config, engine), fence=fence,
                           warm_up=warming_up if config.warm_up_rows else None)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import NamedTuple
 
 from txstream.changes import Changes
@@ -112,3 +113,18 @@ def engine_changes(parts: Sequence[Part], sources: Collection[str]) -> dict[str,
                 found.setdefault(name, []).append(
                     changes.net(part.batch.last.number) if part.netted else changes)
     return {name: each[0].concat(each[1:]) for name, each in found.items()}
+
+
+def engine_wall_times(parts: Sequence[Part]) -> dict[int, datetime]:
+    """The wall times of consecutive `parts`, for a pipeline that calls now(): each
+    transaction's, a netted part's latest at its last transaction (now() is the latest wall
+    time so far, so the part's end sees what its transactions one by one would have)."""
+    found: dict[int, datetime] = {}
+    for part in parts:
+        walls = [(t.number, w) for t in part.batch.transactions
+                 if (w := t.wall_time()) is not None]
+        if part.netted and walls:
+            found[part.batch.last.number] = max(w for _, w in walls)
+        else:
+            found.update(walls)
+    return found

@@ -64,7 +64,7 @@ from txstream.service.input import OpenInput
 from txstream.service.input_reports import InputReports
 from txstream.service.invariants import check_engine_input, check_keyed_outputs
 from txstream.service.metrics import Metrics
-from txstream.service.net_groups import NetGroups, Part, engine_changes
+from txstream.service.net_groups import NetGroups, Part, engine_changes, engine_wall_times
 from txstream.service.outputs import Outputs
 from txstream.service.resume import resume
 from txstream.service.stages import (
@@ -305,7 +305,9 @@ class PipelineRunner:
             checking = self._clock()
             check_engine_input(changes, batch.first, batch.last.number, self._source_keys)
             checked = self._clock()
-            outputs = self.engine.process(changes) if changes else {}
+            # Ticks (transactions without changes) too, for a pipeline that calls now().
+            walls = engine_wall_times(parts) if self.engine.uses_wall_clock else {}
+            outputs = self.engine.process(changes, walls) if changes or walls else {}
             processed = self._clock()
             check_keyed_outputs(outputs, self._output_keys)
         except ExpressionError:

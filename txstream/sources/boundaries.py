@@ -103,6 +103,7 @@ class TransactionBoundaries:
         self._next_number = 1
         self._committed_number = 0
         self.committed_offsets: Offsets = {}
+        self._last_wall_ms = -1  # the latest wall time of a transaction closed
 
     # ---- the consumer's side ---------------------------------------------------------------
 
@@ -220,10 +221,12 @@ class TransactionBoundaries:
             "expected_count": pa.array(records.expected_counts),
             "end_marker": pa.array(records.end_markers),
             "awaits_end": pa.array(awaits_end),
+            "timestamp": pa.array(records.timestamps),
         }).filter(pc.is_valid(keys))
         groups = table.group_by(["key", "topic", "partition"], use_threads=False).aggregate(
             [("offset", "min"), ("offset", "max"), ("seq", "max"), ("expected_count", "max"),
-             ("offset", "count"), ("end_marker", "any"), ("awaits_end", "any")]
+             ("offset", "count"), ("end_marker", "any"), ("awaits_end", "any"),
+             ("timestamp", "max")]
         ).to_pylist()
         latest: dict[Partition, tuple[int, str]] = {}
         for g in groups:
@@ -242,6 +245,7 @@ class TransactionBoundaries:
             txn.first[tp] = min(txn.first.get(tp, first), first)
             txn.last[tp] = max(txn.last.get(tp, last), last)
             txn.last_seq = max(txn.last_seq, g["seq_max"])
+            txn.wall_ms = max(txn.wall_ms, g["timestamp_max"])
             if last >= latest.get(tp, (-1, ""))[0]:
                 latest[tp] = (last, key)
         for tp, (_, key) in latest.items():
@@ -316,11 +320,29 @@ class TransactionBoundaries:
         for txn, safe in zip(ready, offsets, strict=True):
             number = txn.number or 0
             out.append(Transaction(number=number, offsets=safe, upstream_id=txn.upstream_id,
-                                   ranges=txn.ranges()))
+                                   ranges=txn.ranges(),
+                                   wall_time_ms=txn.wall_ms if txn.wall_ms >= 0 else None))
             if txn.upstream_id is not None:
                 self._emitted[txn.upstream_id] = (number, dict(txn.last))
         self.counts.transactions += len(out)
+        self._last_wall_ms = max([self._last_wall_ms, *(t.wall_ms for t in ready)])
         return Closing(out, {t.key: t.number or 0 for t in ready}, expired)
+
+    def tick(self, wall_ms: int) -> Transaction | None:
+        """A tick transaction at wall time `wall_ms` (epoch ms): no records, only the wall time
+        now() reads, so that rows enter and leave filters while the input is idle. None while
+        any transaction is open (a tick would be numbered before it), before
+        `BatchPolicy.tick_ms` passed since the last transaction's wall time, or always with
+        `tick_ms` 0."""
+        tick_ms = self._policy.tick_ms
+        if not tick_ms or self._open or wall_ms < self._last_wall_ms + tick_ms:
+            return None
+        number, self._next_number = self._next_number, self._next_number + 1
+        self._last_wall_ms = wall_ms
+        self.counts.ticks += 1
+        self.counts.transactions += 1
+        [offsets] = safe_offsets(self.positions, [], [OpenTransaction(key="tick", started=0)])
+        return Transaction(number=number, offsets=offsets, wall_time_ms=wall_ms)
 
     # ---- commits and restores ----------------------------------------------------------
 
@@ -369,11 +391,13 @@ class TransactionBoundaries:
             if entry.upstream_id is not None:
                 txn = OpenTransaction(key=f"u:{entry.upstream_id}", started=now,
                                       upstream_id=entry.upstream_id, number=entry.number)
-            else:
+            else:  # a mini-batch, or a tick (no ranges: complete at once)
                 txn = OpenTransaction(key=f"r:{entry.number}", started=now,
                                       number=entry.number,
                                       due={tp: end for tp, (_, end) in spans.items()},
                                       first={tp: start for tp, (start, _) in spans.items()})
+            # As logged: a tick's has no record to take it from.
+            txn.wall_ms = entry.wall_time_ms if entry.wall_time_ms is not None else -1
             self._open[txn.key] = txn
         self._next_number = next_number + len(replay)
         self._committed_number = next_number - 1

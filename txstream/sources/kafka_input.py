@@ -25,15 +25,17 @@ class KafkaInput:
     name = "kafka"  # the dependency, as readiness and logs name it
 
     def __init__(self, config: PipelineConfig, state: SourceState,
-                 replay: Sequence[TransactionLogEntry], reports: MonitorReports) -> None:
+                 replay: Sequence[TransactionLogEntry], reports: MonitorReports, *,
+                 wall_clock: bool = False) -> None:
         """Resume after `state`, re-forming the `replay` transactions first (see
-        `TransactionBuilder.restore`)."""
+        `TransactionBuilder.restore`); `wall_clock`: the pipeline calls now()."""
         assert config.kafka_bootstrap_servers is not None
         try:
             self._builder = TransactionBuilder(
                 config.kafka_bootstrap_servers, config.sources,
                 group_id=config.consumer_group, policy=config.transactions,
-                dead_letter_topic=config.dead_letter_topic, security=config.kafka_security)
+                dead_letter_topic=config.dead_letter_topic, security=config.kafka_security,
+                wall_clock=wall_clock)
         except KafkaException as exc:
             raise KafkaSourceError(f"cannot connect to Kafka: {exc}") from exc
         try:

@@ -45,6 +45,7 @@ class OpenTransaction:
     first: dict[Partition, int] = field(default_factory=dict)  # first offset per partition
     last: dict[Partition, int] = field(default_factory=dict)  # last offset per partition
     last_seq: int = -1  # consumption position of its latest record
+    wall_ms: int = -1  # its wall time: its records' latest Kafka timestamp (ms), -1: none
 
     def ranges(self) -> Ranges:
         """Topic -> partition -> [first, last + 1) offsets of its records."""
@@ -81,14 +82,16 @@ class PolledRecords:
     expected_counts: np.ndarray  # int64; -1: none carried
     end_markers: np.ndarray  # bool
     skipped: np.ndarray  # bool; the record joins no transaction (a Debezium tombstone)
+    timestamps: np.ndarray  # int64 Kafka timestamps (ms); -1: not read (no wall clock wanted)
 
     @classmethod
     def of(cls, topics: Sequence[str], partitions: Sequence[int], offsets: Sequence[int],
            upstream_ids: Sequence[str | None] | None = None,
            expected_counts: Sequence[int] | None = None,
-           end_markers: Sequence[bool] | None = None) -> PolledRecords:
-        """Records without upstream transactions unless told (no id, no count, no marker),
-        none skipped."""
+           end_markers: Sequence[bool] | None = None,
+           timestamps: Sequence[int] | None = None) -> PolledRecords:
+        """Records without upstream transactions unless told (no id, no count, no marker, no
+        timestamp), none skipped."""
         n = len(topics)
         ids = np.full(n, None, dtype=object)
         if upstream_ids is not None:
@@ -98,7 +101,9 @@ class PolledRecords:
                    np.asarray(expected_counts, dtype=np.int64) if expected_counts is not None
                    else np.full(n, -1, dtype=np.int64),
                    np.asarray(end_markers, dtype=bool) if end_markers is not None
-                   else np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+                   else np.zeros(n, dtype=bool), np.zeros(n, dtype=bool),
+                   np.asarray(timestamps, dtype=np.int64) if timestamps is not None
+                   else np.full(n, -1, dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -136,6 +141,7 @@ class BoundaryCounts:
     incomplete_upstream: int = 0  # upstream transactions expired
     replayed_skipped: int = 0  # records of transactions emitted before a restart
     late_upstream_records: int = 0  # records of an upstream transaction already emitted
+    ticks: int = 0  # tick transactions (no records: the wall time alone)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -34,6 +35,9 @@ class TransactionLogEntry(BaseModel):
     # (`Changes.net`); None: not netted. A replay nets the same transactions together again
     # (`txstream.service.net_groups`).
     netted_through: int | None = None
+    # Its wall time (epoch ms), which now() reads; None: not taken (no now() in the pipeline).
+    # A tick transaction has no ranges and is replayed from this alone.
+    wall_time_ms: int | None = None
 
 
 class Transaction(BaseModel):
@@ -45,12 +49,21 @@ class Transaction(BaseModel):
     upstream_id: str | None = None
     # Topic -> partition -> [first, last + 1) offsets of this transaction's records.
     ranges: Ranges = Field(default_factory=dict)
+    # Epoch ms: its records' latest Kafka timestamp, or when it ticked (`TransactionLogEntry`).
+    wall_time_ms: int | None = None
+
+    def wall_time(self) -> datetime | None:
+        """The wall time as now() sees it (None: not taken)."""
+        if self.wall_time_ms is None:
+            return None
+        return datetime.fromtimestamp(self.wall_time_ms / 1000, tz=UTC)
 
     def log_entry(self, netted_through: int | None = None) -> TransactionLogEntry:
         """What to record (before the sinks see it) to rebuild this transaction after a crash,
         and to compute it again as it was (`netted_through`)."""
         return TransactionLogEntry(number=self.number, upstream_id=self.upstream_id,
-                                   ranges=self.ranges, netted_through=netted_through)
+                                   ranges=self.ranges, netted_through=netted_through,
+                                   wall_time_ms=self.wall_time_ms)
 
 
 class TransactionBatchError(ValueError):

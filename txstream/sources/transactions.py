@@ -86,7 +86,11 @@ class TransactionBuilder:
         policy: BatchPolicy,
         dead_letter_topic: str | None = None,
         security: KafkaSecurity = PLAINTEXT,
+        wall_clock: bool = False,
     ) -> None:
+        """`wall_clock`: the pipeline calls now(), so transactions carry wall times (their
+        records' Kafka timestamps) and ticks come while the input is idle (`BatchPolicy`)."""
+        self._wall_clock = wall_clock
         # Debezium transaction metadata topic -> data collection -> source.
         self._collections = check_sources(sources, policy)
         self._end_connectors = metadata_connectors(sources)
@@ -203,7 +207,13 @@ class TransactionBuilder:
             if data is not None:
                 self._announce([records[i] for i in np.flatnonzero(is_event)], now)
         core.seal_if_caught_up(self._caught_up)
-        return self._close_ready(now)
+        closed = self._close_ready(now)
+        if closed is None and self._wall_clock and self._caught_up():
+            tick = core.tick(time.time_ns() // 1_000_000)
+            if tick is not None:
+                closed = TransactionBatch.of([tick], {})
+                self._uncommitted.append(closed)
+        return closed
 
     def read_to_end(self) -> bool:
         """Whether partitions are assigned, every one is read to its end (as of the client's
@@ -233,7 +243,9 @@ class TransactionBuilder:
         n = len(records)
         seq0 = self._core.take_seqs(n)
         self._stats.events += n
-        polled = PolledRecords.of(topics, partitions, offsets)
+        polled = PolledRecords.of(topics, partitions, offsets, timestamps=(
+            np.fromiter((m.timestamp()[1] for m in records), np.int64, n)
+            if self._wall_clock else None))
         decoded = {}
         for topic, spec in self._by_topic.items():
             idx = np.flatnonzero(topics == topic)
@@ -337,7 +349,13 @@ class TransactionBuilder:
             self._dead_letter(self._pending.drop(txn.key, txn.upstream_id, reason), count=False)
         if not closing.transactions:
             return None
-        batch = TransactionBatch.of(closing.transactions, self._pending.take(closing.numbers))
+        transactions = closing.transactions
+        if self._wall_clock:  # records without a Kafka timestamp: the time they closed
+            closed_ms = time.time_ns() // 1_000_000
+            transactions = [t if t.wall_time_ms is not None
+                            else t.model_copy(update={"wall_time_ms": closed_ms})
+                            for t in transactions]
+        batch = TransactionBatch.of(transactions, self._pending.take(closing.numbers))
         self._uncommitted.append(batch)
         return batch
 

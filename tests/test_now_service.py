@@ -1,0 +1,55 @@
+"""now() in the service (`txstream run`'s runner in-process, the real broker and Spark): each
+transaction's wall time is its records' Kafka timestamp, and while the input is idle tick
+transactions move it on, so rows leave a "last two seconds" filter without new data; the
+output stream integrates to nothing once every row is older than that."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from typing import Any
+
+from support.kafka_helpers import produce
+from support.windowed_pipeline import EVENTS
+
+from txstream.schemas.config import PipelineConfig, SinkConfig
+from txstream.schemas.sources import BatchPolicy, SourceSpec
+from txstream.service.compose import open_runner
+
+
+def test_ticks_move_now_while_the_input_is_idle(  # type: ignore[no-untyped-def]
+        kafka, spark, topic_name, tmp_path) -> None:
+    kafka.create_topic(topic_name, 1)
+    config = PipelineConfig(
+        pipeline="support.windowed_pipeline:recent",
+        sources=[SourceSpec(name="events", topic=topic_name, schema=EVENTS,
+                            semantics="upsert")],
+        sinks=[SinkConfig.model_validate({"output": "recent", "kind": "file",
+                                          "path": str(tmp_path / "recent.jsonl")})],
+        transactions=BatchPolicy(max_events=20, max_delay_ms=200, tick_ms=300),
+        kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"g-{topic_name}",
+        checkpoint_dir=str(tmp_path / "ck"), warm_up_rows=0,
+        retry_initial_backoff_s=0.2, retry_max_backoff_s=1.0)
+    runner = open_runner(config, spark=spark)
+    assert runner.engine.uses_wall_clock
+    produced = time.time()
+    records: list[tuple[str, Any]] = [
+        (str(i), {"id": i, "user_id": 1, "ts": int(produced * 1000), "v": i}) for i in range(50)]
+    produce(kafka, topic_name, records)
+    try:
+        runner.run(until=lambda r: r.metrics.ingest.events >= 50 and r.lag() == 0
+                   and time.time() > produced + 5)
+    finally:
+        runner.close()
+    changes = [json.loads(line) for line in (tmp_path / "recent.jsonl").read_text().splitlines()]
+    entered = {c["id"]: c["time"] for c in changes if c["diff"] == 1}
+    left = {c["id"]: c["time"] for c in changes if c["diff"] == -1}
+    assert sorted(entered) == list(range(50)), "every row entered, in its transaction"
+    assert sorted(left) == list(range(50)), "and left once two seconds of wall time passed"
+    integrated: Counter[int] = Counter()
+    for c in changes:
+        integrated[c["id"]] += c["diff"]
+    assert not +integrated
+    assert min(left.values()) > max(entered.values()), \
+        "they left in tick transactions, after the last transaction with records"
