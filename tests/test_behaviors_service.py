@@ -48,14 +48,14 @@ def test_a_behavior_sees_every_transaction_of_a_snapshot_batch(  # type: ignore[
     batches: list[set[int]] = []
     process = runner.engine.process
 
-    def recording(changes: dict[str, Changes]) -> Any:
+    def recording(changes: dict[str, Changes], wall_times: Any = None) -> Any:
         table = changes["events"].table
         rows = zip(*(table[n].to_pylist() for n in EVENTS.names), strict=True)
         times = table[TIME].to_pylist()
         given.extend((tuple(row), time, diff) for row, time, diff
                      in zip(rows, times, table[DIFF].to_pylist(), strict=True))
         batches.append(set(times))
-        return process(changes)
+        return process(changes, wall_times)
 
     runner.engine.process = recording  # type: ignore[method-assign]
     try:

@@ -26,11 +26,11 @@ def _record_times(runner: PipelineRunner) -> list[set[int]]:
     seen: list[set[int]] = []
     process = runner.engine.process
 
-    def recording(changes: dict[str, Changes]) -> Any:
+    def recording(changes: dict[str, Changes], wall_times: Any = None) -> Any:
         times = {t for c in changes.values() for t in c.times.to_pylist()}
         if times:  # a netted batch whose changes all cancel has none
             seen.append(times)
-        return process(changes)
+        return process(changes, wall_times)
 
     runner.engine.process = recording  # type: ignore[method-assign]
     return seen

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -131,13 +132,16 @@ class PassThrough:
         self.totals = SimpleNamespace(jobs=0, stages=0)
         self.index_bytes = 0
         self.nets_exactly = True
+        self.uses_wall_clock = False
         self.late_rows: dict[str, int] = {}
         self.calls: list[list[int]] = []
         self.logged_at_call: list[int] = []
         self._checkpoints = checkpoints
         self._version = 0
 
-    def process(self, changes: Mapping[str, Changes]) -> dict[str, Changes]:
+    def process(self, changes: Mapping[str, Changes],
+                wall_times: Mapping[int, datetime] | None = None) -> dict[str, Changes]:
+        assert not wall_times, "the pipeline calls no now()"
         source = changes["s"]
         self.calls.append(sorted(set(source.times.to_pylist())))
         latest = self._checkpoints.latest()  # the log before it is deleted with older ones
