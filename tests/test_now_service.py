@@ -1,7 +1,8 @@
-"""now() in the service (`txstream run`'s runner in-process, the real broker and Spark): each
-transaction's wall time is its records' Kafka timestamp, and while the input is idle tick
-transactions move it on, so rows leave a "last two seconds" filter without new data; the
-output stream integrates to nothing once every row is older than that."""
+"""Event time in the service (`txstream run`'s runner in-process, the real broker and Spark):
+each transaction's wall time is its records' Kafka timestamp, and while the input is idle tick
+transactions move it on, so rows leave a "last two seconds" filter without new data (the output
+stream integrates to nothing once every row is older than that); a record without its event
+time is a dead letter."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from support.kafka_helpers import produce
+from support.kafka_helpers import produce, read_dead_letters
 from support.windowed_pipeline import EVENTS
 
 from txstream.schemas.config import PipelineConfig, SinkConfig
@@ -53,3 +54,37 @@ def test_ticks_move_now_while_the_input_is_idle(  # type: ignore[no-untyped-def]
     assert not +integrated
     assert min(left.values()) > max(entered.values()), \
         "they left in tick transactions, after the last transaction with records"
+
+
+def test_a_record_without_its_event_time_is_a_dead_letter(  # type: ignore[no-untyped-def]
+        kafka, spark, topic_name, tmp_path) -> None:
+    """The windowed pipeline reads `ts` as event time: a record whose `ts` is null goes to the
+    dead-letter topic, whole, with the reason; the others are windowed."""
+    kafka.create_topic(topic_name, 1)
+    dlq = f"{topic_name}-dlq"
+    kafka.create_topic(dlq, 1)
+    config = PipelineConfig(
+        pipeline="support.windowed_pipeline:pipeline",
+        sources=[SourceSpec(name="events", topic=topic_name, schema=EVENTS,
+                            semantics="upsert")],
+        sinks=[SinkConfig.model_validate({"output": "windows", "kind": "file",
+                                          "path": str(tmp_path / "windows.jsonl")})],
+        transactions=BatchPolicy(max_events=20, max_delay_ms=200),
+        kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"g-{topic_name}",
+        dead_letter_topic=dlq, checkpoint_dir=str(tmp_path / "ck"), warm_up_rows=0,
+        retry_initial_backoff_s=0.2, retry_max_backoff_s=1.0)
+    untimed = json.dumps({"id": 2, "user_id": 1, "ts": None, "v": 5}).encode()
+    produce(kafka, topic_name, [("1", {"id": 1, "user_id": 1, "ts": 3, "v": 1}),
+                                ("2", untimed), ("3", {"id": 3, "user_id": 1, "ts": 4, "v": 2})])
+    runner = open_runner(config, spark=spark)
+    try:
+        runner.run(until=lambda r: r.metrics.ingest.events >= 3 and r.lag() == 0)
+    finally:
+        runner.close()
+    (dead,) = read_dead_letters(kafka, dlq, 1)
+    assert dead["value"] == untimed and "'ts'" in dead["txstream.error"]
+    changes = [json.loads(line) for line in (tmp_path / "windows.jsonl").read_text().splitlines()]
+    integrated: Counter[tuple[int, ...]] = Counter()
+    for c in changes:
+        integrated[(c["user_id"], c["window_start"], c["window_end"], c["n"], c["s"])] += c["diff"]
+    assert +integrated == Counter({(1, 0, 5, 2, 3): 1})

@@ -163,13 +163,6 @@ def test_a_session_that_cannot_be_says_why(make: Callable[[], t.Session], says: 
         make()
 
 
-def test_sessions_refuse_a_behavior_rather_than_ignore_it() -> None:
-    p = Pipeline()
-    with pytest.raises(PipelineDefinitionError, match="session windows take no behavior"):
-        p.source("s", ROWS).windowby("t", window=t.session(max_gap=3),
-                                     behavior=t.exactly_once_behavior())
-
-
 @pytest.mark.parametrize(("schema", "gap", "says"), [
     (ROWS, timedelta(seconds=1), "a timedelta gap for a timestamp column"),
     (TableSchema.of({"id": "bigint", "t": "timestamp"}, primary_key=["id"]), 5,

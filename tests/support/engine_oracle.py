@@ -31,8 +31,8 @@ from txstream.engine import Engine, Pipeline, Table
 from txstream.engine import reducers as r
 from txstream.engine.codegen import INTERPRETED_ROWS
 from txstream.engine.engine import INDEX_ROWS, SPREAD_ROWS
+from txstream.engine.nodes import Node
 from txstream.engine.reducers import Reducer
-from txstream.engine.table import Node
 from txstream.schemas.tables import ColumnType, TableSchema
 
 Row = tuple[object, ...]

@@ -171,3 +171,59 @@ def rising_changes(rng: random.Random, transactions: int) -> list[Change]:
                     live[key] = new
                     changes.append((new, number, 1))
     return changes
+
+
+def session_results(changes: Sequence[Change], gap: int, cutoff: int, keep_results: bool,
+                    at_close: bool, through: int
+                    ) -> tuple[Counter[Result], list[tuple[int | float, ...]]]:
+    """Per-user sessions (`max_gap` `gap`) under a behavior with `cutoff`, transaction by
+    transaction from scratch (the rules of `txstream.engine.operators.session`): a row late
+    when its time plus the cutoff is at or below the clock before its transaction; a session
+    closed once the clock reaches its last time plus the gap and the cutoff, its result then
+    kept, retracted, or (`at_close`) shown only then. Returns the results after `through`
+    (user_id, window_start, window_end, n, s) and the late rows (*row, the clock before their
+    transaction, transaction, diff)."""
+    net: Counter[tuple[Row, int]] = Counter()
+    for row, number, diff in changes:
+        if number <= through:
+            net[(row, number)] += diff
+    rows: Counter[Row] = Counter()  # on time, in open sessions
+    kept: Counter[Result] = Counter()  # closed sessions' results that stay
+    late: list[tuple[int | float, ...]] = []
+    clock = -math.inf
+    for number in range(1, through + 1):
+        mine = [(row, diff) for (row, n), diff in net.items() if n == number and diff]
+        before, clock = clock, max([clock, *(row[2] for row, _ in mine)])
+        for row, diff in mine:
+            if row[2] + cutoff <= before:
+                late.append((*row, before, number, diff))
+            else:
+                rows[row] += diff
+        for session in _sessions(rows, gap):
+            if session[-1][2] + gap + cutoff <= clock:  # closed: its rows leave
+                if keep_results or at_close:
+                    kept[_result(session, rows)] += 1
+                for row in session:
+                    del rows[row]
+    open_results = Counter() if at_close else Counter(
+        _result(session, rows) for session in _sessions(rows, gap))
+    return kept + open_results, in_stream_order(late)
+
+
+def _sessions(rows: Counter[Row], gap: int) -> list[list[Row]]:
+    """Each user's rows present, sorted by time, cut where the gap is at least `gap`."""
+    out: list[list[Row]] = []
+    for user in sorted({row[1] for row, n in rows.items() if n > 0}):
+        mine = sorted((row for row, n in rows.items() if n > 0 and row[1] == user),
+                      key=lambda row: row[2])
+        for row in mine:
+            if out and out[-1][0][1] == user and row[2] - out[-1][-1][2] < gap:
+                out[-1].append(row)
+            else:
+                out.append([row])
+    return out
+
+
+def _result(session: list[Row], rows: Counter[Row]) -> Result:
+    return (session[0][1], session[0][2], session[-1][2],
+            sum(rows[row] for row in session), sum(rows[row] * row[3] for row in session))

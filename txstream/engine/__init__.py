@@ -2,10 +2,12 @@
 DataFrames carrying `time` and `diff`.
 
 Defining a pipeline (no Spark job):
-    table              the Table API: Pipeline, Table, GroupedTable, a DAG of immutable nodes
+    table              the Table API: Pipeline, Table, GroupedTable
+    nodes              the DAG's immutable nodes, one kind per incremental rule
     reducers           count, sum, avg, min, max, count_distinct for groupby(...).reduce(...)
-    temporal           event-time windows (tumbling, sliding) and temporal behaviors
+    temporal           event-time windows (tumbling, sliding, session) and temporal behaviors
                        (common_behavior, exactly_once_behavior) for windowby(...).reduce(...)
+    wall_clock         the transactions' wall times, which filters calling now() read
     exact_sums         exact sums of decimals and doubles, kept as two longs
     errors             what a bad definition, a bad input, a saved state or an expression raises
 Compiling it and running its batches:
@@ -14,7 +16,9 @@ Compiling it and running its batches:
                        rowwise (source, select, filter, negate, concat), join (inner joins and
                        the padding of outer ones), reduce (group-by), distinct, behavior
                        (when windowed rows reach a reduce, and leave), late (a behavior's late
-                       rows as a table)
+                       rows as a table), session (session windows, and their behaviors),
+                       asof_join (the nearest row in time), now_filter (rows as of the wall
+                       time), clocks (a temporal operator's clock)
     engine             Engine: a batch in two phases, planned then computed by one Spark action
     batch              BatchPlan: what a batch's job computes besides the outputs
     frames             DataFrame helpers, given the partitions a batch is planned for

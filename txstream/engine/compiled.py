@@ -20,12 +20,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.nodes import Node
 from txstream.engine.operators import OPERATORS, Operator, SourceOp
 from txstream.engine.operators.base import Key, tell_readers
 from txstream.engine.operators.late import LateOp
 from txstream.engine.results import ResultLayout
 from txstream.engine.state import StatePlacement, ZSetState
-from txstream.engine.table import Node, Pipeline
+from txstream.engine.table import Pipeline
 from txstream.schemas.tables import Column, ColumnType, TableSchema
 
 

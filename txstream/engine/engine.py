@@ -52,6 +52,7 @@ from txstream.engine.errors import (
 from txstream.engine.frames import union_all
 from txstream.engine.indexing import StateIndexes
 from txstream.engine.java_garbage import JavaGarbage
+from txstream.engine.nodes import CLOCK_SOURCE
 from txstream.engine.operators import SourceOp
 from txstream.engine.operators.base import first_line
 from txstream.engine.replicas import keep_replicated
@@ -59,7 +60,7 @@ from txstream.engine.runs import Runs
 from txstream.engine.spark_internals import plan_now, rdd_leaf
 from txstream.engine.sparkjobs import JobCount, call_site, counted
 from txstream.engine.state import StagedRuns, StatePlacement, ZSetState
-from txstream.engine.table import CLOCK_SOURCE, Pipeline
+from txstream.engine.table import Pipeline
 from txstream.engine.templates import Template, instantiate, ready, record
 from txstream.engine.wall_clock import clock_changes
 

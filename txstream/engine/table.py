@@ -6,21 +6,42 @@
     totals = paid.groupby("customer_id").reduce(n=r.count(), total=r.sum("amount"))
     p.output("totals", totals)
 
-Nodes are immutable and only refer to tables built before them, so a cycle cannot be built.
-Expressions are Spark SQL; they are type-checked when the pipeline is compiled by the engine.
-Outer joins are composed from inner joins, `distinct` and null padding, so every node kind
-below has one incremental rule.
+Each operation adds nodes to the DAG (`txstream.engine.nodes`), which only refer to tables
+built before them. Expressions are Spark SQL; they are type-checked when the pipeline is
+compiled by the engine. Outer joins are composed from inner joins, `distinct` and null padding,
+so every node kind has one incremental rule.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.nodes import (
+    CLOCK_SOURCE,
+    WALL_TIME,
+    AsofHow,
+    AsofJoinNode,
+    BehaviorNode,
+    ConcatNode,
+    Direction,
+    DistinctNode,
+    FilterNode,
+    JoinHow,
+    JoinNode,
+    LateNode,
+    NegateNode,
+    Node,
+    NowFilterNode,
+    PadNode,
+    ReduceNode,
+    SelectNode,
+    SessionNode,
+    SourceNode,
+)
 from txstream.engine.reducers import Reducer
 from txstream.engine.temporal import (
     WINDOW_END,
@@ -28,138 +49,14 @@ from txstream.engine.temporal import (
     Behavior,
     CommonBehavior,
     ExactlyOnceBehavior,
-    Resolved,
+    Interval,
     Session,
     Sliding,
+    session_rules,
 )
 from txstream.schemas.tables import TableSchema
 
-# The wall clock's source: the transactions' wall times, as the engine is given them
-# (`Engine.process`), read by every filter that calls now(); no user's source can have its name.
-CLOCK_SOURCE, WALL_TIME = "__now", "wall_time"
 _NOW = re.compile(r"\bnow\s*\(|\bcurrent_timestamp\b", re.IGNORECASE)
-JoinHow = Literal["inner", "left", "right", "outer"]
-AsofHow = Literal["inner", "left"]
-Direction = Literal["backward", "forward", "nearest"]
-_ids = itertools.count(1)
-
-
-@dataclass(frozen=True, eq=False)
-class Node:
-    """One table of the DAG. `inputs` are the tables it is computed from."""
-
-    label: str
-    inputs: tuple[Node, ...]
-    id: int = field(default_factory=lambda: next(_ids), init=False)
-
-
-@dataclass(frozen=True, eq=False)
-class SourceNode(Node):
-    name: str = ""
-    schema: TableSchema | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class SelectNode(Node):
-    exprs: tuple[tuple[str, str], ...] = ()  # (output name, Spark SQL expression)
-    # The input's columns first, as they are, then `exprs` (new names only): a row-wise
-    # extension of a table whose columns the definition does not know (window bounds).
-    keep_input: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class FilterNode(Node):
-    predicate: str = ""
-
-
-@dataclass(frozen=True, eq=False)
-class NowFilterNode(Node):
-    """Rows of `inputs[0]` for which `predicate`, which calls now(), is true as of each
-    transaction's wall time (`inputs[1]`, the wall clock's source;
-    `txstream.engine.operators.now_filter`)."""
-
-    predicate: str = ""
-
-
-@dataclass(frozen=True, eq=False)
-class ConcatNode(Node):
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class NegateNode(Node):
-    """Every diff negated: the `-` of Z-set algebra, used to build outer joins."""
-
-
-@dataclass(frozen=True, eq=False)
-class JoinNode(Node):
-    """Inner equi-join; columns: the keys, the left's other columns, the right's other columns."""
-
-    on: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, eq=False)
-class AsofJoinNode(Node):
-    """Each row of `inputs[0]` with the row of `inputs[1]` of the same `on` columns whose time
-    (`right_time`) is the nearest to its own (`left_time`) in `direction`
-    (`txstream.engine.operators.asof_join`); columns as a `JoinNode`'s."""
-
-    left_time: str = ""
-    right_time: str = ""
-    on: tuple[str, ...] = ()
-    how: AsofHow = "inner"
-    direction: Direction = "backward"
-
-
-@dataclass(frozen=True, eq=False)
-class PadNode(Node):
-    """The rows of `inputs[0]` laid out as a join's output, the other side's columns null.
-
-    `inputs[1]` is the other side (only its schema is used). `side` says where the input
-    stands in the join's column order.
-    """
-
-    on: tuple[str, ...] = ()
-    side: Literal["left", "right"] = "left"
-
-
-@dataclass(frozen=True, eq=False)
-class DistinctNode(Node):
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class BehaviorNode(Node):
-    """A windowed table's rows as a temporal behavior lets them through, by the clock of the
-    event-time column `time` (`txstream.engine.operators.behavior`); `timed`: a timestamp
-    column, the behavior's lengths in microseconds."""
-
-    time: str = ""
-    timed: bool = False
-    behavior: Resolved = field(default_factory=lambda: Resolved(None, None))
-
-
-@dataclass(frozen=True, eq=False)
-class SessionNode(Node):
-    """The input's rows, each with its session (`window_start`, `window_end`) among the rows of
-    its `instance` by the event-time column `time` (`txstream.engine.operators.session`)."""
-
-    time: str = ""
-    instance: tuple[str, ...] = ()
-    window: Session = field(default_factory=lambda: Session(1))
-
-
-@dataclass(frozen=True, eq=False)
-class ReduceNode(Node):
-    keys: tuple[str, ...] = ()
-    reducers: tuple[tuple[str, Reducer], ...] = ()
-
-
-@dataclass(frozen=True, eq=False)
-class LateNode(Node):
-    """The rows a temporal behavior (`inputs[0]`, a `BehaviorNode`) found late: the windowed
-    row, `late_clock` (the clock before its transaction) and `late_operator` (the behavior's
-    label)."""
 
 
 class Table:
@@ -251,11 +148,30 @@ class Table:
         if direction not in ("backward", "forward", "nearest"):
             raise PipelineDefinitionError(
                 f"asof_join direction={direction!r} is not one of backward, forward, nearest")
+        self.pipeline.event_time(self.node, self_time)
+        self.pipeline.event_time(other.node, other_time)
         label = (f"{how} {direction} asof_join of {self.node.label} and {other.node.label} by "
                  f"{self_time}, {other_time}" + (f" on {', '.join(keys)}" if keys else ""))
         return self._derive(AsofJoinNode(label, (self.node, other.node), left_time=self_time,
                                          right_time=other_time, on=keys, how=how,
                                          direction=direction))
+
+    def interval_join(self, other: Table, self_time: str, other_time: str, window: Interval,
+                      on: str | Sequence[str], how: Literal["inner"] = "inner") -> Table:
+        """The pairs of this table's rows and `other`'s with the same `on` columns whose times
+        are within `window` (`txstream.temporal.interval`): `lower_bound <= other_time -
+        self_time <= upper_bound`, Pathway's `interval_join`. Columns as `join`'s. An equi-join
+        and a filter: exact as those are; both sides' rows stay in state."""
+        if not isinstance(window, Interval):
+            raise PipelineDefinitionError(
+                f"interval_join of {self.node.label}: {window!r} is not an interval (use "
+                "txstream.temporal.interval)")
+        if how != "inner":
+            raise PipelineDefinitionError(
+                f"interval_join how={how!r}: only inner interval joins so far")
+        self.pipeline.event_time(self.node, self_time)
+        self.pipeline.event_time(other.node, other_time)
+        return self.join(other, on).filter(window.holds(self_time, other_time))
 
     @staticmethod
     def _unmatched(side: Node, other: Node, keys: tuple[str, ...],
@@ -303,15 +219,17 @@ class Table:
                 f"windowby on {self.node.label}: behavior={behavior!r} is not a behavior (use "
                 "txstream.temporal.common_behavior or exactly_once_behavior)")
         keys = (instance,) if isinstance(instance, str) else tuple(instance)
+        self.pipeline.event_time(self.node, time)
         label = f"{window.describe()} windows of {self.node.label} by {time}"
         if isinstance(window, Session):
-            if behavior is not None:
-                raise PipelineDefinitionError(
-                    f"windowby on {self.node.label}: session windows take no behavior yet (a "
-                    "session's end moves with its rows; Pathway ignores behaviors there); "
-                    "drop behavior=, or use tumbling or sliding windows")
-            sessions = SessionNode(label, (self.node,), time=time, instance=keys, window=window)
-            return GroupedTable(self._derive(sessions), (*keys, WINDOW_START, WINDOW_END))
+            rules = (session_rules(behavior, window, self.node.label) if behavior is not None
+                     else None)
+            if rules is not None:
+                label = f"{label} under {behavior.describe()}"  # type: ignore[union-attr]
+            sessions = SessionNode(label, (self.node,), time=time, instance=keys, window=window,
+                                   behavior=rules)
+            return GroupedTable(self._derive(sessions), (*keys, WINDOW_START, WINDOW_END),
+                                late=self._late(sessions) if rules is not None else None)
         quoted = f"`{time}`"
         parts = []
         for back in range(window.windows_per_row):
@@ -327,12 +245,16 @@ class Table:
             resolved = behavior.resolved(window, self.node.label)
             node = BehaviorNode(f"{label} under {behavior.describe()}", (windowed,), time=time,
                                 timed=window.timed, behavior=resolved)
-            late = None
-            if resolved.cutoff is not None:  # without one no row is ever late
-                late = LateNode(f"late rows of {node.label}", (node,))
-                self.pipeline.late.append(late)
+            # Without a cutoff no row is ever late.
+            late = self._late(node) if resolved.cutoff is not None else None
             grouped = GroupedTable(self._derive(node), grouped.keys, late=late)
         return grouped
+
+    def _late(self, node: Node) -> LateNode:
+        """The late rows' table of the temporal behavior `node`, counted by the engine."""
+        late = LateNode(f"late rows of {node.label}", (node,))
+        self.pipeline.late.append(late)
+        return late
 
     def concat(self, *others: Table) -> Table:
         """Union all: the same columns (names and types, in order) on every side."""
@@ -404,6 +326,23 @@ class Pipeline:
         # (`late_rows`) whether or not an output shows them.
         self.late: list[LateNode] = []
         self._clock: SourceNode | None = None
+        # Source -> its columns a temporal operator reads as event time, where the operator's
+        # input passes the column on unchanged: a record whose event time is null is a dead
+        # letter rather than a row in no window.
+        self.event_times: dict[str, set[str]] = {}
+
+    def event_time(self, node: Node, column: str) -> None:
+        """Note `column` of `node` as an event time, and the source column it is, if any."""
+        while not isinstance(node, SourceNode):
+            passed = isinstance(node, FilterNode | NowFilterNode) or (
+                isinstance(node, SelectNode)
+                and ((node.keep_input and column not in dict(node.exprs))
+                     or (column, f"`{column}`") in node.exprs))
+            if not passed:
+                return  # computed: a null there is the pipeline's, not the record's
+            node = node.inputs[0]
+        if node.name != CLOCK_SOURCE:
+            self.event_times.setdefault(node.name, set()).add(column)
 
     def clock(self) -> SourceNode:
         """The wall clock's source (made on first use): one row per transaction, its wall

@@ -42,12 +42,18 @@ strict `<`); `window_start` and `window_end` are the session's first and last ti
 interval, as Pathway's), so a row that bridges two sessions retracts both and inserts the
 merged one, in its transaction. Sessions are a function of the rows an instance holds, not of
 the rows' windows, so they are computed by their own operator
-(`txstream.engine.operators.session`) before the ordinary reduce; behaviors do not apply to
-them (Pathway ignores them there; txstream refuses them rather than ignore them).
+(`txstream.engine.operators.session`) before the ordinary reduce. Behaviors apply to sessions
+as DESIGN section 10 asks (Pathway ignores them there): with a cutoff, a row is late when its
+time plus the cutoff is at or below the clock before its transaction, and a session closes once
+the clock reaches its last time plus `max_gap` plus the cutoff (no row on time can join it
+then); `exactly_once_behavior(shift)` shows each session once, when it closes with cutoff
+`shift`. A delay has no meaning for sessions (their start moves) and is refused.
 
 As-of joins (`Table.asof_join`, `txstream.engine.operators.asof_join`) pair rows by nearest
 time; they need no window. A filter may compare a column with now(), the transaction's wall
-time (`txstream.engine.operators.now_filter`). Not yet: interval joins and `asof_now_join`.
+time (`txstream.engine.operators.now_filter`). Interval joins (`Table.interval_join`,
+`interval(lower_bound, upper_bound)`) are an equi-join and a filter on the difference of the
+times: exact as those are. Not yet: `asof_now_join`, and behaviors on as-of and interval joins.
 """
 
 from __future__ import annotations
@@ -177,6 +183,38 @@ class Session:
 
 
 @dataclass(frozen=True)
+class Interval:
+    """Pathway's `interval(lower_bound, upper_bound)` for `Table.interval_join`: a pair when
+    `lower_bound <= other_time - self_time <= upper_bound` (both ends closed)."""
+
+    lower_bound: Length
+    upper_bound: Length
+
+    def __post_init__(self) -> None:
+        bounds = (self.lower_bound, self.upper_bound)
+        timed = [isinstance(b, timedelta) for b in bounds]
+        if any(isinstance(b, bool) or not isinstance(b, timedelta | int | float)
+               for b in bounds) or (any(timed) and not all(timed)):
+            raise PipelineDefinitionError(
+                f"interval({self.lower_bound!r}, {self.upper_bound!r}): both timedelta (timestamp "
+                "columns) or both numbers (numeric ones)")
+        if _number(self.lower_bound) > _number(self.upper_bound):
+            raise PipelineDefinitionError(
+                f"interval({self.lower_bound!r}, {self.upper_bound!r}): the lower bound is above "
+                "the upper one")
+
+    def holds(self, self_time: str, other_time: str) -> str:
+        """Spark SQL: whether the times (columns, unquoted) are within the interval."""
+        if isinstance(self.lower_bound, timedelta):
+            assert isinstance(self.upper_bound, timedelta)
+            gap = f"(unix_micros(`{other_time}`) - unix_micros(`{self_time}`))"
+            return (f"{gap} BETWEEN {_micros(self.lower_bound)} "
+                    f"AND {_micros(self.upper_bound)}")
+        return (f"(`{other_time}` - `{self_time}`) BETWEEN {self.lower_bound!r} "
+                f"AND {self.upper_bound!r}")
+
+
+@dataclass(frozen=True)
 class CommonBehavior:
     """Pathway's `common_behavior` (see the module doc); build with `common_behavior`."""
 
@@ -193,7 +231,7 @@ class CommonBehavior:
             given.append("keep_results=False")
         return f"common_behavior({', '.join(given)})"
 
-    def resolved(self, window: Sliding, table: str) -> Resolved:
+    def resolved(self, window: Sliding | Session, table: str) -> Resolved:
         """The behavior in the window's units (microseconds for timestamp windows), checked
         against the window: lengths of its kind, not negative, a cutoff to close by."""
         if not self.keep_results and self.cutoff is None:
@@ -241,6 +279,22 @@ class ExactlyOnceBehavior:
 Behavior = CommonBehavior | ExactlyOnceBehavior
 
 
+def session_rules(behavior: Behavior, window: Session, table: str) -> Resolved | None:
+    """`behavior` as it applies to `window`'s sessions (see the module doc): a cutoff, kept or
+    retracted results, or shown at close (exactly once); None when it changes nothing."""
+    if isinstance(behavior, ExactlyOnceBehavior):
+        shift = behavior.shift if behavior.shift is not None else (
+            timedelta(0) if window.timed else 0)
+        cutoff = CommonBehavior(cutoff=shift).resolved(window, table).cutoff
+        return Resolved(delay=None, cutoff=cutoff, at_close=True)
+    resolved = behavior.resolved(window, table)
+    if resolved.delay is not None:
+        raise PipelineDefinitionError(
+            f"windowby on {table}: session windows take no delay (a session's start moves as "
+            "rows join it); use exactly_once_behavior to show each session once, when closed")
+    return resolved if resolved.cutoff is not None else None
+
+
 @dataclass(frozen=True)
 class Resolved:
     """A behavior in a window's units: numbers, microseconds for timestamp windows."""
@@ -248,6 +302,8 @@ class Resolved:
     delay: int | float | None
     cutoff: int | float | None
     keep_results: bool = True
+    # Sessions under `exactly_once_behavior`: shown once, when closed (no delay applies).
+    at_close: bool = False
 
 
 def common_behavior(delay: Length | None = None, cutoff: Length | None = None,
@@ -266,6 +322,12 @@ def exactly_once_behavior(shift: Length | None = None) -> ExactlyOnceBehavior:
 def event_micros(column: str, timed: bool) -> str:
     """Spark SQL of the time column or window bound `column` (quoted) in a behavior's units."""
     return f"unix_micros({column})" if timed else column
+
+
+def interval(lower_bound: Length, upper_bound: Length) -> Interval:
+    """The times an interval join pairs: `lower_bound <= other_time - self_time <= upper_bound`,
+    Pathway's `interval(lower_bound, upper_bound)`."""
+    return Interval(lower_bound, upper_bound)
 
 
 def session(*, max_gap: Length) -> Session:

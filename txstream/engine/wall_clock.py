@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from txstream.changes import DIFF, TIME, Changes
 from txstream.engine.errors import EngineInputError
-from txstream.engine.table import WALL_TIME
+from txstream.engine.nodes import WALL_TIME
 from txstream.schemas.tables import TableSchema
 
 

@@ -19,7 +19,7 @@ from txstream.service.metrics import Metrics
 from txstream.service.pipelines import load_pipeline
 from txstream.service.runner import PipelineRunner
 from txstream.service.spark import get_spark
-from txstream.service.startup import refuse, sinks_fit, sources_fit
+from txstream.service.startup import event_times_required, refuse, sinks_fit, sources_fit
 from txstream.sinks.live.serving import LiveTables
 from txstream.sinks.live.table import LiveTable, LiveTableError
 from txstream.sinks.postgres.writers import WriterEpoch
@@ -37,6 +37,7 @@ def open_runner(config: PipelineConfig, *, spark: SparkSession | None = None,
     `fence`; see `PipelineRunner`."""
     pipeline = pipeline or load_pipeline(config.pipeline)
     refuse(sources_fit(config, pipeline))
+    config = event_times_required(config, pipeline)
     spark = spark or get_spark(config.spark_master)
     parallelism = (spark.sparkContext.defaultParallelism if config.parallelism == "auto"
                    else config.parallelism)

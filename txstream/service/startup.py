@@ -87,6 +87,22 @@ def sources_fit(config: PipelineConfig, pipeline: Pipeline) -> list[Problem]:
     return [Problem(Kind.UNFIT, text) for text in found]
 
 
+def event_times_required(config: PipelineConfig, pipeline: Pipeline) -> PipelineConfig:
+    """`config` with each source column the pipeline reads as an event time
+    (`Pipeline.event_times`) required: a record without one is a dead letter with the reason,
+    not a row silently in no window."""
+    sources = []
+    for spec in config.sources:
+        required = pipeline.event_times.get(spec.name, set())
+        if required:
+            schema = spec.table_schema
+            spec = spec.model_copy(update={"table_schema": schema.model_copy(update={
+                "columns": tuple(c.model_copy(update={"nullable": False})
+                                 if c.name in required else c for c in schema.columns)})})
+        sources.append(spec)
+    return config.model_copy(update={"sources": sources})
+
+
 def sinks_fit(config: PipelineConfig, outputs: Collection[str]) -> list[Problem]:
     """Every sink names one of the pipeline's `outputs`."""
     return [Problem(Kind.UNFIT, f"sinks.{i}.output: {cfg.output!r} is not an output of the "

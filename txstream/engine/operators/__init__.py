@@ -1,17 +1,7 @@
 """The incremental operators, one module per kind of DAG node; each owns its node's schema
 rule, its delta rule (in the module's doc comment), its state and its output's key."""
 
-from txstream.engine.operators.asof_join import AsofJoinOp
-from txstream.engine.operators.base import Delta, Operator
-from txstream.engine.operators.behavior import BehaviorOp
-from txstream.engine.operators.distinct import DistinctOp
-from txstream.engine.operators.join import JoinOp, PadOp
-from txstream.engine.operators.late import LateOp
-from txstream.engine.operators.now_filter import NowFilterOp
-from txstream.engine.operators.reduce import ReduceOp
-from txstream.engine.operators.rowwise import ConcatOp, FilterOp, NegateOp, SelectOp, SourceOp
-from txstream.engine.operators.session import SessionOp
-from txstream.engine.table import (
+from txstream.engine.nodes import (
     AsofJoinNode,
     BehaviorNode,
     ConcatNode,
@@ -28,6 +18,16 @@ from txstream.engine.table import (
     SessionNode,
     SourceNode,
 )
+from txstream.engine.operators.asof_join import AsofJoinOp
+from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.operators.behavior import BehaviorOp
+from txstream.engine.operators.distinct import DistinctOp
+from txstream.engine.operators.join import JoinOp, PadOp
+from txstream.engine.operators.late import LateOp
+from txstream.engine.operators.now_filter import NowFilterOp
+from txstream.engine.operators.reduce import ReduceOp
+from txstream.engine.operators.rowwise import ConcatOp, FilterOp, NegateOp, SelectOp, SourceOp
+from txstream.engine.operators.session import SessionOp
 
 OPERATORS: dict[type[Node], type[Operator]] = {
     SourceNode: SourceOp,

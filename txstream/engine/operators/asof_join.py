@@ -41,10 +41,10 @@ from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.frames import build_side, col, join, prefixed, union_all
+from txstream.engine.nodes import AsofJoinNode
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
 from txstream.engine.operators.join import JoinLayout
 from txstream.engine.state import ZSetState
-from txstream.engine.table import AsofJoinNode
 
 # Within one batch's plans: the transaction a left row is matched as of, the right side's and a
 # changed key's columns when joined, a right row's multiplicity then, and the candidates' rank.

@@ -25,10 +25,10 @@ from pyspark.sql.types import StructField, StructType
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import INTERNAL_PREFIX
 from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.nodes import Node
 from txstream.engine.results import Pairs
 from txstream.engine.spark_internals import one_operator
 from txstream.engine.state import StatePlacement, ZSetState
-from txstream.engine.table import Node
 from txstream.schemas.tables import RESERVED_COLUMNS, ColumnType, TableSchemaError
 
 Delta = DataFrame | None
@@ -118,8 +118,9 @@ class Operator(ABC):
     multiplies_rows: ClassVar[bool] = False
     # Whether the output at a batch's end depends on how the batch's changes are cut into
     # transactions, not only on their sum (a temporal behavior's clock moves transaction by
-    # transaction): a batch is then never computed as one netted transaction.
-    sees_transactions: ClassVar[bool] = False
+    # transaction): a batch is then never computed as one netted transaction. An operator may
+    # set it per node.
+    sees_transactions: bool = False
 
     def __init__(self, spark: SparkSession, node: Node, inputs: Sequence[StructType],
                  placement: StatePlacement) -> None:

@@ -40,28 +40,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
 from txstream.engine.frames import build_side, col, join, prefixed, union_all
+from txstream.engine.nodes import BehaviorNode
 from txstream.engine.operators.base import Delta, Operator
+from txstream.engine.operators.clocks import BEFORE, CLOCK, advance, clock_state, running
 from txstream.engine.state import ZSetState
-from txstream.engine.table import BehaviorNode
 from txstream.engine.temporal import WINDOW_END, WINDOW_START, event_micros
 
 # Output columns (see the module doc): what the reduce does with a row, and a late row's clock.
 FATE, LATE_CLOCK = "__fate", "__late_clock"
 COUNTS, FORGETS, SHOWN, LATE = 0, 1, 2, 3
-# The clock's column in the saved state (a new name would make earlier checkpoints unreadable).
-CLOCK = "__clock"
 # Within one batch's plans: where a row comes from (the batch, the buffer, the released rows),
-# a window's release and close times, the window's bounds in the thresholds' frame, the clock
-# before a transaction and its name in the frame late rows are joined with.
+# a window's release and close times, the window's bounds in the thresholds' frame, and the
+# clocks' columns in the frame late rows are joined with.
 _FROM, _RELEASE, _CLOSE, _WINDOW = "__from", "__release", "__close", "__window_"
-_BEFORE, _CLOCKS = "__before", "__clocks_"
+_CLOCKS = "__clocks_"
 _BATCH, _BUFFERED, _RELEASED = 0, 1, 2
 
 
@@ -74,7 +73,7 @@ class BehaviorOp(Operator):
         self._require(src, [self.node.time, WINDOW_START, WINDOW_END], "event-time")
         names = src.names
         behavior = self.node.behavior
-        self.clock = ZSetState([CLOCK], [DIFF], placement=self.placement)
+        self.clock = clock_state(self.placement)
         self.buffer = (ZSetState(names, [DIFF], placement=self.placement)
                        if behavior.delay is not None else None)
         self.released = (ZSetState(names, [DIFF], placement=self.placement)
@@ -107,15 +106,8 @@ class BehaviorOp(Operator):
 
         # The clock after each transaction of the batch (BEFORE_BATCH: the clock before it).
         before = self.clock.whole(planned)
-        peaks = d.groupBy(col(TIME)).agg(F.max(self._at(self.node.time)).alias(CLOCK))
-        if before is not None:
-            peaks = peaks.unionByName(before.select(F.lit(BEFORE_BATCH).cast("long").alias(TIME),
-                                                    col(CLOCK)))
-        running = Window.orderBy(col(TIME)).rowsBetween(Window.unboundedPreceding,
-                                                        Window.currentRow)
-        clocks = peaks.select(col(TIME), F.max(col(CLOCK)).over(running).alias(CLOCK))
-        clocks = batch.shared(clocks.select(
-            "*", F.lag(col(CLOCK)).over(Window.orderBy(col(TIME))).alias(_BEFORE)))
+        clocks = running(d.groupBy(col(TIME)).agg(F.max(self._at(self.node.time)).alias(CLOCK)),
+                         before, batch)
 
         # Every row the batch may move: its own (at their transactions), the buffered and the
         # kept ones (before the batch).
@@ -167,10 +159,7 @@ class BehaviorOp(Operator):
         if self.released is not None:
             batch.append(self.released, self._moved(
                 on_time, released.isNotNull() & close.isNull(), _RELEASED, (_BATCH, _BUFFERED)))
-        old = [before.select(col(CLOCK), (-col(DIFF)).alias(DIFF))] if before is not None else []
-        batch.append(self.clock, union_all(
-            [*old, clocks.agg(F.max(col(CLOCK)).alias(CLOCK))
-             .select(col(CLOCK), F.lit(1).cast("long").alias(DIFF))], planned))
+        advance(self.clock, before, clocks, batch)
         return self._output(union_all(changes, planned), batch)
 
     def _thresholds(self, entries: DataFrame, clocks: DataFrame, planned: int) -> DataFrame:
@@ -194,8 +183,8 @@ class BehaviorOp(Operator):
     def _late_rows(self, late: DataFrame, clocks: DataFrame, planned: int) -> DataFrame:
         """The late rows, at their transactions, with the clock before it (in the time
         column's type)."""
-        before = build_side(prefixed(clocks.select(col(TIME), col(_BEFORE)), _CLOCKS))
-        clock = col(f"{_CLOCKS}{_BEFORE}")
+        before = build_side(prefixed(clocks.select(col(TIME), col(BEFORE)), _CLOCKS))
+        clock = col(f"{_CLOCKS}{BEFORE}")
         if self.node.timed:
             clock = F.timestamp_micros(clock)
         return join(late, before, late[f"`{TIME}`"] == before[f"`{_CLOCKS}{TIME}`"], "inner",

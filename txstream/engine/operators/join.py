@@ -27,9 +27,9 @@ from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.frames import build_side, col, join, null, prefixed, union_all
+from txstream.engine.nodes import JoinNode, PadNode
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
 from txstream.engine.state import ZSetState
-from txstream.engine.table import JoinNode, PadNode
 
 # Prefix of the right side's columns while the two sides meet.
 _RIGHT = "__r_"

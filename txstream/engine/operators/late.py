@@ -17,9 +17,9 @@ from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import DIFF, TIME
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.frames import col
+from txstream.engine.nodes import LateNode
 from txstream.engine.operators.base import Delta, Operator
 from txstream.engine.operators.behavior import FATE, LATE, LATE_CLOCK
-from txstream.engine.table import LateNode
 
 CLOCK_COLUMN, OPERATOR_COLUMN = "late_clock", "late_operator"
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from py4j.java_gateway import JavaObject
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType, TimestampType
 
@@ -38,6 +38,7 @@ from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
 from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.frames import build_side, col, join, prefixed, union_all
+from txstream.engine.nodes import WALL_TIME, NowFilterNode
 from txstream.engine.operators.base import (
     Clustered,
     Delta,
@@ -46,17 +47,15 @@ from txstream.engine.operators.base import (
     check_row_wise,
     first_line,
 )
+from txstream.engine.operators.clocks import BEFORE, CLOCK, advance, clock_state, running
 from txstream.engine.state import ZSetState
-from txstream.engine.table import WALL_TIME, NowFilterNode
 
 # now() inside the predicate once it is parsed: a column of the rows it is evaluated on.
 NOW = "__now"
-# The clock's column in the saved state (a new name would make earlier checkpoints unreadable).
-CLOCK = "__clock"
-# Within one batch's plans: the clocks' columns when joined, now() before a transaction, a
-# change's own transaction, whether the predicate holds at a transaction and before it, and
-# whether a row fails an upper bound.
-_CLOCKS, _BEFORE, _SINCE = "__clocks_", "__before", "__since"
+# Within one batch's plans: the clocks' columns when joined, a change's own transaction,
+# whether the predicate holds at a transaction and before it, and whether a row fails an upper
+# bound.
+_CLOCKS, _SINCE = "__clocks_", "__since"
 _HOLDS, _HELD, _EXPIRED = "__holds", "__held", "__expired"
 _COMPARISONS = {"LessThan": "<", "LessThanOrEqual": "<=", "GreaterThan": ">",
                 "GreaterThanOrEqual": ">="}
@@ -163,7 +162,7 @@ class NowFilterOp(Operator):
             raise PipelineDefinitionError(
                 f"{self.node.label}: the predicate is {typed.simpleString()}, not boolean")
         self.rows = ZSetState(rows.names, [DIFF], placement=self.placement)
-        self.clock = ZSetState([CLOCK], [DIFF], placement=self.placement)
+        self.clock = clock_state(self.placement)
         return rows
 
     def states(self) -> dict[str, ZSetState]:
@@ -182,15 +181,8 @@ class NowFilterOp(Operator):
 
         # now() after each transaction of the batch, and before it (BEFORE_BATCH: the clock).
         before = self.clock.whole(planned)
-        peaks = walls.groupBy(col(TIME)).agg(F.max(F.unix_micros(col(WALL_TIME))).alias(CLOCK))
-        if before is not None:
-            peaks = peaks.unionByName(before.select(F.lit(BEFORE_BATCH).cast("long").alias(TIME),
-                                                    col(CLOCK)))
-        running = Window.orderBy(col(TIME)).rowsBetween(Window.unboundedPreceding,
-                                                        Window.currentRow)
-        clocks = peaks.select(col(TIME), F.max(col(CLOCK)).over(running).alias(CLOCK))
-        clocks = batch.shared(clocks.select(
-            "*", F.lag(col(CLOCK)).over(Window.orderBy(col(TIME))).alias(_BEFORE)))
+        clocks = running(walls.groupBy(col(TIME))
+                         .agg(F.max(F.unix_micros(col(WALL_TIME))).alias(CLOCK)), before, batch)
 
         changes = [d.select(*[col(n) for n in names], col(TIME), col(DIFF))] \
             if d is not None else []
@@ -199,26 +191,26 @@ class NowFilterOp(Operator):
             changes.append(held.select(*[col(n) for n in names],
                                        F.lit(BEFORE_BATCH).cast("long").alias(TIME), col(DIFF)))
         if not changes:
-            self._advance(before, clocks, planned, batch)
+            advance(self.clock, before, clocks, batch)
             return None
         changed = batch.shared(union_all(changes, planned))
 
         # Each change at its own transaction and at every later one where now() moved.
         c = build_side(prefixed(clocks, _CLOCKS))
         at, then = c[f"`{_CLOCKS}{TIME}`"], changed[f"`{TIME}`"]
-        moved = c[f"`{_CLOCKS}{CLOCK}`"] != c[f"`{_CLOCKS}{_BEFORE}`"]
+        moved = c[f"`{_CLOCKS}{CLOCK}`"] != c[f"`{_CLOCKS}{BEFORE}`"]
         pairs = join(changed, c, ((then == at) & (at != BEFORE_BATCH)) | ((then < at) & moved),
                      "inner", planned)
         condition = self.predicate.condition
         now_then = pairs.select(*[col(n) for n in names], col(TIME).alias(_SINCE),
                                 col(f"{_CLOCKS}{TIME}").alias(TIME), col(DIFF),
                                 F.timestamp_micros(col(f"{_CLOCKS}{CLOCK}")).alias(NOW),
-                                F.timestamp_micros(col(f"{_CLOCKS}{_BEFORE}")).alias(_BEFORE))
+                                F.timestamp_micros(col(f"{_CLOCKS}{BEFORE}")).alias(BEFORE))
         holds = F.coalesce(F.expr(condition), F.lit(False)).cast("long")
         with_now = now_then.select("*", holds.alias(_HOLDS))
         held_before = with_now.select(
             *[col(n) for n in names], col(_SINCE), col(TIME), col(DIFF), col(_HOLDS),
-            col(_BEFORE).alias(NOW)).select("*", holds.alias(_HELD))
+            col(BEFORE).alias(NOW)).select("*", holds.alias(_HELD))
         diff = F.when(col(_SINCE) == col(TIME), col(_HOLDS) * col(DIFF)) \
             .otherwise((col(_HOLDS) - col(_HELD)) * col(DIFF))
         out = held_before.select(*[col(n) for n in names], col(TIME), diff.alias(DIFF)) \
@@ -232,7 +224,7 @@ class NowFilterOp(Operator):
             F.when(col(TIME) == BEFORE_BATCH, F.when(col(_EXPIRED), -col(DIFF)))
             .otherwise(F.when(~col(_EXPIRED), col(DIFF))).alias(DIFF))
             .where(col(DIFF).isNotNull()))
-        self._advance(before, clocks, planned, batch)
+        advance(self.clock, before, clocks, batch)
         return batch.consolidated(out, self.columns, self.readers_cluster_by)
 
     def _expired(self, changed: DataFrame, last: DataFrame, planned: int) -> DataFrame:
@@ -243,11 +235,3 @@ class NowFilterOp(Operator):
         now = build_side(last.select(F.timestamp_micros(col(CLOCK)).alias(NOW)))
         return join(changed, now, F.lit(True), "inner", planned).select(
             *[col(n) for n in changed.columns], F.expr(f"({fails})").alias(_EXPIRED))
-
-    def _advance(self, before: DataFrame | None, clocks: DataFrame, planned: int,
-                 batch: BatchPlan) -> None:
-        """The clock's state: now() after the batch's last transaction."""
-        old = [before.select(col(CLOCK), (-col(DIFF)).alias(DIFF))] if before is not None else []
-        batch.append(self.clock, union_all(
-            [*old, clocks.agg(F.max(col(CLOCK)).alias(CLOCK))
-             .select(col(CLOCK), F.lit(1).cast("long").alias(DIFF))], planned))

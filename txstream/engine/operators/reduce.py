@@ -12,11 +12,11 @@ A group's row is a function of these, so the row to retract before the batch's f
 transaction is computed from the state as it was before the batch (time `BEFORE_BATCH`), the
 same way every later row is: no trace of the emitted rows is kept.
 
-After a temporal behavior (the input a `BehaviorNode`), each input row's `FATE` says what it
+After a temporal behavior (of windows or of sessions), each input row's `FATE` says what it
 does: `COUNTS` as any row; `FORGETS` (a closed window's rows retracted, results kept) the state
 alone, so the window's row stays in the output and its group leaves the state; `SHOWN` (rows
 released and forgotten at once) the output alone; `LATE` nothing
-(txstream.engine.operators.behavior).
+(txstream.engine.operators.behavior and .session).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from txstream.engine.frames import (
     null_safe_on,
     prefixed,
 )
+from txstream.engine.nodes import ReduceNode
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
 from txstream.engine.operators.behavior import FATE, FORGETS, LATE, SHOWN
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
 from txstream.engine.results import INSERT, OLD, RETRACT, Pairs
 from txstream.engine.state import ZSetState
-from txstream.engine.table import BehaviorNode, ReduceNode
 from txstream.schemas.tables import ColumnType
 
 # Open end of a value's presence interval: later than every transaction.
@@ -92,9 +92,7 @@ class ReduceOp(Operator):
         keys = list(self.node.keys)
         self._require(src, keys, "group-by")
         # After a temporal behavior, whose rows say what they do to the reduce (`FATE`).
-        self.temporal = isinstance(self.node.inputs[0], BehaviorNode)
-        if self.temporal:
-            self._require(src, [FATE], "temporal behavior")
+        self.temporal = FATE in src.names
         self.keys = keys
         fields = [src[k] for k in keys]
         self.column_types: dict[str, ColumnType | None] = {}

@@ -17,6 +17,7 @@ from txstream.engine.columns import DIFF, TIME
 from txstream.engine.errors import EngineInputError, PipelineDefinitionError
 from txstream.engine.frames import col, union_all
 from txstream.engine.hash_partitions import partition_ids, split
+from txstream.engine.nodes import FilterNode, SelectNode, SourceNode
 from txstream.engine.operators.base import (
     Clustered,
     Delta,
@@ -28,7 +29,6 @@ from txstream.engine.operators.base import (
 )
 from txstream.engine.spark_input import SourceRows, input_rows, partitioned_rows
 from txstream.engine.spark_internals import analyzed
-from txstream.engine.table import FilterNode, SelectNode, SourceNode
 from txstream.schemas.tables import TableSchema
 
 # From this many rows on, a source's changes enter Spark as Arrow record batches the batch's
