@@ -102,6 +102,21 @@ def check_row_wise(node: Node, frame: DataFrame, exprs: Sequence[str], operator:
             "compare a column with now() in a filter, which is the transaction's wall time")
 
 
+def check_predicate(node: Node, frame: DataFrame, predicate: str) -> DataFrame:
+    """`frame` filtered by the Spark SQL `predicate`, which must analyze against it, be boolean
+    and row-wise (`check_row_wise`): a definition error naming `node` otherwise."""
+    try:
+        typed = frame.selectExpr(f"({predicate}) AS p").schema["p"].dataType
+        filtered = frame.where(predicate)
+    except Exception as exc:
+        raise PipelineDefinitionError(f"{node.label}: {first_line(exc)}") from exc
+    check_row_wise(node, filtered, [predicate], "Filter")
+    if typed.simpleString() != "boolean":
+        raise PipelineDefinitionError(
+            f"{node.label}: the predicate is {typed.simpleString()}, not boolean")
+    return filtered
+
+
 class Operator(ABC):
     # Whether the operator computes right from unconsolidated input changes (a row's changes
     # of one time in several rows, some of them cancelling): a group-by sums them by group and

@@ -44,7 +44,7 @@ from txstream.engine.operators.base import (
     Delta,
     Key,
     Operator,
-    check_row_wise,
+    check_predicate,
     first_line,
 )
 from txstream.engine.operators.clocks import BEFORE, CLOCK, advance, clock_state, running
@@ -151,16 +151,9 @@ class NowFilterOp(Operator):
     def _resolve(self) -> StructType:
         rows = self.input_schemas[0]
         self.predicate = parse(self.spark, self.node.predicate, self.node.label)
-        probe = self._empty(StructType([*rows.fields, StructField(NOW, TimestampType())]))
-        try:
-            typed = probe.selectExpr(f"({self.predicate.condition}) AS p").schema["p"].dataType
-            filtered = probe.where(self.predicate.condition)
-        except Exception as exc:
-            raise PipelineDefinitionError(f"{self.node.label}: {first_line(exc)}") from exc
-        check_row_wise(self.node, filtered, [self.predicate.condition], "Filter")
-        if typed.simpleString() != "boolean":
-            raise PipelineDefinitionError(
-                f"{self.node.label}: the predicate is {typed.simpleString()}, not boolean")
+        check_predicate(self.node, self._empty(StructType([*rows.fields,
+                                                           StructField(NOW, TimestampType())])),
+                        self.predicate.condition)
         self.rows = ZSetState(rows.names, [DIFF], placement=self.placement)
         self.clock = clock_state(self.placement)
         return rows

@@ -23,6 +23,7 @@ from txstream.engine.operators.base import (
     Delta,
     Key,
     Operator,
+    check_predicate,
     check_row_wise,
     column_names,
     first_line,
@@ -193,18 +194,9 @@ class FilterOp(Operator):
         return inputs[0]
 
     def _resolve(self) -> StructType:
-        empty = self._empty(self.input_schemas[0])
-        try:
-            typed = empty.selectExpr(f"({self.node.predicate}) AS p").schema["p"].dataType
-            filtered = empty.where(self.node.predicate)
-        except Exception as exc:
-            raise PipelineDefinitionError(f"{self.node.label}: {first_line(exc)}") from exc
-        check_row_wise(self.node, filtered, [self.node.predicate], "Filter")
+        filtered = check_predicate(self.node, self._empty(self.input_schemas[0]),
+                                   self.node.predicate)
         self._predicate_reads = column_names(analyzed(filtered).condition())
-        if typed.simpleString() != "boolean":
-            raise PipelineDefinitionError(
-                f"{self.node.label}: the predicate is {typed.simpleString()}, not boolean"
-            )
         return self.input_schemas[0]
 
     def input_clustering(self, wanted: Clustered) -> list[Clustered]:
