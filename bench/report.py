@@ -13,8 +13,9 @@ Reads the JSON documents the benchmarks printed, stored unchanged under
 * `scale.png`: parallelism 1 against 2 (`bench/scale.py`), txstream and Flink;
 * `startup.png`: the lives of `bench/startup.py`: Spark's start, the first commit, caught up;
 * `stress.png`: which seeds of `bench/stress.py` held, one row per result file (a revision);
-* `temporal.png`: event-time windows with and without a behavior (`bench/temporal.py`): state
-  rows and the JVM heap as the events grow, and events/s beside Pathway.
+* `temporal.png`: event-time windows with and without a behavior, and sessions
+  (`bench/temporal.py`): state rows and the JVM heap as the events grow, and events/s beside
+  Pathway.
 
 Documents of one script are merged in file name order (a later file's sections win), so one
 run may hold the group-by and another the example pipeline; `bench/stress.py`'s are kept
@@ -275,11 +276,12 @@ def stress(found: dict[str, list[tuple[str, Document]]]) -> Figure | None:
 
 def temporal(results: dict[str, Document]) -> Figure | None:
     document = results.get("temporal", {})
-    pipelines = [name for name in ("exactly_once", "no_behavior") if name in document]
-    if not pipelines:
+    pipelines = [name for name in ("exactly_once", "no_behavior", "sessions")
+                 if name in document]
+    if "exactly_once" not in pipelines:
         return None
     fig, (rows, heap, rate) = plt.subplots(1, 3, figsize=(14, 4))
-    colours = {"exactly_once": TXSTREAM, "no_behavior": "#9ecae1"}
+    colours = {"exactly_once": TXSTREAM, "no_behavior": "#9ecae1", "sessions": "#31a354"}
     for name in pipelines:
         samples = document[name]["samples"]
         events = [sample["events"] for sample in samples]
@@ -296,7 +298,10 @@ def temporal(results: dict[str, Document]) -> Figure | None:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1e6:.0f}M"))
         ax.set_title(f"{title} (bench/temporal.py)", fontsize=9)
         ax.legend(fontsize=8)
-    labels = [name.replace("_", " ") for name in pipelines]
+    labels = [name.replace("_", " ") + ("" if document[name]["events"]
+                                        == document["exactly_once"]["events"]
+                                        else f"\n{document[name]['events'] / 1e6:.0f}M views")
+              for name in pipelines]
     values = [document[name]["events_per_s"] for name in pipelines]
     colour_list = [colours[name] for name in pipelines]
     if _rate(document.get("pathway")):
@@ -304,8 +309,8 @@ def temporal(results: dict[str, Document]) -> Figure | None:
         values.append(document["pathway"]["events_per_s"])
         colour_list.append(PEER)
     _bars(rate, labels, values, colour_list, "events/s")
-    rate.set_title(f"Per-user minute windows, {document['exactly_once']['events']:,} views",
-                   fontsize=9)
+    rate.set_title(f"Per-user minute windows and sessions, "
+                   f"{document['exactly_once']['events']:,} views", fontsize=9)
     fig.tight_layout()
     return fig
 

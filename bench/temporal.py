@@ -8,7 +8,10 @@ backlog). Two pipelines, each on a fresh engine, each a per-user count in tumbli
 windows (`windowby("ts", window=tumbling(1 min), instance="user_id").reduce(views=count())`):
 
 * `exactly_once`: with `exactly_once_behavior()`, and the late rows' table as an output too;
-* `no_behavior`: the same windows without a behavior (today's group-by semantics).
+* `no_behavior`: the same windows without a behavior (today's group-by semantics);
+* `sessions`: per-user sessions of views less than 5 minutes apart
+  (`window=session(max_gap=5 min)`) with `exactly_once_behavior()`: each session counted once,
+  when the clock passes its last view plus 5 minutes, and its rows forgotten then.
 
 Measured per pipeline: events/s through the engine (Arrow in, consolidated changes out, the
 events generated before the clock starts); after the first `--first` events (default 1M) and
@@ -17,20 +20,23 @@ full GC, Python's then the JVM's (local mode: driver and executor are one JVM), 
 timed. Checked, with numpy:
 the integrated output equals the windows' counts from scratch under the clock rule (exactly
 once: the windows the clock has closed, without the rows late by the clock before their
-transaction; without a behavior: every window), and the late rows counted
-(`Engine.late_rows`) are those numpy finds late.
+transaction; without a behavior: every window; sessions: the closed sessions of the views on
+time, a view late when its time is at or below the clock before its transaction), and the late
+rows counted (`Engine.late_rows`) are those numpy finds late.
 
 Pathway 0.33 runs the `exactly_once` pipeline on the same views in the same run
 (bench/peers/pathway_windows.py, in its own virtualenv; one Pathway time per transaction, fed
 from Python as bench/peers/pathway_groupby.py's input is), its integrated output checked against
-the same recompute; `pathway_ratio` is txstream's events/s over Pathway's.
+the same recompute; `pathway_ratio` is txstream's events/s over Pathway's. Pathway ignores
+behaviors on session windows, so it has no run like `sessions`.
 
-Not yet (issue 56's benchmark): Kafka to PostgreSQL, Flink on the same input, session windows.
+Not yet (issue 56's benchmark): Kafka to PostgreSQL, Flink on the same input.
 
 Prints one JSON object; progress on stderr.
 
     .venv/bin/python bench/temporal.py [--events 10000000] [--first 1000000] [--users 100000]
-        [--late 0.01] [--per-transaction 10000] [--per-batch 10] [--only exactly_once,...]
+        [--late 0.01] [--per-transaction 10000] [--per-batch 10]
+        [--only exactly_once,no_behavior,sessions]
         [--no-peer]
 """
 
@@ -64,6 +70,7 @@ VIEWS = TableSchema.of({"view_id": "bigint", "user_id": "bigint", "ts": "timesta
 DAY = datetime(2026, 12, 1, tzinfo=UTC)
 MINUTE_US = 60_000_000
 DAY_US = 86_400_000_000
+GAP_US = 5 * MINUTE_US  # the sessions' max_gap
 
 
 def log(message: str) -> None:
@@ -81,13 +88,16 @@ def page_views(events: int, users: int, late: float, seed: int = 1) -> dict[str,
     return {"view_id": ids, "user_id": rng.integers(0, users, events), "ts": ts}
 
 
-def pipeline(behavior: bool) -> Pipeline:
+def pipeline(name: str) -> Pipeline:
+    """The case `name`'s pipeline (see the module doc): its counts are the output `per_window`."""
     p = Pipeline()
     views = p.source("views", VIEWS)
-    grouped = views.windowby("ts", window=t.tumbling(timedelta(minutes=1)), instance="user_id",
-                             behavior=t.exactly_once_behavior() if behavior else None)
-    p.output("per_minute", grouped.reduce(views=r.count()))
-    if behavior:
+    window = (t.session(max_gap=timedelta(microseconds=GAP_US)) if name == "sessions"
+              else t.tumbling(timedelta(minutes=1)))
+    behavior = None if name == "no_behavior" else t.exactly_once_behavior()
+    grouped = views.windowby("ts", window=window, instance="user_id", behavior=behavior)
+    p.output("per_window", grouped.reduce(views=r.count()))
+    if behavior is not None:
         p.output("late_views", grouped.late_rows())
     return p
 
@@ -101,27 +111,48 @@ def heap_mb(spark: SparkSession) -> float:
     return round((runtime.totalMemory() - runtime.freeMemory()) / 2**20, 1)
 
 
-def expected(views: dict[str, np.ndarray], transaction: np.ndarray, behavior: bool
+def expected(views: dict[str, np.ndarray], transaction: np.ndarray, name: str
              ) -> tuple[dict[tuple[int, int], int], int]:
     """The integrated output, {(user_id, window start in us): views}, and the late rows:
     numpy's own account of the clock rule (the clock before a transaction is the largest event
     time of the transactions before it; exactly once: a row is late when its window ends at or
-    below it, and a window is shown once the clock reaches its end)."""
+    below it, and a window is shown once the clock reaches its end; sessions: a row is late
+    when its time is at or below it, and a session is shown once the clock reaches its last
+    time plus the gap)."""
     ts, users = views["ts"], views["user_id"]
+    count = int(transaction.max()) + 1
+    peak = np.full(count, np.iinfo(np.int64).min)
+    np.maximum.at(peak, transaction, ts)
+    after = np.maximum.accumulate(peak)
+    before = np.concatenate([[np.iinfo(np.int64).min], after[:-1]])[transaction]
+    if name == "sessions":
+        return _sessions(users, ts, ts > before, after[-1]), int((ts <= before).sum())
     start = ts - np.mod(ts - _origin_us(), MINUTE_US)
     keep = np.ones(len(ts), dtype=bool)
     late = 0
-    if behavior:
-        count = int(transaction.max()) + 1
-        peak = np.full(count, np.iinfo(np.int64).min)
-        np.maximum.at(peak, transaction, ts)
-        after = np.maximum.accumulate(peak)
-        before = np.concatenate([[np.iinfo(np.int64).min], after[:-1]])[transaction]
+    if name == "exactly_once":
         on_time = start + MINUTE_US > before
         late = int((~on_time).sum())
         keep = on_time & (start + MINUTE_US <= after[-1])
     pairs, counts = np.unique(np.stack([users[keep], start[keep]]), axis=1, return_counts=True)
     return {(int(u), int(s)): int(c) for (u, s), c in zip(pairs.T, counts, strict=True)}, late
+
+
+def _sessions(users: np.ndarray, ts: np.ndarray, on_time: np.ndarray, clock: int
+              ) -> dict[tuple[int, int], int]:
+    """{(user_id, session start): views} of the sessions of the views `on_time` that the final
+    `clock` has closed (none on time can join them any more)."""
+    order = np.lexsort((ts[on_time], users[on_time]))
+    u, t_ = users[on_time][order], ts[on_time][order]
+    new = np.ones(len(u), dtype=bool)
+    new[1:] = (u[1:] != u[:-1]) | (t_[1:] - t_[:-1] >= GAP_US)
+    session = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(u)) - 1
+    views = np.bincount(session)
+    closed = t_[last] + GAP_US <= clock
+    return {(int(u[f]), int(t_[f])): int(n)
+            for f, n, c in zip(first, views, closed, strict=True) if c}
 
 
 def _origin_us() -> int:
@@ -130,7 +161,8 @@ def _origin_us() -> int:
 
 
 def integrated(outputs: list[pa.Table]) -> dict[tuple[int, int], int]:
-    """The output's changes summed into its rows: {(user_id, window start in us): views}."""
+    """The output's changes summed into its rows: {(user_id, window start in us): views} (a
+    window's start names it among its user's, a session's too)."""
     rows: dict[tuple[int, int, int], int] = {}
     for table in outputs:
         starts = pc.cast(table["window_start"], pa.int64()).to_pylist()
@@ -167,7 +199,7 @@ def pathway_peer(views: dict[str, np.ndarray], transaction: np.ndarray) -> dict[
         out = np.load(target)
         got = {(int(u), int(w)): int(n) for u, w, n in zip(
             out["user_id"], out["window_start"], out["views"], strict=True)}
-    want, _ = expected(views, transaction, behavior=True)
+    want, _ = expected(views, transaction, "exactly_once")
     assert got == want, f"pathway: {len(got)} windows, {len(want)} expected"
     return {**result, "verified": True}
 
@@ -178,8 +210,7 @@ def transactions_of(events: int, per_transaction: int) -> np.ndarray:
 
 def run(spark: SparkSession, name: str, views: dict[str, np.ndarray], args: argparse.Namespace
         ) -> dict[str, Any]:
-    behavior = name == "exactly_once"
-    engine = Engine(pipeline(behavior), spark)
+    engine = Engine(pipeline(name), spark)
     events = len(views["ts"])
     transaction = transactions_of(events, args.per_transaction)
     table = pa.table({"view_id": views["view_id"], "user_id": views["user_id"],
@@ -196,7 +227,7 @@ def run(spark: SparkSession, name: str, views: dict[str, np.ndarray], args: argp
         started = time.perf_counter()
         out = engine.process({"views": Changes(chunk)})
         computing += time.perf_counter() - started
-        outputs.append(out["per_minute"].table)
+        outputs.append(out["per_window"].table)
         done += chunk.num_rows
         if done in (min(args.first, events), events):
             states = engine.state_rows()
@@ -205,7 +236,7 @@ def run(spark: SparkSession, name: str, views: dict[str, np.ndarray], args: argp
                             "events_per_s_so_far": round(done / computing)})
             log(f"{name}: {done:,} events, {sum(states.values()):,} state rows, "
                 f"{done / computing:,.0f} events/s")
-    want, late = expected(views, transaction, behavior)
+    want, late = expected(views, transaction, name)
     got = integrated(outputs)
     assert got == want, f"{name}: {len(got)} windows, {len(want)} expected"
     assert sum(engine.late_rows.values()) == late, (engine.late_rows, late)
