@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.find_spark_home import _find_spark_home
+
+from txstream.service.embedded.postgres import free_port
 
 HOST = "127.0.0.1"
 # Executors smaller than the worker's memory, so the worker always has room for one.
@@ -106,13 +107,6 @@ class StandaloneCluster:
         os.kill(self.executors(app_id)[executor_id], signal.SIGKILL)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextmanager
 def _daemon(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """Run one Spark daemon in its own process group; stop it (and any children) on exit."""
@@ -150,7 +144,7 @@ def standalone_cluster(
         directory.mkdir(parents=True, exist_ok=True)
     (conf_dir / "spark-defaults.conf").write_text(f"spark.executor.memory {executor_memory}\n")
 
-    master_port, ui_port = _free_port(), _free_port()
+    master_port, ui_port = free_port(HOST), free_port(HOST)
     cluster = StandaloneCluster(
         master_url=f"spark://{HOST}:{master_port}",
         ui_url=f"http://{HOST}:{ui_port}",
@@ -179,7 +173,7 @@ def standalone_cluster(
         daemons = [stack.enter_context(_daemon(master_args, env, log_dir / "master.log"))]
         for i in range(workers):
             daemons.append(stack.enter_context(_daemon(
-                [*worker_args, "--webui-port", str(_free_port())], env,
+                [*worker_args, "--webui-port", str(free_port(HOST))], env,
                 log_dir / f"worker-{i}.log")))
         deadline = time.monotonic() + timeout
         while True:

@@ -11,6 +11,7 @@ import contextlib
 import glob
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -32,10 +33,31 @@ class PostgresEndpoint(Protocol):
     def stop(self) -> None: ...
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of `host` free now, for a server about to listen on it: drawn below the kernel's
+    ephemeral range, from which every outgoing connection (Spark's, Kafka clients') takes its
+    local port, so none of those can take it before the server binds it (the port the kernel
+    hands out for port 0 is in that range: it once went to a connection in between)."""
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = random.randrange(max(1024, low - 20_000), low)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: any free port
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it is not read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def _pg_bin(name: str) -> str:
