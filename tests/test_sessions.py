@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
-from support.engine_oracle import Columns, check_at_every_size, random_transactions
+from support.engine_oracle import random_transactions
 from support.pathway_peer import windows_streams
 from support.pathway_streams import in_stream_order
-from test_windows import NUMBERS, STAMPS, _in_batches, _stream
+from test_windows import NUMBERS, STAMPS, _in_batches, _stream, check_window_reduces
 
 from txstream import Pipeline, PipelineDefinitionError, TableSchema
 from txstream import reducers as r
@@ -102,28 +102,10 @@ SESSIONS = [
 def test_sessions_against_duckdb_at_every_batch_size(spark: SparkSession, seed: int,
                                                      sizes: tuple[int, ...], parallelism: int
                                                      ) -> None:
-    p = Pipeline()
-    sources = {spec.name: p.source(spec.name, spec.schema) for spec in (NUMBERS, STAMPS)}
-    outputs: dict[str, Columns] = {}
-    views = []
-    for i, (spec, gap, instance) in enumerate(SESSIONS):
-        name = f"s{i}"
-        grouped = sources[spec.name].windowby("ts", window=t.session(max_gap=gap),
-                                              instance="user_id" if instance else ())
-        p.output(name, grouped.reduce(n=r.count(), s=r.sum("v")))
-        kind = "timestamp" if isinstance(gap, timedelta) else "bigint"
-        outputs[name] = ((("user_id", "bigint"),) if instance else ()) + (
-            ("window_start", kind), ("window_end", kind), ("n", "bigint"), ("s", "bigint"))
-        views.append((name, _duck_sessions(spec.name, gap, instance)))
-    transactions = random_transactions(random.Random(seed), (NUMBERS, STAMPS), 25)
-
-    def describe(name: str) -> str:
-        spec, gap, instance = SESSIONS[int(name[1:])]
-        return f"seed {seed}: {spec.name}.windowby('ts', window=session(max_gap={gap}), " \
-               f"instance={'user_id' if instance else ()})"
-
-    check_at_every_size(spark, p, (NUMBERS, STAMPS), outputs, tuple(views), transactions,
-                        sizes, describe, parallelism)
+    check_window_reduces(spark, [(spec, t.session(max_gap=gap), instance,
+                                  _duck_sessions(spec.name, gap, instance))
+                                 for spec, gap, instance in SESSIONS],
+                         seed, sizes, parallelism)
 
 
 # --- Pathway itself on the same changes --------------------------------------------------------

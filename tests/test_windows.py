@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -154,16 +154,17 @@ WINDOWS: list[tuple[RandomSource, t.Sliding, bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("seed", "sizes", "parallelism"),
-                         [(1, (1, 7, 0), 1), (2, (7, 0), 2), (3, (1, 0), 2)])
-def test_windows_against_duckdb_at_every_batch_size(spark: SparkSession, seed: int,
-                                                    sizes: tuple[int, ...], parallelism: int
-                                                    ) -> None:
+def check_window_reduces(spark: SparkSession,
+                         cases: Sequence[tuple[RandomSource, t.Sliding | t.Session, bool, str]],
+                         seed: int, sizes: tuple[int, ...], parallelism: int) -> None:
+    """Each case (source, window, per user or not, DuckDB's SQL of the result) as a windowed
+    count and sum of `v`, over 25 random transactions of NUMBERS and STAMPS, against DuckDB
+    after every transaction at each batch size (`check_at_every_size`)."""
     p = Pipeline()
     sources = {spec.name: p.source(spec.name, spec.schema) for spec in (NUMBERS, STAMPS)}
     outputs: dict[str, Columns] = {}
     views = []
-    for i, (spec, window, instance) in enumerate(WINDOWS):
+    for i, (spec, window, instance, sql) in enumerate(cases):
         name = f"w{i}"
         grouped = sources[spec.name].windowby("ts", window=window,
                                               instance="user_id" if instance else ())
@@ -171,17 +172,27 @@ def test_windows_against_duckdb_at_every_batch_size(spark: SparkSession, seed: i
         kind = "timestamp" if window.timed else "bigint"
         outputs[name] = ((("user_id", "bigint"),) if instance else ()) + (
             ("window_start", kind), ("window_end", kind), ("n", "bigint"), ("s", "bigint"))
-        views.append((name, _duck_windows(spec.name, window, instance)))
-    rng = random.Random(seed)
-    transactions = random_transactions(rng, (NUMBERS, STAMPS), 25)
+        views.append((name, sql))
+    transactions = random_transactions(random.Random(seed), (NUMBERS, STAMPS), 25)
 
     def describe(name: str) -> str:
-        spec, window, instance = WINDOWS[int(name[1:])]
+        spec, window, instance, _ = cases[int(name[1:])]
         return f"seed {seed}: {spec.name}.windowby('ts', window={window.describe()}, " \
                f"instance={'user_id' if instance else ()})"
 
     check_at_every_size(spark, p, (NUMBERS, STAMPS), outputs, tuple(views), transactions,
                         sizes, describe, parallelism)
+
+
+@pytest.mark.parametrize(("seed", "sizes", "parallelism"),
+                         [(1, (1, 7, 0), 1), (2, (7, 0), 2), (3, (1, 0), 2)])
+def test_windows_against_duckdb_at_every_batch_size(spark: SparkSession, seed: int,
+                                                    sizes: tuple[int, ...], parallelism: int
+                                                    ) -> None:
+    check_window_reduces(spark, [(spec, window, instance,
+                                  _duck_windows(spec.name, window, instance))
+                                 for spec, window, instance in WINDOWS],
+                         seed, sizes, parallelism)
 
 
 # --- definition errors -------------------------------------------------------------------------
