@@ -253,6 +253,12 @@ def test_asof_join_refuses_a_mode_it_has_not(how: str, direction: str, says: str
                                                how=how, direction=direction)  # type: ignore[arg-type]
 
 
+def test_asof_join_refuses_a_time_among_the_on_columns() -> None:
+    p = Pipeline()
+    with pytest.raises(PipelineDefinitionError, match="cannot be on columns"):
+        p.source("queries", QUERIES).asof_join(p.source("data", DATA), "tl", "tr", on="tl")
+
+
 @pytest.mark.parametrize(("right", "says"), [
     (TableSchema.of({"b": "bigint", "tr": "timestamp"}, primary_key=["b"]),
      "must both be timestamps or both numbers"),

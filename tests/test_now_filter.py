@@ -91,7 +91,7 @@ def test_rows_enter_and_leave_as_the_wall_time_moves(spark: SparkSession, size: 
     ])
 
 
-def test_expired_rows_leave_the_state_and_lower_bounds_keep_rows(spark: SparkSession) -> None:
+def test_rows_that_can_never_pass_leave_the_state(spark: SparkSession) -> None:
     changes = [((i, _at(10 * i), 1), 1, 1) for i in range(20)]
     walls = {1: _at(200), 2: _at(5000)}
     _, bounded = _run(spark, _last_ten_minutes(), changes, walls, 1)
@@ -103,6 +103,12 @@ def test_expired_rows_leave_the_state_and_lower_bounds_keep_rows(spark: SparkSes
     _, unbounded = _run(spark, p, changes, walls, 1)
     rows = {name: n for name, n in unbounded.state_rows().items() if name.endswith("-rows")}
     assert list(rows.values()) == [20], "with a lower bound only, a row may be deleted later"
+
+    p = Pipeline()
+    p.output("o", p.source("views", VIEWS).filter("now() >= ts AND v > 1"))
+    _, filtered = _run(spark, p, changes, walls, 1)
+    rows = {name: n for name, n in filtered.state_rows().items() if name.endswith("-rows")}
+    assert list(rows.values()) == [0], "a row failing a conjunct without now() never passes"
 
 
 # --- random transactions against a recompute ----------------------------------------------------

@@ -141,6 +141,10 @@ class Table:
         Columns as `join`'s: the `on` columns, the left's others, the right's others."""
         self._same_pipeline(other)
         keys = (on,) if isinstance(on, str) else tuple(on)
+        if self_time in keys or other_time in keys:
+            raise PipelineDefinitionError(
+                f"asof_join of {self.node.label}: the times {self_time!r} and {other_time!r} "
+                "cannot be on columns (each side's time is its own column of the result)")
         if how not in ("inner", "left"):
             raise PipelineDefinitionError(
                 f"asof_join how={how!r} is not one of inner, left (a right row is not matched "

@@ -18,10 +18,11 @@ now(t) and at now(t - 1). The rows held before the batch are changes at BEFORE_B
 enter and leave as now() moves too (linear: no row is rebuilt from its changes).
 
 State: the input's rows that may pass now or later, and the clock (now() after the last
-transaction). A row fails an upper bound (`now() < x`, `x >= now() - ...`) once for good, since
-now() only grows: from then on it leaves the state (its later deletion is no change of the
-output either). A predicate with lower bounds only (`ts <= now()`: a row from its time on)
-keeps every row, as any filter's input does.
+transaction). A row that fails an upper bound (`now() < x`, `x >= now() - ...`) fails it for
+good, since now() only grows, and so does a row that fails a conjunct without now(): from then
+on it leaves the state (its later deletion is no change of the output either). A row that
+passes every such conjunct and waits for a lower bound (`ts <= now()`: a row from its time on)
+stays, however long, as any filter's input does.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ from txstream.engine.state import ZSetState
 # now() inside the predicate once it is parsed: a column of the rows it is evaluated on.
 NOW = "__now"
 # Within one batch's plans: the clocks' columns when joined, a change's own transaction,
-# whether the predicate holds at a transaction and before it, and whether a row fails an upper
-# bound.
+# whether the predicate holds at a transaction and before it, and whether a row fails a
+# lasting conjunct.
 _CLOCKS, _SINCE = "__clocks_", "__since"
 _HOLDS, _HELD, _EXPIRED = "__holds", "__held", "__expired"
 _COMPARISONS = {"LessThan": "<", "LessThanOrEqual": "<=", "GreaterThan": ">",
@@ -66,10 +67,11 @@ _NOW_FUNCTIONS = ("now()", "current_timestamp()", "current_timestamp")
 @dataclass(frozen=True)
 class NowPredicate:
     """A predicate with now() written as the column `NOW`: the whole of it (`condition`) and
-    its upper bounds (`upper`: conjuncts that, once false, stay false as now() grows)."""
+    the conjuncts that, once false for a row, stay false as now() grows (`lasting`: its upper
+    bounds on now(), and those without now())."""
 
     condition: str
-    upper: tuple[str, ...]
+    lasting: tuple[str, ...]
 
 
 def _children(expression: JavaObject) -> list[JavaObject]:
@@ -114,10 +116,11 @@ def parse(spark: SparkSession, predicate: str, label: str) -> NowPredicate:
             pending += reversed(_children(e))
         else:
             conjuncts.append(e)
-    parts, upper = [], []
+    parts, lasting = [], []
     for e in conjuncts:
         if not _calls_now(e):
             parts.append(f"({e.sql()})")
+            lasting.append(parts[-1])
             continue
         op = _COMPARISONS.get(_kind(e))
         sides = _children(e) if op is not None else []
@@ -135,8 +138,8 @@ def parse(spark: SparkSession, predicate: str, label: str) -> NowPredicate:
             written, now_op = f"(({left.sql()}) {op} {terms[1]})", _MIRRORED[op]
         parts.append(written)
         if now_op in ("<", "<="):
-            upper.append(written)
-    return NowPredicate(" AND ".join(parts), tuple(upper))
+            lasting.append(written)
+    return NowPredicate(" AND ".join(parts), tuple(lasting))
 
 
 class NowFilterOp(Operator):
@@ -209,7 +212,7 @@ class NowFilterOp(Operator):
         out = held_before.select(*[col(n) for n in names], col(TIME), diff.alias(DIFF)) \
             .where(col(DIFF) != 0)
 
-        # The rows that fail an upper bound at the batch's last now() leave the state for good.
+        # The rows that fail a lasting conjunct at the batch's last now() leave the state.
         last = clocks.agg(F.max(col(CLOCK)).alias(CLOCK))
         expired = self._expired(changed, last, planned)
         batch.append(self.rows, expired.select(
@@ -221,10 +224,11 @@ class NowFilterOp(Operator):
         return batch.consolidated(out, self.columns, self.readers_cluster_by)
 
     def _expired(self, changed: DataFrame, last: DataFrame, planned: int) -> DataFrame:
-        """`changed` with `__expired`: whether the row fails an upper bound at `last`'s clock."""
-        if not self.predicate.upper:
+        """`changed` with `__expired`: whether the row fails a lasting conjunct (see
+        `NowPredicate`) at `last`'s clock."""
+        if not self.predicate.lasting:
             return changed.select("*", F.lit(False).alias(_EXPIRED))
-        fails = " OR ".join(f"NOT coalesce({u}, false)" for u in self.predicate.upper)
+        fails = " OR ".join(f"NOT coalesce({u}, false)" for u in self.predicate.lasting)
         now = build_side(last.select(F.timestamp_micros(col(CLOCK)).alias(NOW)))
         return join(changed, now, F.lit(True), "inner", planned).select(
             *[col(n) for n in changed.columns], F.expr(f"({fails})").alias(_EXPIRED))
