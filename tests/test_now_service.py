@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from support.kafka_helpers import produce, read_dead_letters
@@ -19,19 +20,25 @@ from txstream.schemas.sources import BatchPolicy, SourceSpec
 from txstream.service.compose import open_runner
 
 
+def _config(kafka, topic: str, pipeline: str, output: str, tmp_path: Path,  # type: ignore[no-untyped-def]
+            **settings: Any) -> PipelineConfig:
+    """The runner's configuration for `pipeline` (of `support.windowed_pipeline`) reading
+    `topic`, its `output` appended to a JSON-lines file `<output>.jsonl` under `tmp_path`."""
+    return PipelineConfig(
+        pipeline=f"support.windowed_pipeline:{pipeline}",
+        sources=[SourceSpec(name="events", topic=topic, schema=EVENTS, semantics="upsert")],
+        sinks=[SinkConfig.model_validate({"output": output, "kind": "file",
+                                          "path": str(tmp_path / f"{output}.jsonl")})],
+        kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"g-{topic}",
+        checkpoint_dir=str(tmp_path / "ck"), warm_up_rows=0,
+        retry_initial_backoff_s=0.2, retry_max_backoff_s=1.0, **settings)
+
+
 def test_ticks_move_now_while_the_input_is_idle(  # type: ignore[no-untyped-def]
         kafka, spark, topic_name, tmp_path) -> None:
     kafka.create_topic(topic_name, 1)
-    config = PipelineConfig(
-        pipeline="support.windowed_pipeline:recent",
-        sources=[SourceSpec(name="events", topic=topic_name, schema=EVENTS,
-                            semantics="upsert")],
-        sinks=[SinkConfig.model_validate({"output": "recent", "kind": "file",
-                                          "path": str(tmp_path / "recent.jsonl")})],
-        transactions=BatchPolicy(max_events=20, max_delay_ms=200, tick_ms=300),
-        kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"g-{topic_name}",
-        checkpoint_dir=str(tmp_path / "ck"), warm_up_rows=0,
-        retry_initial_backoff_s=0.2, retry_max_backoff_s=1.0)
+    config = _config(kafka, topic_name, "recent", "recent", tmp_path,
+                     transactions=BatchPolicy(max_events=20, max_delay_ms=200, tick_ms=300))
     runner = open_runner(config, spark=spark)
     assert runner.engine.uses_wall_clock
     produced = time.time()
@@ -63,16 +70,9 @@ def test_a_record_without_its_event_time_is_a_dead_letter(  # type: ignore[no-un
     kafka.create_topic(topic_name, 1)
     dlq = f"{topic_name}-dlq"
     kafka.create_topic(dlq, 1)
-    config = PipelineConfig(
-        pipeline="support.windowed_pipeline:pipeline",
-        sources=[SourceSpec(name="events", topic=topic_name, schema=EVENTS,
-                            semantics="upsert")],
-        sinks=[SinkConfig.model_validate({"output": "windows", "kind": "file",
-                                          "path": str(tmp_path / "windows.jsonl")})],
-        transactions=BatchPolicy(max_events=20, max_delay_ms=200),
-        kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"g-{topic_name}",
-        dead_letter_topic=dlq, checkpoint_dir=str(tmp_path / "ck"), warm_up_rows=0,
-        retry_initial_backoff_s=0.2, retry_max_backoff_s=1.0)
+    config = _config(kafka, topic_name, "pipeline", "windows", tmp_path,
+                     transactions=BatchPolicy(max_events=20, max_delay_ms=200),
+                     dead_letter_topic=dlq)
     untimed = json.dumps({"id": 2, "user_id": 1, "ts": None, "v": 5}).encode()
     produce(kafka, topic_name, [("1", {"id": 1, "user_id": 1, "ts": 3, "v": 1}),
                                 ("2", untimed), ("3", {"id": 3, "user_id": 1, "ts": 4, "v": 2})])
