@@ -17,7 +17,8 @@ Compiling it and running its batches:
                        the padding of outer ones), reduce (group-by), distinct, behavior
                        (when windowed rows reach a reduce, and leave), late (a behavior's late
                        rows as a table), session (session windows, and their behaviors),
-                       asof_join (the nearest row in time), now_filter (rows as of the wall
+                       asof_join (the nearest row in time), asof_now_join
+                       (the right side as of a row's insertion), now_filter (rows as of the wall
                        time), clocks (a temporal operator's clock)
     engine             Engine: a batch in two phases, planned then computed by one Spark action
     batch              BatchPlan: what a batch's job computes besides the outputs

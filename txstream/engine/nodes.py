@@ -90,6 +90,16 @@ class AsofJoinNode(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class AsofNowJoinNode(Node):
+    """Each row inserted into `inputs[0]` with the rows of `inputs[1]` of the same `on` columns
+    present at its transaction, once (`txstream.engine.operators.asof_now_join`); columns as
+    a `JoinNode`'s."""
+
+    on: tuple[str, ...] = ()
+    how: AsofHow = "inner"
+
+
+@dataclass(frozen=True, eq=False)
 class PadNode(Node):
     """The rows of `inputs[0]` laid out as a join's output, the other side's columns null.
 

@@ -25,6 +25,7 @@ from txstream.engine.nodes import (
     WALL_TIME,
     AsofHow,
     AsofJoinNode,
+    AsofNowJoinNode,
     BehaviorNode,
     ConcatNode,
     Direction,
@@ -159,6 +160,24 @@ class Table:
         return self._derive(AsofJoinNode(label, (self.node, other.node), left_time=self_time,
                                          right_time=other_time, on=keys, how=how,
                                          direction=direction))
+
+    def asof_now_join(self, other: Table, on: str | Sequence[str] = (),
+                      how: AsofHow = "inner") -> Table:
+        """Each row inserted into this table with the rows of `other` with the same `on`
+        columns present at its transaction, once: later changes of `other` do not update it,
+        nor does the row's deletion (Pathway's `asof_now_join`, the right side as of the
+        transaction, so a replay gives the same pairs). `how="left"` keeps an inserted row with
+        no partner, the right's columns null. Only `other` is kept in state. Columns as
+        `join`'s: the `on` columns, the left's others, the right's others."""
+        self._same_pipeline(other)
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if how not in ("inner", "left"):
+            raise PipelineDefinitionError(
+                f"asof_now_join how={how!r} is not one of inner, left (right rows are not "
+                "looked up, so right and outer as-of-now joins have no meaning)")
+        label = (f"{how} asof_now_join of {self.node.label} and {other.node.label}"
+                 + (f" on {', '.join(keys)}" if keys else ""))
+        return self._derive(AsofNowJoinNode(label, (self.node, other.node), on=keys, how=how))
 
     def interval_join(self, other: Table, self_time: str, other_time: str, window: Interval,
                       on: str | Sequence[str], how: Literal["inner"] = "inner") -> Table:

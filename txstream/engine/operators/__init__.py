@@ -3,6 +3,7 @@ rule, its delta rule (in the module's doc comment), its state and its output's k
 
 from txstream.engine.nodes import (
     AsofJoinNode,
+    AsofNowJoinNode,
     BehaviorNode,
     ConcatNode,
     DistinctNode,
@@ -19,6 +20,7 @@ from txstream.engine.nodes import (
     SourceNode,
 )
 from txstream.engine.operators.asof_join import AsofJoinOp
+from txstream.engine.operators.asof_now_join import AsofNowJoinOp
 from txstream.engine.operators.base import Delta, Operator
 from txstream.engine.operators.behavior import BehaviorOp
 from txstream.engine.operators.distinct import DistinctOp
@@ -38,6 +40,7 @@ OPERATORS: dict[type[Node], type[Operator]] = {
     ConcatNode: ConcatOp,
     JoinNode: JoinOp,
     AsofJoinNode: AsofJoinOp,
+    AsofNowJoinNode: AsofNowJoinOp,
     PadNode: PadOp,
     DistinctNode: DistinctOp,
     ReduceNode: ReduceOp,
