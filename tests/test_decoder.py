@@ -127,6 +127,26 @@ def test_upsert_emits_retractions_nets_and_deletes() -> None:
     assert t3 == [], "an upsert that changes nothing emits nothing"
 
 
+def test_tombstone_keys_read_times_dates_and_decimals_as_values_do() -> None:
+    """A CDC table keyed by a time (prices valid from a time on): its tombstone's key holds the
+    time as text, as the row's value does, and deletes the row (the same instant in another
+    zone too); a key that is not a time is a bad record saying so."""
+    schema = TableSchema.of({"id": "bigint", "since": "timestamp", "day": "date",
+                             "cents": "decimal(10,2)", "v": "bigint"},
+                            primary_key=["id", "since", "day", "cents"])
+    spec = SourceSpec(name="prices", topic="t", schema=schema, semantics="upsert")
+    key = {"id": 1, "since": "2026-12-06T12:00:00Z", "day": "2026-12-06", "cents": "1.50"}
+    t1, t2 = transactions(spec, [
+        [(key, {**key, "v": 7})],
+        [({**key, "since": "2026-12-06T13:00:00+01:00", "cents": 1.5}, None)],
+    ])
+    assert [(r["v"], r[DIFF]) for r in t1] == [(7, 1)] and [(r["v"], r[DIFF]) for r in t2] == [
+        (7, -1)]
+    assert str(t2[0]["since"]) == "2026-12-06 12:00:00+00:00"
+    batch = decode(spec, [None], [{**key, "since": "noon"}])
+    assert "does not match the primary key types" in errors(batch)[0]
+
+
 def test_upsert_delete_marker_over_several_transactions() -> None:
     spec = SourceSpec(name="orders", topic="t", schema=ORDERS, semantics="upsert",
                       delete_field="deleted")

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 
 from txstream.schemas.sources import RecordField, SourceSpec, split_path
+from txstream.schemas.tables import ColumnType
 from txstream.sources.debezium.ids import transaction_id
 from txstream.sources.json_values import walk
 from txstream.sources.kafka_source import BadRecord, Headers, bookkeeping
@@ -98,6 +101,11 @@ def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
             errors[i] = (f"tombstone key{excerpt(raw)} does not carry the primary "
                          f"key {pk}; use a JSON object of the key columns as the message key")
             continue
+        try:
+            row = {c: _key_value(spec.table_schema.column(c).type, v) for c, v in row.items()}
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            errors[i] = f"tombstone key does not match the primary key types{excerpt(exc)}"
+            continue
         txid, txcount, txend = None, None, False
         if spec.upstream is not None:
             txid, txcount, txend = upstream_of(spec, headers[i], None)
@@ -117,3 +125,17 @@ def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
                 errors[i] = f"tombstone key does not match the primary key types{excerpt(exc)}"
     return table, errors
+
+
+def _key_value(kind: ColumnType, value: Any) -> Any:
+    """A key column's JSON `value` as a row's value of its column `kind`: times, dates and
+    decimals from their text, as a record's value gives them (a time without a zone is UTC)."""
+    if not isinstance(value, str):
+        return Decimal(str(value)) if kind.is_decimal and isinstance(value, int | float) \
+            else value
+    if kind is ColumnType.TIMESTAMP:
+        at = datetime.fromisoformat(value)
+        return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    if kind is ColumnType.DATE:
+        return date.fromisoformat(value)
+    return Decimal(value) if kind.is_decimal else value
