@@ -50,10 +50,12 @@ then); `exactly_once_behavior(shift)` shows each session once, when it closes wi
 `shift`. A delay has no meaning for sessions (their start moves) and is refused.
 
 As-of joins (`Table.asof_join`, `txstream.engine.operators.asof_join`) pair rows by nearest
-time; they need no window. A filter may compare a column with now(), the transaction's wall
+time; they need no window. As-of-now joins (`Table.asof_now_join`,
+`txstream.engine.operators.asof_now_join`) look each inserted row up in the other side as of
+its transaction, once. A filter may compare a column with now(), the transaction's wall
 time (`txstream.engine.operators.now_filter`). Interval joins (`Table.interval_join`,
 `interval(lower_bound, upper_bound)`) are an equi-join and a filter on the difference of the
-times: exact as those are. Not yet: `asof_now_join`, and behaviors on as-of and interval joins.
+times: exact as those are. Not yet: behaviors on as-of and interval joins.
 """
 
 from __future__ import annotations

@@ -261,7 +261,8 @@ def _demo(args: argparse.Namespace) -> int:
     if args.stop:
         print("stopped the demo's PostgreSQL" if demo.stop() else "no demo PostgreSQL running")
         return 0
-    demo.run_demo(events_count=args.events, say=lambda line: print(line, flush=True))
+    demo.run_demo(events_count=args.events, say=lambda line: print(line, flush=True),
+                  example=args.example)
     return 0
 
 
@@ -310,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = sub.add_parser("demo", help="the example pipeline end to end on embedded defaults")
     demo.add_argument("--events", type=int, default=20_000)
+    demo.add_argument("--example", choices=("orders", "page_views"), default="orders",
+                      help="orders (customers and orders) or page_views (event time: windows, "
+                      "sessions, an as-of join, a last-hour filter)")
     demo.add_argument("--stop", action="store_true", help="stop the PostgreSQL a demo left")
     demo.set_defaults(func=_demo)
 

@@ -1,46 +1,80 @@
-"""`txstream demo`: the example pipeline end to end on embedded defaults.
+"""`txstream demo`: an example pipeline end to end on embedded defaults.
 
 Starts (or reuses, from the environment) a Kafka-protocol broker, a PostgreSQL cluster and a
-local Spark, produces sample order events, runs the service until every event is in the
-snapshot, checks the snapshot against a from-scratch computation, and leaves PostgreSQL running
+local Spark, produces the example's sample events, runs the service until every event is in
+the snapshots, checks them against a from-scratch computation, and leaves PostgreSQL running
 so the tables can be inspected with psql. `txstream demo --stop` stops that PostgreSQL.
+
+The examples (`--example`): `orders` (customers and their orders, `txstream.service.demo_orders`)
+and `page_views` (event time: windows, sessions, an as-of join, a last-hour filter,
+`txstream.service.demo_page_views`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from decimal import Decimal
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 from confluent_kafka import Producer
 
-from txstream.examples.order_events import OrderWorld, encode, events
-from txstream.examples.orders import OUTPUTS, kafka_sources
 from txstream.kafka_client import client_settings
 from txstream.schemas.config import PipelineConfig, SinkConfig
 from txstream.schemas.kafka import PLAINTEXT
-from txstream.schemas.sources import BatchPolicy
+from txstream.schemas.sources import BatchPolicy, SourceSpec
 from txstream.service.compose import open_runner
 from txstream.service.embedded.kafka import KafkaEndpoint, kafka_from_env
 from txstream.service.embedded.postgres import EmbeddedPostgres
+from txstream.service.runner import PipelineRunner
 
 DEMO_DIR = Path(".txstream/demo")
-# Records that are not valid events: the demo shows they are counted and skipped.
-MALFORMED = (b"{not json", b'{"order_id": "seven", "customer_id": 1, "amount": 1.0}')
+# Events a transaction holds at most: the page views' check relies on it.
+MAX_EVENTS = 500
 
 Say = Callable[[str], None]
+Record = tuple[str, bytes, bytes | None]  # (source, Kafka key, value; None: a tombstone)
 
 
 class DemoError(RuntimeError):
     """The demo could not finish or its snapshot is wrong."""
+
+
+class DemoExample(ABC):
+    """One example the demo runs: its pipeline, topics, sample records and the check of its
+    snapshots. An instance runs once: `records` remembers what it produced, for `check`."""
+
+    name: str
+    pipeline: str  # module:function
+    partitions: dict[str, int]  # source -> partitions of its topic
+    outputs: tuple[str, ...]  # each a live snapshot in PostgreSQL
+    what: str  # what the producer produces, for the log
+
+    @abstractmethod
+    def sources(self, topics: dict[str, str]) -> list[SourceSpec]:
+        """The pipeline's sources reading `topics` (source -> topic)."""
+
+    @abstractmethod
+    def records(self, count: int, seed: int) -> Iterator[Record]:
+        """`count` sample events as Kafka records, remembered as they are taken."""
+
+    @abstractmethod
+    def check(self, url: str, runner: PipelineRunner, say: Say) -> None:
+        """Show the snapshots in PostgreSQL at `url` and check them against a from-scratch
+        computation of the records produced; raise `DemoError` when one differs."""
+
+
+def examples() -> dict[str, Callable[[], DemoExample]]:
+    from txstream.service.demo_orders import OrdersDemo
+    from txstream.service.demo_page_views import PageViewsDemo
+
+    return {"orders": OrdersDemo, "page_views": PageViewsDemo}
 
 
 def stop(work_dir: Path = DEMO_DIR) -> bool:
@@ -53,15 +87,14 @@ def stop(work_dir: Path = DEMO_DIR) -> bool:
 
 
 class _Producer(threading.Thread):
-    """Produces the sample events at a steady pace while the service consumes them."""
+    """Produces the sample records at a steady pace while the service consumes them."""
 
-    def __init__(self, bootstrap: str, topics: dict[str, str], count: int, seed: int) -> None:
+    def __init__(self, bootstrap: str, topics: dict[str, str], records: Iterator[Record]
+                 ) -> None:
         super().__init__(name="demo-producer", daemon=True)
         self.bootstrap = bootstrap
         self.topics = topics
-        self.count = count
-        self.seed = seed
-        self.world = OrderWorld()
+        self.records = records
         self.done = threading.Event()
         self.error: str | None = None
 
@@ -69,18 +102,9 @@ class _Producer(threading.Thread):
         # Local to the thread, so the client is gone before the broker stops.
         producer = Producer(client_settings(self.bootstrap, PLAINTEXT, **{
             "enable.idempotence": True, "linger.ms": 20}))
-        rng = random.Random(self.seed)
-        stream = events(rng, customers=200)
-        malformed_at = {self.count // 3: MALFORMED[0], 2 * self.count // 3: MALFORMED[1]}
         try:
-            for i in range(self.count):
-                event = next(stream)
-                key, value = encode(event)
-                producer.produce(self.topics[event[0]], key=key, value=value)
-                self.world.apply(event)
-                if i in malformed_at:
-                    producer.produce(self.topics["orders"], key=b'{"order_id": 0}',
-                                          value=malformed_at[i])
+            for i, (source, key, value) in enumerate(self.records):
+                producer.produce(self.topics[source], key=key, value=value)
                 if i % 500 == 499:
                     producer.poll(0)
                     time.sleep(0.05)  # a stream, not one burst: transactions keep closing
@@ -90,18 +114,11 @@ class _Producer(threading.Thread):
             self.done.set()
 
 
-def _expected_customer_stats(world: OrderWorld) -> dict[int, tuple[str, int, Decimal]]:
-    stats = {cid: (row["name"], 0, Decimal(0)) for cid, row in world.customers.items()}
-    for order in world.orders.values():
-        cid = order["customer_id"]
-        if cid in stats:
-            name, n, total = stats[cid]
-            stats[cid] = (name, n + 1, total + order["amount"])
-    return stats
-
-
-def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = print) -> float:
-    """Run the demo; returns events per second end to end."""
+def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = print,
+             example: str = "orders") -> float:
+    """Run the demo of `example` (a name of `examples()`); returns events per second end to
+    end."""
+    chosen = examples()[example]()
     started = time.monotonic()
     stop(work_dir)
     with contextlib.suppress(FileNotFoundError):
@@ -120,28 +137,28 @@ def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = p
     kafka: KafkaEndpoint = kafka_from_env()
     try:
         # Topic names unique per run: a real cluster keeps the previous run's topics.
-        topics = {"customers": f"demo-customers-{run_id}", "orders": f"demo-orders-{run_id}"}
-        kafka.create_topic(topics["customers"], 1)
-        kafka.create_topic(topics["orders"], 3)
+        topics = {source: f"demo-{source.replace('_', '-')}-{run_id}"
+                  for source in chosen.partitions}
+        for source, partitions in chosen.partitions.items():
+            kafka.create_topic(topics[source], partitions)
         dead_letters = f"demo-dead-letters-{run_id}"
         kafka.create_topic(dead_letters, 1)
-        config = PipelineConfig(
-            pipeline="txstream.examples.orders:pipeline",
-            sources=kafka_sources(topics["customers"], topics["orders"]),
-            sinks=[SinkConfig.model_validate({"output": name, "mode": "replace"}) for name in
-                   OUTPUTS],
-            transactions=BatchPolicy(max_events=500, max_delay_ms=200),
+        runner = open_runner(PipelineConfig(
+            pipeline=chosen.pipeline,
+            sources=chosen.sources(topics),
+            sinks=[SinkConfig.model_validate({"output": name, "mode": "replace"})
+                   for name in chosen.outputs],
+            transactions=BatchPolicy(max_events=MAX_EVENTS, max_delay_ms=200),
             kafka_bootstrap_servers=kafka.bootstrap_servers,
             consumer_group=f"txstream-demo-{run_id}",
             dead_letter_topic=dead_letters,
             database_url=database_url,
             # Removed with the rest of the work dir, so every demo starts from scratch.
             checkpoint_dir=str(work_dir / "checkpoints"),
-        )
-        say("starting Spark (local mode) and compiling the pipeline")
-        runner = open_runner(config)
-        producer = _Producer(kafka.bootstrap_servers, topics, events_count, seed=7)
-        say(f"producing {events_count} order events; the service turns them into transactions")
+        ))
+        producer = _Producer(kafka.bootstrap_servers, topics,
+                             chosen.records(events_count, seed=7))
+        say(f"producing {events_count} {chosen.what}; the service turns them into transactions")
         run_started = time.monotonic()
         producer.start()
         try:
@@ -161,46 +178,22 @@ def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = p
             f"dead-lettered) in {delivery.transactions} transactions, {delivery.batches} Spark "
             f"batches, {run_seconds:.1f}s: {rate:,.0f} events/s (demo total "
             f"{time.monotonic() - started:.1f}s)")
-        _show_and_check(database_url, producer.world, say)
+        chosen.check(database_url, runner, say)
+        _show_progress(database_url, say)
+        say(f"\nconnect: psql '{database_url}'   (tables: the outputs, each with a view *_live, "
+            "and txstream_progress)\nstop PostgreSQL: make demo-stop")
         return rate
     finally:
         kafka.stop()
 
 
-def _show_and_check(url: str, world: OrderWorld, say: Say) -> None:
+def _show_progress(url: str, say: Say) -> None:
     with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT customer_id, name, n_orders, total, time, diff FROM customer_stats "
-            "ORDER BY total DESC, customer_id LIMIT 10"
-        ).fetchall()
-        live = conn.execute(
-            "SELECT customer_id, name, n_orders, total FROM customer_stats_live"
-        ).fetchall()
-        regions = conn.execute("SELECT * FROM region_totals_live ORDER BY region").fetchall()
         progress = conn.execute(
             'SELECT pipeline, "transaction", offsets FROM txstream_progress').fetchall()
-    say("\ncustomer_stats (live snapshot; top 10 by total):")
-    say(f"  {'customer_id':>11} {'name':<14} {'n_orders':>8} {'total':>12} {'time':>6} diff")
-    for cid, name, n, total, t, d in rows:
-        say(f"  {cid:>11} {name:<14} {n:>8} {total:>12.2f} {t:>6} {d:>4}")
-    say("\nregion_totals (paid orders):")
-    for region, n, revenue, lo, hi in regions:
-        say(f"  {region:<6} orders {n:>5}  revenue {revenue:>12.2f}  min {lo:>8.2f} "
-            f"max {hi:>8.2f}")
     say("\ntxstream_progress (committed with the tables, in the same PostgreSQL transaction):")
     for pipeline, transaction, offsets in progress:
         resume = ", ".join(f"{topic.rsplit('-', 1)[0]}/{p}@{o}" for topic, parts in
                            sorted(offsets.items()) for p, o in sorted(parts.items()))
         say(f"  pipeline {pipeline}: through transaction #{transaction}; sources resume at "
             f"{resume}")
-    expected = _expected_customer_stats(world)
-    got = {cid: (name, n, total) for cid, name, n, total in live}
-    wrong = [cid for cid in expected.keys() | got.keys()
-             if cid not in got or cid not in expected or got[cid] != expected[cid]]
-    if wrong:
-        raise DemoError(f"snapshot differs from a from-scratch computation for customers "
-                        f"{sorted(wrong)[:10]}")
-    say(f"\nchecked: customer_stats equals a from-scratch computation for all {len(expected)} "
-        "customers, to the cent")
-    say(f"\nconnect: psql '{url}'   (tables customer_stats, region_totals, paid_orders, "
-        "statuses, txstream_progress; views *_live)\nstop PostgreSQL: make demo-stop")

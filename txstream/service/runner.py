@@ -52,6 +52,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -174,6 +175,8 @@ class PipelineRunner:
             InputReports(self.metrics.source, self.readiness, _INPUT)))
         self._stages = Stages(config.batch_transactions, serving=False, clock=clock)
         self._warm_up = IdleWarmUp(warm_up, clock=clock)
+        # now() of the last batch computed, for a pipeline that calls it (None before one).
+        self.wall_time: datetime | None = None
 
     def _startup_problems(self, resuming: bool, checkpointed: int) -> list[Problem]:
         """What the sinks hold against where the checkpoint location resumes (after
@@ -308,6 +311,8 @@ class PipelineRunner:
             # Ticks (transactions without changes) too, for a pipeline that calls now().
             walls = engine_wall_times(parts) if self.engine.uses_wall_clock else {}
             outputs = self.engine.process(changes, walls) if changes or walls else {}
+            if walls:
+                self.wall_time = max(filter(None, (self.wall_time, *walls.values())))
             processed = self._clock()
             check_keyed_outputs(outputs, self._output_keys)
         except ExpressionError:
