@@ -326,6 +326,22 @@ def _debezium(op: str, before: dict | None, after: dict | None, wrapped: bool) -
     return {"schema": {"type": "struct"}, "payload": envelope} if wrapped else envelope
 
 
+def test_debezium_events_say_when_they_happened() -> None:
+    """A transaction's wall time, per event: the source database's `source.ts_ms`, else the
+    envelope's `ts_ms` (when the connector read it), else none (-1: the Kafka timestamp then);
+    wrapped in a `payload` or not; a tombstone says none."""
+    spec = SourceSpec(name="orders", topic="t", schema=ORDERS, format="debezium",
+                      semantics="upsert")
+    both = {**_debezium("c", None, order_row(1), wrapped=False), "ts_ms": 20}
+    both["source"] = {**both["source"], "ts_ms": 10}
+    connector = _debezium("c", None, order_row(2), wrapped=True)
+    connector["payload"]["ts_ms"] = 30
+    batch = decode(spec, [both, connector, _debezium("c", None, order_row(3), wrapped=False),
+                          None], ['{"id": 1}', '{"id": 2}', '{"id": 3}', '{"id": 4}'])
+    assert batch.wall_ms is not None and batch.wall_ms.tolist() == [10, 30, -1, -1]
+    assert decode(UPSERT, [order_row(1)], ["1"]).wall_ms is None
+
+
 @pytest.mark.parametrize("semantics", ["insert_delete", "upsert"])
 def test_debezium_create_update_delete_snapshot(semantics: str) -> None:
     spec = SourceSpec(name="orders", topic="t", schema=ORDERS, format="debezium",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,14 @@ from txstream.service.compose import open_runner
 
 
 def _config(kafka, topic: str, pipeline: str, output: str, tmp_path: Path,  # type: ignore[no-untyped-def]
-            **settings: Any) -> PipelineConfig:
+            source_format: str = "json", **settings: Any) -> PipelineConfig:
     """The runner's configuration for `pipeline` (of `support.windowed_pipeline`) reading
-    `topic`, its `output` appended to a JSON-lines file `<output>.jsonl` under `tmp_path`."""
+    `topic` (in `source_format`), its `output` appended to a JSON-lines file `<output>.jsonl`
+    under `tmp_path`."""
     return PipelineConfig(
         pipeline=f"support.windowed_pipeline:{pipeline}",
-        sources=[SourceSpec(name="events", topic=topic, schema=EVENTS, semantics="upsert")],
+        sources=[SourceSpec(name="events", topic=topic, schema=EVENTS, semantics="upsert",
+                            format=source_format)],
         sinks=[SinkConfig.model_validate({"output": output, "kind": "file",
                                           "path": str(tmp_path / f"{output}.jsonl")})],
         kafka_bootstrap_servers=kafka.bootstrap_servers, consumer_group=f"g-{topic}",
@@ -61,6 +64,30 @@ def test_ticks_move_now_while_the_input_is_idle(  # type: ignore[no-untyped-def]
     assert not +integrated
     assert min(left.values()) > max(entered.values()), \
         "they left in tick transactions, after the last transaction with records"
+
+
+def test_a_debezium_events_own_time_is_its_transactions_wall_time(  # type: ignore[no-untyped-def]
+        kafka, spark, topic_name, tmp_path) -> None:
+    """Debezium change events carry the source database's time of the change (`source.ts_ms`):
+    now() reads it, not the Kafka timestamp. Here the database's clock is a minute ahead, so rows
+    stamped with the real time are never in the last two seconds."""
+    kafka.create_topic(topic_name, 1)
+    config = _config(kafka, topic_name, "recent", "recent", tmp_path, source_format="debezium",
+                     transactions=BatchPolicy(max_events=20, max_delay_ms=200, tick_ms=0))
+    runner = open_runner(config, spark=spark)
+    real_ms = int(time.time() * 1000)
+    changed_ms = real_ms + 60_000
+    produce(kafka, topic_name, [(json.dumps({"id": i}), {
+        "op": "c", "before": None, "after": {"id": i, "user_id": 1, "ts": real_ms, "v": i},
+        "ts_ms": changed_ms + 50, "source": {"ts_ms": changed_ms}}) for i in range(10)])
+    try:
+        runner.run(until=lambda r: r.metrics.ingest.events >= 10 and r.lag() == 0)
+    finally:
+        runner.close()
+    assert runner.wall_time == datetime.fromtimestamp(changed_ms / 1000, UTC)
+    written = tmp_path / "recent.jsonl"
+    assert not (written.exists() and written.read_text().strip()), \
+        "no row entered: their time is a minute before the database's now()"
 
 
 def test_a_record_without_its_event_time_is_a_dead_letter(  # type: ignore[no-untyped-def]

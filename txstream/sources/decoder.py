@@ -159,7 +159,11 @@ class SourceDecoder:
         for local, reason in parse_errors.items():
             reject(candidates[local], reason)
         good = np.asarray(candidates, dtype=np.int64)[ok]
+        wall_ms = np.full(len(records), -1, dtype=np.int64) if spec.format == "debezium" \
+            else None
         if len(good):
+            if wall_ms is not None:
+                wall_ms[good] = ParsedJson(parsed).wall_ms()
             rows, errors = self._rows(ParsedJson(parsed), good, records)
             for local, reason in errors.reasons.items():
                 reject(int(good[local]), reason)
@@ -201,7 +205,7 @@ class SourceDecoder:
             bad = [with_upstream(spec, b) for b in bad]
         return DecodedBatch(rows=table, bad=bad, ignored_tombstones=ignored,
                             skipped=sorted(skipped + events), tombstones=kept,
-                            ignored_events=len(events))
+                            ignored_events=len(events), wall_ms=wall_ms)
 
     def _not_rows(self, bad: list[BadRecord]) -> tuple[list[BadRecord], list[int]]:
         """`bad` without Debezium's records that change no row

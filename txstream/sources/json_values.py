@@ -26,6 +26,9 @@ _Tree = dict[str, "pa.DataType | _Tree"]
 # delete's old row, "false" otherwise) with `delete.handling.mode=rewrite`, `__op` (c, r, u, d)
 # with `add.fields=op`. No column is named so: TableSchema refuses names starting with "__".
 DELETED, OP = "__deleted", "__op"
+# Where a Debezium change event says when it happened, in ms since the epoch: the source
+# database's time of the change (its commit, for PostgreSQL), else when the connector read it.
+WALL_TIMES = (("source", "ts_ms"), ("ts_ms",))
 
 
 def _tree_insert(tree: _Tree, path: tuple[str, ...], dtype: pa.DataType) -> None:
@@ -72,6 +75,11 @@ class ParsedJson:
         """Debezium: the field inside the `payload` wrapper when there is one, else at the top."""
         return pc.coalesce(self.get(("payload", *path)), self.get(path))
 
+    def wall_ms(self) -> np.ndarray:
+        """Debezium: each event's time (`WALL_TIMES`, the first present), -1 where none."""
+        found = pc.coalesce(*(self.envelope(path) for path in WALL_TIMES))
+        return pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
     def present(self, path: tuple[str, ...]) -> np.ndarray:
         """Debezium: whether the envelope has a non-null struct at `path`."""
         return as_mask(pc.or_(
@@ -102,6 +110,7 @@ class JsonReader:
         extra: list[tuple[tuple[str, ...], pa.DataType]] = []
         if self._envelope:
             extra.append((("op",), pa.string()))
+            extra += [(path, pa.int64()) for path in WALL_TIMES]
         elif spec.debezium:
             extra += [((DELETED,), pa.string()), ((OP,), pa.string())]
         elif spec.semantics == "insert_delete":

@@ -109,6 +109,9 @@ class DecodedBatch:
     # Debezium's records that change no row: heartbeats, schema changes, logical decoding
     # messages (`txstream.sources.debezium.events`); in `skipped` too.
     ignored_events: int = 0
+    # Per record given (by index), when a Debezium change event says it happened (ms since the
+    # epoch), -1 where it says not; None for other formats. A transaction's wall time.
+    wall_ms: np.ndarray | None = None
 
 
 def rows_schema(spec: SourceSpec) -> pa.Schema:

@@ -45,7 +45,7 @@ class OpenTransaction:
     first: dict[Partition, int] = field(default_factory=dict)  # first offset per partition
     last: dict[Partition, int] = field(default_factory=dict)  # last offset per partition
     last_seq: int = -1  # consumption position of its latest record
-    wall_ms: int = -1  # its wall time: its records' latest Kafka timestamp (ms), -1: none
+    wall_ms: int = -1  # its wall time: its records' latest (ms, see PolledRecords), -1: none
 
     def ranges(self) -> Ranges:
         """Topic -> partition -> [first, last + 1) offsets of its records."""
@@ -82,7 +82,9 @@ class PolledRecords:
     expected_counts: np.ndarray  # int64; -1: none carried
     end_markers: np.ndarray  # bool
     skipped: np.ndarray  # bool; the record joins no transaction (a Debezium tombstone)
-    timestamps: np.ndarray  # int64 Kafka timestamps (ms); -1: not read (no wall clock wanted)
+    # int64 wall times (ms): the Kafka timestamp, or a Debezium change event's own time
+    # (`DecodedBatch.wall_ms`); -1: not read (no wall clock wanted)
+    timestamps: np.ndarray
 
     @classmethod
     def of(cls, topics: Sequence[str], partitions: Sequence[int], offsets: Sequence[int],

@@ -49,7 +49,8 @@ class Transaction(BaseModel):
     upstream_id: str | None = None
     # Topic -> partition -> [first, last + 1) offsets of this transaction's records.
     ranges: Ranges = Field(default_factory=dict)
-    # Epoch ms: its records' latest Kafka timestamp, or when it ticked (`TransactionLogEntry`).
+    # Epoch ms: its records' latest wall time (`PolledRecords.timestamps`), or when it ticked
+    # (`TransactionLogEntry`).
     wall_time_ms: int | None = None
 
     def wall_time(self) -> datetime | None:

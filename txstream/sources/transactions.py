@@ -89,7 +89,8 @@ class TransactionBuilder:
         wall_clock: bool = False,
     ) -> None:
         """`wall_clock`: the pipeline calls now(), so transactions carry wall times (their
-        records' Kafka timestamps) and ticks come while the input is idle (`BatchPolicy`)."""
+        records' latest Kafka timestamp, or a Debezium change event's own time) and ticks come
+        while the input is idle (`BatchPolicy`)."""
         self._wall_clock = wall_clock
         # Debezium transaction metadata topic -> data collection -> source.
         self._collections = check_sources(sources, policy)
@@ -254,6 +255,9 @@ class TransactionBuilder:
             raw = raw_records(records if len(idx) == n else [records[i] for i in idx], topic,
                               partitions[idx], offsets[idx])
             batch = self._decoders[spec.name].decode(raw, seq0 + idx)
+            if self._wall_clock and batch.wall_ms is not None:
+                said = batch.wall_ms >= 0  # the event's own time, over the Kafka timestamp
+                polled.timestamps[idx[said]] = batch.wall_ms[said]
             if spec.debezium:
                 batch = self._resolve(spec, batch, raw, idx, seq0)
             self._stats.ignored_tombstones += batch.ignored_tombstones
