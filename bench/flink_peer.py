@@ -1,6 +1,7 @@
-"""Apache Flink as a benchmark peer: bench/engine.py's group-by workload and the example orders
-pipeline run by Flink SQL (bench/peers/flink_workloads.py, whose doc says what runs and what
-is timed), in a virtualenv of its own.
+"""Apache Flink as a benchmark peer: bench/engine.py's group-by workload, the example orders
+pipeline, and bench/temporal.py's windows and sessions run by Flink SQL
+(bench/peers/flink_workloads.py, whose doc says what runs and what is timed), in a virtualenv of
+its own.
 
 `run_flink(workload, parallelism, events[, warm_s])` makes sure the venv exists (created beside
 Pathway's, ~/.cache/txstream/peers/flink-venv, with `apache-flink==2.3.0` from PyPI, which
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from txstream.examples.order_events import events as order_events
 FLINK_PIN = "apache-flink==2.3.0"
 DEFAULT_VENV = Path.home() / ".cache" / "txstream" / "peers" / "flink-venv"
 PEER = Path(__file__).resolve().parent / "peers" / "flink_workloads.py"
-WORKLOADS = ("groupby", "orders")
+WORKLOADS = ("groupby", "orders", "windows", "sessions")
 
 # The group-by workload: bench/engine.py's throughput workload.
 KEYS = 10_000
@@ -155,14 +156,23 @@ def write_orders(directory: Path, events: int, parts: int) -> None:
         write_csv(directory / source, parts, table[key].to_numpy() % parts, table)
 
 
+def write_views(directory: Path, parts: int, user_id: np.ndarray, ts_us: np.ndarray) -> None:
+    """bench/temporal.py's page views (`ts_us` microseconds since the epoch), as the windows'
+    and the sessions' input: each user's views in one file, in their order."""
+    table = pa.table({"user_id": user_id,
+                      "ts": pa.array(ts_us // 1000, pa.int64()).cast(pa.timestamp("ms"))})
+    write_csv(directory / "page_views", parts, user_id % parts, table)
+
+
 # --- running the peer -------------------------------------------------------------------
 
 
-def run_flink(workload: str, parallelism: int, events: int, warm_s: float = 0
-              ) -> dict[str, Any]:
-    """`workload` ("groupby" or "orders") over `events` events, run by Flink at
-    `parallelism` (after `warm_s` seconds of the same job run untimed in its JVM): the peer
-    script's JSON report, or {"peer": "flink", "skipped": reason}."""
+def run_flink(workload: str, parallelism: int, events: int, warm_s: float = 0,
+              write: Callable[[Path, int], None] | None = None) -> dict[str, Any]:
+    """`workload` (one of `WORKLOADS`) over `events` events, run by Flink at `parallelism`
+    (after `warm_s` seconds of the same job run untimed in its JVM): the peer script's JSON
+    report, or {"peer": "flink", "skipped": reason}. `write(directory, parts)` writes the
+    input of the windows and the sessions (`write_views`)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}, expected one of {WORKLOADS}")
     try:
@@ -172,8 +182,13 @@ def run_flink(workload: str, parallelism: int, events: int, warm_s: float = 0
         return {"peer": "flink", "skipped": str(error)}
     with tempfile.TemporaryDirectory(prefix="flink-input-") as tmp:
         log(f"writing the {workload} input: {events:,} events in {parallelism} part(s)")
-        (write_groupby if workload == "groupby" else write_orders)(Path(tmp), events,
-                                                                   parallelism)
+        if write is not None:
+            write(Path(tmp), parallelism)
+        elif workload in ("groupby", "orders"):
+            (write_groupby if workload == "groupby" else write_orders)(Path(tmp), events,
+                                                                       parallelism)
+        else:
+            raise ValueError(f"workload {workload!r} needs its input written (write=)")
         log(f"running {workload} at P={parallelism}")
         # Flink's progress and logs pass through to our stderr; the report is stdout's last line.
         done = subprocess.run(

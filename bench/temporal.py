@@ -30,14 +30,23 @@ from Python as bench/peers/pathway_groupby.py's input is), its integrated output
 the same recompute; `pathway_ratio` is txstream's events/s over Pathway's. Pathway ignores
 behaviors on session windows, so it has no run like `sessions`.
 
-Not yet (issue 56's benchmark): Kafka to PostgreSQL, Flink on the same input.
+Apache Flink 2.3 runs the same views in the same run (bench/flink_peer.py, PyFlink in its own
+virtualenv, parallelism 1, a cold JVM): `exactly_once` as a `TUMBLE` window table-valued
+function and `sessions` as a `SESSION` one, per user, counted, with the watermark at the
+largest event time so far (a window emitted once, when it passes the window's end; a view
+behind it dropped), read from CSV files and written to a blackhole sink; timed from its first
+task running to the job's end, as bench/peers/flink_workloads.py says. Its output is not
+checked (its watermark moves every 200 ms of processing, not per transaction, so which views
+it finds late differs). `flink_ratio` is txstream's events/s over Flink's.
+
+Not yet (issue 56's benchmark): Kafka to PostgreSQL.
 
 Prints one JSON object; progress on stderr.
 
     .venv/bin/python bench/temporal.py [--events 10000000] [--first 1000000] [--users 100000]
         [--late 0.01] [--per-transaction 10000] [--per-batch 10]
         [--only exactly_once,no_behavior,sessions]
-        [--no-peer]
+        [--no-peer] [--no-flink]
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +214,16 @@ def pathway_peer(views: dict[str, np.ndarray], transaction: np.ndarray) -> dict[
     return {**result, "verified": True}
 
 
+def flink_peer(views: dict[str, np.ndarray], name: str) -> dict[str, Any]:
+    """The case `name` (`exactly_once` or `sessions`) run by Flink on the same views."""
+    from flink_peer import run_flink, write_views
+
+    workload = "sessions" if name == "sessions" else "windows"
+    log(f"the same views through Flink ({workload})")
+    return run_flink(workload, 1, len(views["ts"]),
+                     write=partial(write_views, user_id=views["user_id"], ts_us=views["ts"]))
+
+
 def transactions_of(events: int, per_transaction: int) -> np.ndarray:
     return np.arange(events, dtype=np.int64) // per_transaction + 1
 
@@ -260,6 +280,7 @@ def main() -> None:
     parser.add_argument("--per-batch", type=int, default=10)
     parser.add_argument("--only", default="exactly_once,no_behavior")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--no-flink", action="store_true")
     args = parser.parse_args()
     views = page_views(args.events, args.users, args.late)
     spark = get_spark()
@@ -271,7 +292,15 @@ def main() -> None:
         if "events_per_s" in peer and "exactly_once" in results:
             results["pathway_ratio"] = round(results["exactly_once"]["events_per_s"]
                                              / peer["events_per_s"], 2)
-    shown = {k: v for k, v in vars(args).items() if k not in ("only", "no_peer")}
+    if not args.no_flink:
+        for name in ("exactly_once", "sessions"):
+            if name in results:
+                peer = flink_peer(views, name)
+                results[f"flink_{name}"] = peer
+                if "events_per_s" in peer:
+                    results[f"flink_{name}_ratio"] = round(
+                        results[name]["events_per_s"] / peer["events_per_s"], 2)
+    shown = {k: v for k, v in vars(args).items() if k not in ("only", "no_peer", "no_flink")}
     print(json.dumps({"workload": shown, "date": datetime.now(UTC).isoformat(timespec="seconds"),
                       **results}, indent=1))
 

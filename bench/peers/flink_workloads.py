@@ -1,13 +1,14 @@
-"""Peer benchmark: bench/engine.py's two workloads run by Apache Flink (Flink SQL, streaming mode).
+"""Peer benchmark: bench/engine.py's two workloads and bench/temporal.py's windows and sessions
+run by Apache Flink (Flink SQL, streaming mode).
 
 Runs inside Flink's own virtualenv (`apache-flink==2.3.0` from PyPI, which bundles Flink's jars;
 Java 17 on the PATH); bench/flink_peer.py creates that venv, writes the CSV input and runs this
 script with the venv's interpreter:
 
-    <flink-venv>/bin/python bench/peers/flink_workloads.py --workload groupby|orders
+    <flink-venv>/bin/python bench/peers/flink_workloads.py --workload WORKLOAD
         --input DIR --events N [--parallelism P] [--warm-s S]
 
-Both workloads are one Flink SQL job in streaming mode on a local mini-cluster (PyFlink's local
+Each workload is one Flink SQL job in streaming mode on a local mini-cluster (PyFlink's local
 executor starts one for the job, with P task slots), `parallelism.default` = P, reading CSV
 files through the `filesystem` connector (bounded: the job finishes once the files are read)
 and writing every output to a `blackhole` sink. Flink's defaults otherwise: no mini-batch, no
@@ -35,6 +36,10 @@ one, and all changes of a key stay in one file, in order.
   Flink materialize every table in a ChangelogNormalize operator to recover the old rows that
   the changes here already carry. FROM_CHANGELOG declares no unique key, so joins keep their
   inputs' rows by value (as the engine's state does).
+- `windows` and `sessions`: bench/temporal.py's page views, `DIR/page_views/*.csv` holding
+  (user_id, ts), ts to the millisecond, in event order but for the late ones; per-user counts in
+  one-minute `TUMBLE` windows, or in `SESSION` windows of five-minute gaps, through Flink's
+  window table-valued functions, a watermark at the largest event time so far (see `VIEWS_DDL`).
 
 Output: one JSON line, the last on stdout (Flink's own output goes to stderr):
 
@@ -124,8 +129,28 @@ ORDERS_INSERTS = (
     "INSERT INTO statuses_out SELECT DISTINCT status FROM orders",
 )
 
+# bench/temporal.py's page views: one-minute tumbling windows and five-minute sessions per
+# user, counted. The watermark is the largest event time so far (no allowed lateness), so a
+# window is emitted once, when the watermark passes its end, and a view behind it is dropped:
+# the engine's `exactly_once_behavior()`.
+VIEWS_DDL = (
+    "CREATE TABLE page_views (user_id BIGINT, ts TIMESTAMP(3), WATERMARK FOR ts AS ts) "
+    "WITH ({page_views})",
+    "CREATE TABLE per_window (user_id BIGINT, window_start TIMESTAMP(3), "
+    "window_end TIMESTAMP(3), view_count BIGINT) WITH ('connector' = 'blackhole')",
+)
+_PER_WINDOW = ("INSERT INTO per_window SELECT user_id, window_start, window_end, COUNT(*) "
+               "FROM TABLE({}) GROUP BY user_id, window_start, window_end")
+WINDOWS_INSERTS = (
+    _PER_WINDOW.format("TUMBLE(TABLE page_views, DESCRIPTOR(ts), INTERVAL '1' MINUTES)"),)
+SESSIONS_INSERTS = (_PER_WINDOW.format(
+    "SESSION(TABLE page_views PARTITION BY user_id, DESCRIPTOR(ts), INTERVAL '5' MINUTES)"),)
+
+SQL = {"groupby": (GROUPBY_DDL, GROUPBY_INSERTS), "orders": (ORDERS_DDL, ORDERS_INSERTS),
+       "windows": (VIEWS_DDL, WINDOWS_INSERTS), "sessions": (VIEWS_DDL, SESSIONS_INSERTS)}
 # Each workload's source tables: their CSV files are in --input's subdirectory of that name.
-TABLES = {"groupby": ("events",), "orders": ("customers", "orders")}
+TABLES = {"groupby": ("events",), "orders": ("customers", "orders"),
+          "windows": ("page_views",), "sessions": ("page_views",)}
 
 _T0 = time.perf_counter()
 
@@ -140,8 +165,7 @@ def source_options(directory: Path) -> str:
 
 def statements(workload: str, input_dir: Path) -> tuple[list[str], tuple[str, ...]]:
     """The workload's DDL (sources pointed at their directories) and its INSERTs."""
-    ddl, inserts = ((GROUPBY_DDL, GROUPBY_INSERTS) if workload == "groupby"
-                    else (ORDERS_DDL, ORDERS_INSERTS))
+    ddl, inserts = SQL[workload]
     options = {name: source_options(input_dir / name) for name in TABLES[workload]}
     return [statement.format(**options) for statement in ddl], inserts
 
