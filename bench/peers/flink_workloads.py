@@ -219,7 +219,9 @@ def run(workload: str, parallelism: int, events: int, input_dir: Path, warm_s: f
     rows = input_rows(workload, input_dir)
     log(f"flink {FLINK_VERSION}: {workload}, {events:,} events ({rows:,} input rows), "
         f"P={parallelism}{f', after {warm_s:.0f} s of warm-up' if warm_s else ''}")
-    with tempfile.TemporaryDirectory(prefix="flink-archive-") as archive:
+    # The mini-cluster may still be writing there as it shuts down.
+    with tempfile.TemporaryDirectory(prefix="flink-archive-",
+                                     ignore_cleanup_errors=True) as archive:
         conf = Configuration()
         conf.set_string("parallelism.default", str(parallelism))
         conf.set_string("jobmanager.archive.fs.dir", f"file://{archive}")
