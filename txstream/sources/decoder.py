@@ -162,9 +162,10 @@ class SourceDecoder:
         wall_ms = np.full(len(records), -1, dtype=np.int64) if spec.format == "debezium" \
             else None
         if len(good):
+            values_read = ParsedJson(parsed)
             if wall_ms is not None:
-                wall_ms[good] = ParsedJson(parsed).wall_ms()
-            rows, errors = self._rows(ParsedJson(parsed), good, records)
+                wall_ms[good] = values_read.wall_ms()
+            rows, errors = self._rows(values_read, good, records)
             for local, reason in errors.reasons.items():
                 reject(int(good[local]), reason)
             parts.append(rows)
