@@ -308,6 +308,12 @@ def temporal(results: dict[str, Document]) -> Figure | None:
         labels.append("pathway\nexactly once")
         values.append(document["pathway"]["events_per_s"])
         colour_list.append(PEER)
+    for name, label in (("flink_exactly_once", "flink\nTUMBLE"), ("flink_sessions",
+                                                                  "flink\nSESSION")):
+        if _rate(document.get(name)):
+            labels.append(label)
+            values.append(document[name]["events_per_s"])
+            colour_list.append("#fdae6b")  # a second peer, beside Pathway's
     _bars(rate, labels, values, colour_list, "events/s")
     rate.set_title(f"Per-user minute windows and sessions, "
                    f"{document['exactly_once']['events']:,} views", fontsize=9)
