@@ -50,7 +50,6 @@ class DemoExample(ABC):
     """One example the demo runs: its pipeline, topics, sample records and the check of its
     snapshots. An instance runs once: `records` remembers what it produced, for `check`."""
 
-    name: str
     pipeline: str  # module:function
     partitions: dict[str, int]  # source -> partitions of its topic
     outputs: tuple[str, ...]  # each a live snapshot in PostgreSQL

@@ -20,7 +20,6 @@ MALFORMED = (b"{not json", b'{"order_id": "seven", "customer_id": 1, "amount": 1
 
 
 class OrdersDemo(DemoExample):
-    name = "orders"
     pipeline = "txstream.examples.orders:pipeline"
     partitions = {"customers": 1, "orders": 3}
     outputs = OUTPUTS

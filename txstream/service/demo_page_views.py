@@ -42,7 +42,6 @@ LAST_HOUR = timedelta(hours=1)
 
 
 class PageViewsDemo(DemoExample):
-    name = "page_views"
     pipeline = "txstream.examples.page_views:pipeline"
     partitions = {"page_views": 1, "prices": 1}
     outputs = OUTPUTS
