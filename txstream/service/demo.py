@@ -18,7 +18,6 @@ import shutil
 import threading
 import time
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,52 +27,18 @@ from confluent_kafka import Producer
 from txstream.kafka_client import client_settings
 from txstream.schemas.config import PipelineConfig, SinkConfig
 from txstream.schemas.kafka import PLAINTEXT
-from txstream.schemas.sources import BatchPolicy, SourceSpec
+from txstream.schemas.sources import BatchPolicy
 from txstream.service.compose import open_runner
+from txstream.service.demo_example import MAX_EVENTS, DemoError, DemoExample, Record, Say
+from txstream.service.demo_orders import OrdersDemo
+from txstream.service.demo_page_views import PageViewsDemo
 from txstream.service.embedded.kafka import KafkaEndpoint, kafka_from_env
 from txstream.service.embedded.postgres import EmbeddedPostgres
-from txstream.service.runner import PipelineRunner
 
 DEMO_DIR = Path(".txstream/demo")
-# Events a transaction holds at most: the page views' check relies on it.
-MAX_EVENTS = 500
 
-Say = Callable[[str], None]
-Record = tuple[str, bytes, bytes | None]  # (source, Kafka key, value; None: a tombstone)
-
-
-class DemoError(RuntimeError):
-    """The demo could not finish or its snapshot is wrong."""
-
-
-class DemoExample(ABC):
-    """One example the demo runs: its pipeline, topics, sample records and the check of its
-    snapshots. An instance runs once: `records` remembers what it produced, for `check`."""
-
-    pipeline: str  # module:function
-    partitions: dict[str, int]  # source -> partitions of its topic
-    outputs: tuple[str, ...]  # each a live snapshot in PostgreSQL
-    what: str  # what the producer produces, for the log
-
-    @abstractmethod
-    def sources(self, topics: dict[str, str]) -> list[SourceSpec]:
-        """The pipeline's sources reading `topics` (source -> topic)."""
-
-    @abstractmethod
-    def records(self, count: int, seed: int) -> Iterator[Record]:
-        """`count` sample events as Kafka records, remembered as they are taken."""
-
-    @abstractmethod
-    def check(self, url: str, runner: PipelineRunner, say: Say) -> None:
-        """Show the snapshots in PostgreSQL at `url` and check them against a from-scratch
-        computation of the records produced; raise `DemoError` when one differs."""
-
-
-def examples() -> dict[str, Callable[[], DemoExample]]:
-    from txstream.service.demo_orders import OrdersDemo
-    from txstream.service.demo_page_views import PageViewsDemo
-
-    return {"orders": OrdersDemo, "page_views": PageViewsDemo}
+EXAMPLES: dict[str, Callable[[], DemoExample]] = {"orders": OrdersDemo,
+                                                   "page_views": PageViewsDemo}
 
 
 def stop(work_dir: Path = DEMO_DIR) -> bool:
@@ -115,9 +80,9 @@ class _Producer(threading.Thread):
 
 def run_demo(events_count: int = 20_000, work_dir: Path = DEMO_DIR, say: Say = print,
              example: str = "orders") -> float:
-    """Run the demo of `example` (a name of `examples()`); returns events per second end to
+    """Run the demo of `example` (a name of `EXAMPLES`); returns events per second end to
     end."""
-    chosen = examples()[example]()
+    chosen = EXAMPLES[example]()
     started = time.monotonic()
     stop(work_dir)
     with contextlib.suppress(FileNotFoundError):

@@ -12,7 +12,7 @@ import psycopg
 from txstream.examples.order_events import OrderWorld, encode, events
 from txstream.examples.orders import OUTPUTS, kafka_sources
 from txstream.schemas.sources import SourceSpec
-from txstream.service.demo import DemoError, DemoExample, Record, Say
+from txstream.service.demo_example import DemoError, DemoExample, Record, Say
 from txstream.service.runner import PipelineRunner
 
 # Records that are not valid events: the demo shows they are counted and skipped.

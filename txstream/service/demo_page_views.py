@@ -34,7 +34,7 @@ from txstream.examples.page_views import (
     kafka_sources,
 )
 from txstream.schemas.sources import SourceSpec
-from txstream.service.demo import MAX_EVENTS, DemoError, DemoExample, Record, Say
+from txstream.service.demo_example import MAX_EVENTS, DemoError, DemoExample, Record, Say
 from txstream.service.runner import PipelineRunner
 
 STEP = timedelta(seconds=0.36)  # of the simulated clock, per event
