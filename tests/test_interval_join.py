@@ -5,7 +5,8 @@ same key whose times differ by an amount within the interval.
   inner joins of its `test_interval_join_time_only` (a constant key added on both sides: Pathway
   allows none, txstream joins on columns);
 * random transactions on both sides against DuckDB after every transaction, numeric and
-  timestamp times, at batch sizes 1, 7 and all and parallelism 1 and 2;
+  timestamp times, inner, left, right and outer, at batch sizes 1, 7 and all and parallelism 1
+  and 2;
 * definition errors.
 """
 
@@ -57,23 +58,31 @@ def test_pathways_interval_join_time_only(spark: SparkSession, difference: int,
 
 
 JOINS = [
-    (ORDERS, PRICES, "ordered_at", "valid_from", "product_id", t.interval(-6, 3)),
+    (ORDERS, PRICES, "ordered_at", "valid_from", "product_id", t.interval(-6, 3), "inner"),
     (STAMP_ORDERS, STAMP_PRICES, "placed", "since", "item",
-     t.interval(timedelta(seconds=-40), timedelta(0))),
+     t.interval(timedelta(seconds=-40), timedelta(0)), "inner"),
+    (ORDERS, PRICES, "ordered_at", "valid_from", "product_id", t.interval(-6, 3), "left"),
+    (ORDERS, PRICES, "ordered_at", "valid_from", "product_id", t.interval(0, 5), "right"),
+    (STAMP_ORDERS, STAMP_PRICES, "placed", "since", "item",
+     t.interval(timedelta(seconds=-40), timedelta(0)), "outer"),
 ]
 
 
 def _duck_interval(left: str, right: str, lt: str, rt: str, on: str, lower: Length,
-                   upper: Length, columns: list[str]) -> str:
+                   upper: Length, columns: list[str], how: str) -> str:
+    """The join in DuckDB: the interval a condition of the join, so that an outer join pads
+    the rows it leaves; the key of a padded row is its own side's."""
     if isinstance(lower, timedelta):
         assert isinstance(upper, timedelta)
         gap = f"epoch_us(r.{rt}) - epoch_us(l.{lt})"
         lower, upper = lower // timedelta(microseconds=1), upper // timedelta(microseconds=1)
     else:
         gap = f"r.{rt} - l.{lt}"
-    shown = ", ".join(columns)
-    return (f"SELECT {shown} FROM \"{left}\" l JOIN \"{right}\" r USING ({on}) "
-            f"WHERE {gap} BETWEEN {lower} AND {upper}")
+    shown = ", ".join([f"COALESCE(l.{on}, r.{on}) AS {on}", *columns[1:]])
+    kind = {"inner": "JOIN", "left": "LEFT JOIN", "right": "RIGHT JOIN",
+            "outer": "FULL OUTER JOIN"}[how]
+    return (f"SELECT {shown} FROM \"{left}\" l {kind} \"{right}\" r "
+            f"ON l.{on} = r.{on} AND {gap} BETWEEN {lower} AND {upper}")
 
 
 @pytest.mark.parametrize(("seed", "sizes", "parallelism"), [(1, (1, 7, 0), 1), (2, (7, 0), 2)])
@@ -84,10 +93,10 @@ def test_interval_joins_against_duckdb_at_every_batch_size(
     sources = {spec.name: p.source(spec.name, spec.schema) for spec in specs}
     outputs: dict[str, Columns] = {}
     views = []
-    for i, (left, right, lt, rt, on, window) in enumerate(JOINS):
+    for i, (left, right, lt, rt, on, window, how) in enumerate(JOINS):
         name = f"i{i}"
         p.output(name, sources[left.name].interval_join(sources[right.name], lt, rt, window,
-                                                        on=on))
+                                                        on=on, how=how))
         kinds = dict(left.columns) | dict(right.columns)
         names = [on, *(n for n in left.schema.names if n != on),
                  *(n for n in right.schema.names if n != on)]
@@ -96,13 +105,14 @@ def test_interval_joins_against_duckdb_at_every_batch_size(
                    *(f"r.{n}" for n in names[1:] if n in right.schema.names
                      and n not in left.schema.names)]
         views.append((name, _duck_interval(left.name, right.name, lt, rt, on,
-                                           window.lower_bound, window.upper_bound, columns)))
+                                           window.lower_bound, window.upper_bound, columns,
+                                           how)))
     transactions = random_transactions(random.Random(seed), specs, 25)
 
     def describe(name: str) -> str:
-        left, right, lt, rt, on, window = JOINS[int(name[1:])]
+        left, right, lt, rt, on, window, how = JOINS[int(name[1:])]
         return f"seed {seed}: {left.name}.interval_join({right.name}, {lt!r}, {rt!r}, " \
-               f"{window}, on={on!r})"
+               f"{window}, on={on!r}, how={how!r})"
 
     check_at_every_size(spark, p, specs, outputs, tuple(views), transactions, sizes, describe,
                         parallelism)
@@ -121,8 +131,8 @@ def test_an_interval_that_cannot_be_says_why(make, says: str) -> None:  # type: 
 def test_interval_join_refuses_what_it_does_not_do() -> None:
     p = Pipeline()
     left, right = p.source("l", LEFT), p.source("r", RIGHT)
-    with pytest.raises(PipelineDefinitionError, match="only inner interval joins"):
+    with pytest.raises(PipelineDefinitionError, match="is not one of inner, left, right"):
         left.interval_join(right, "tl", "tr", t.interval(-1, 1), on="k",
-                           how="left")  # type: ignore[arg-type]
+                           how="cross")  # type: ignore[arg-type]
     with pytest.raises(PipelineDefinitionError, match="is not an interval"):
         left.interval_join(right, "tl", "tr", (-1, 1), on="k")  # type: ignore[arg-type]

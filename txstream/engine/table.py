@@ -180,21 +180,57 @@ class Table:
         return self._derive(AsofNowJoinNode(label, (self.node, other.node), on=keys, how=how))
 
     def interval_join(self, other: Table, self_time: str, other_time: str, window: Interval,
-                      on: str | Sequence[str], how: Literal["inner"] = "inner") -> Table:
+                      on: str | Sequence[str], how: JoinHow = "inner") -> Table:
         """The pairs of this table's rows and `other`'s with the same `on` columns whose times
         are within `window` (`txstream.temporal.interval`): `lower_bound <= other_time -
-        self_time <= upper_bound`, Pathway's `interval_join`. Columns as `join`'s. An equi-join
-        and a filter: exact as those are; both sides' rows stay in state."""
+        self_time <= upper_bound`, Pathway's `interval_join`. Columns as `join`'s. `how="left"`
+        (`"right"`, `"outer"`) adds each row of this table (of `other`, of both) with no such
+        partner once, the other side's columns null. An equi-join and a filter, and for the
+        unmatched rows a distinct and a join on the keys and the time: exact as those are;
+        both sides' rows stay in state."""
         if not isinstance(window, Interval):
             raise PipelineDefinitionError(
                 f"interval_join of {self.node.label}: {window!r} is not an interval (use "
                 "txstream.temporal.interval)")
-        if how != "inner":
+        if how not in ("inner", "left", "right", "outer"):
             raise PipelineDefinitionError(
-                f"interval_join how={how!r}: only inner interval joins so far")
+                f"interval_join how={how!r} is not one of inner, left, right, outer")
         self.pipeline.event_time(self.node, self_time)
         self.pipeline.event_time(other.node, other_time)
-        return self.join(other, on).filter(window.holds(self_time, other_time))
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        pairs = self.join(other, keys).filter(window.holds(self_time, other_time))
+        if how == "inner":
+            return pairs
+        label = (f"{how} interval_join of {self.node.label} and {other.node.label} on "
+                 f"{', '.join(keys)}")
+        parts = [pairs.node]
+        if how in ("left", "outer"):
+            parts.append(self._interval_unmatched(other, keys, self_time, other_time, window,
+                                                  "left", label))
+        if how in ("right", "outer"):
+            parts.append(other._interval_unmatched(self, keys, other_time, self_time,
+                                                   window.mirrored(), "right", label))
+        return self._derive(ConcatNode(label, tuple(parts)))
+
+    def _interval_unmatched(self, other: Table, keys: tuple[str, ...], own_time: str,
+                            other_time: str, window: Interval,
+                            position: Literal["left", "right"], label: str) -> Node:
+        """This table's rows without a row of `other` of the same keys within `window` of their
+        time, padded as the join's `position` side: the rows minus those whose (keys, time)
+        reach a row of `other`. Joined on the keys and the time, not on the whole row, whose
+        columns are not known until the pipeline is compiled; a row whose key or time is null
+        reaches nothing, as in the pairs."""
+        probes = self.select(*keys, own_time).distinct()
+        reached = (probes.join(other.select(*keys, other_time), keys)
+                   .filter(window.holds(own_time, other_time))
+                   .select(*keys, own_time).distinct())
+        matched = JoinNode(f"rows of {self.node.label} with a partner in time",
+                           (self.node, reached.node), on=(*keys, own_time))
+        unmatched = ConcatNode(
+            f"rows of {self.node.label} without a partner in time",
+            (self.node, NegateNode(f"minus matched rows of {self.node.label}", (matched,))))
+        return PadNode(f"{position} padding of {label}", (unmatched, other.node), on=keys,
+                       side=position)
 
     @staticmethod
     def _unmatched(side: Node, other: Node, keys: tuple[str, ...],

@@ -55,7 +55,8 @@ time; they need no window. As-of-now joins (`Table.asof_now_join`,
 its transaction, once. A filter may compare a column with now(), the transaction's wall
 time (`txstream.engine.operators.now_filter`). Interval joins (`Table.interval_join`,
 `interval(lower_bound, upper_bound)`) are an equi-join and a filter on the difference of the
-times: exact as those are. Not yet: behaviors on as-of and interval joins.
+times (left, right and outer ones add the rows whose key and time reach no partner): exact as
+those are. Not yet: behaviors on as-of and interval joins.
 """
 
 from __future__ import annotations
@@ -204,6 +205,11 @@ class Interval:
             raise PipelineDefinitionError(
                 f"interval({self.lower_bound!r}, {self.upper_bound!r}): the lower bound is above "
                 "the upper one")
+
+    def mirrored(self) -> Interval:
+        """The same pairs seen from the other side: `-upper <= self_time - other_time <=
+        -lower`."""
+        return Interval(-self.upper_bound, -self.lower_bound)
 
     def holds(self, self_time: str, other_time: str) -> str:
         """Spark SQL: whether the times (columns, unquoted) are within the interval."""
