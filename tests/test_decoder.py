@@ -336,10 +336,14 @@ def test_debezium_events_say_when_they_happened() -> None:
     both["source"] = {**both["source"], "ts_ms": 10}
     connector = _debezium("c", None, order_row(2), wrapped=True)
     connector["payload"]["ts_ms"] = 30
-    batch = decode(spec, [both, connector, _debezium("c", None, order_row(3), wrapped=False),
-                          None], ['{"id": 1}', '{"id": 2}', '{"id": 3}', '{"id": 4}'])
+    records = raw([both, connector, _debezium("c", None, order_row(3), wrapped=False), None],
+                  ['{"id": 1}', '{"id": 2}', '{"id": 3}', '{"id": 4}'])
+    batch = SourceDecoder(spec, wall_times=True).decode(records, [0, 1, 2, 3])
     assert batch.wall_ms is not None and batch.wall_ms.tolist() == [10, 30, -1, -1]
-    assert decode(UPSERT, [order_row(1)], ["1"]).wall_ms is None
+    assert SourceDecoder(spec).decode(records, [0, 1, 2, 3]).wall_ms is None, \
+        "read only for a pipeline that calls now()"
+    assert SourceDecoder(UPSERT, wall_times=True).decode(
+        raw([order_row(1)], ["1"]), [0]).wall_ms is None
 
 
 @pytest.mark.parametrize("semantics", ["insert_delete", "upsert"])

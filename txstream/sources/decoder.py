@@ -65,15 +65,18 @@ def framed_values(value_format: str, schemas: WriterSchemas) -> FramedValues:
 class SourceDecoder:
     """Decodes and validates the records of one source, a whole poll batch at a time."""
 
-    def __init__(self, spec: SourceSpec, schemas: WriterSchemas | None = None) -> None:
+    def __init__(self, spec: SourceSpec, schemas: WriterSchemas | None = None,
+                 wall_times: bool = False) -> None:
         """`schemas`: the writer schemas of a source whose values are in Confluent's wire
-        format (default: its Schema Registry's)."""
+        format (default: its Schema Registry's). `wall_times`: read when each Debezium change
+        event happened (`DecodedBatch.wall_ms`), for a pipeline that calls now()."""
         self.spec = spec
         self._schema = spec.table_schema
         self._envelope = spec.format == "debezium"  # before, after and op; else a row
+        self._wall_times = wall_times and self._envelope
         self._warned: set[str] = set()  # kinds of Debezium's own records logged
         self._out_schema = rows_schema(spec)
-        self._json = JsonReader(spec)
+        self._json = JsonReader(spec, wall_times=self._wall_times)
         self._framed: FramedValues | None = None
         if spec.schema_registry_url is not None:  # SourceSpec: exactly the framed formats
             if schemas is None:
@@ -159,8 +162,7 @@ class SourceDecoder:
         for local, reason in parse_errors.items():
             reject(candidates[local], reason)
         good = np.asarray(candidates, dtype=np.int64)[ok]
-        wall_ms = np.full(len(records), -1, dtype=np.int64) if spec.format == "debezium" \
-            else None
+        wall_ms = np.full(len(records), -1, dtype=np.int64) if self._wall_times else None
         if len(good):
             values_read = ParsedJson(parsed)
             if wall_ms is not None:

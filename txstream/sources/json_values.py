@@ -90,7 +90,8 @@ class ParsedJson:
 class JsonReader:
     """Parses the JSON values of one source into nested Arrow columns (see the module doc)."""
 
-    def __init__(self, spec: SourceSpec) -> None:
+    def __init__(self, spec: SourceSpec, wall_times: bool = False) -> None:
+        """`wall_times`: read a Debezium change event's times too (`WALL_TIMES`)."""
         self.spec = spec
         self._schema = spec.table_schema
         self._value_cols = spec.value_columns()
@@ -110,7 +111,7 @@ class JsonReader:
         extra: list[tuple[tuple[str, ...], pa.DataType]] = []
         if self._envelope:
             extra.append((("op",), pa.string()))
-            extra += [(path, pa.int64()) for path in WALL_TIMES]
+            extra += [(path, pa.int64()) for path in WALL_TIMES] if wall_times else []
         elif spec.debezium:
             extra += [((DELETED,), pa.string()), ((OP,), pa.string())]
         elif spec.semantics == "insert_delete":

@@ -110,7 +110,8 @@ class DecodedBatch:
     # messages (`txstream.sources.debezium.events`); in `skipped` too.
     ignored_events: int = 0
     # Per record given (by index), when a Debezium change event says it happened (ms since the
-    # epoch), -1 where it says not; None for other formats. A transaction's wall time.
+    # epoch), -1 where it says not; None for other formats, and unless the decoder was asked
+    # (`SourceDecoder(wall_times=True)`). A transaction's wall time.
     wall_ms: np.ndarray | None = None
 
 

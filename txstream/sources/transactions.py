@@ -105,7 +105,8 @@ class TransactionBuilder:
                       for s in sources if s.schema_registry_url is not None}
         for registry in registries.values():
             registry.check()
-        self._decoders = {s.name: SourceDecoder(s, registries.get(s.schema_registry_url or ""))
+        self._decoders = {s.name: SourceDecoder(s, registries.get(s.schema_registry_url or ""),
+                                                wall_times=wall_clock)
                           for s in sources}
         # Debezium writes its transaction metadata with the connector's value converter: Avro
         # (or JSON Schema, Protobuf) when the changes are.
@@ -255,7 +256,7 @@ class TransactionBuilder:
             raw = raw_records(records if len(idx) == n else [records[i] for i in idx], topic,
                               partitions[idx], offsets[idx])
             batch = self._decoders[spec.name].decode(raw, seq0 + idx)
-            if self._wall_clock and batch.wall_ms is not None:
+            if batch.wall_ms is not None:
                 said = batch.wall_ms >= 0  # the event's own time, over the Kafka timestamp
                 polled.timestamps[idx[said]] = batch.wall_ms[said]
             if spec.debezium:
