@@ -145,6 +145,13 @@ def test_tombstone_keys_read_times_dates_and_decimals_as_values_do() -> None:
     assert str(t2[0]["since"]) == "2026-12-06 12:00:00+00:00"
     batch = decode(spec, [None], [{**key, "since": "noon"}])
     assert "does not match the primary key types" in errors(batch)[0]
+    wide = SourceSpec(name="wide", topic="t", semantics="upsert", schema=TableSchema.of(
+        {"id": "decimal(20,2)", "v": "bigint"}, primary_key=["id"]))
+    w1, w2 = transactions(wide, [[('{"id": "123456789012345678.91"}',
+                                   {"id": "123456789012345678.91", "v": 1})],
+                                 [('{"id": 123456789012345678.91}', None)]])
+    assert [r[DIFF] for r in w2] == [-1] and w2[0]["id"] == w1[0]["id"], \
+        "a JSON number key keeps every digit of the decimal"
 
 
 def test_upsert_delete_marker_over_several_transactions() -> None:
@@ -329,13 +336,14 @@ def _debezium(op: str, before: dict | None, after: dict | None, wrapped: bool) -
 def test_debezium_events_say_when_they_happened() -> None:
     """A transaction's wall time, per event: the source database's `source.ts_ms`, else the
     envelope's `ts_ms` (when the connector read it), else none (-1: the Kafka timestamp then);
-    wrapped in a `payload` or not; a tombstone says none."""
+    wrapped in a `payload` or not; 0 is no time; a tombstone says none."""
     spec = SourceSpec(name="orders", topic="t", schema=ORDERS, format="debezium",
                       semantics="upsert")
     both = {**_debezium("c", None, order_row(1), wrapped=False), "ts_ms": 20}
     both["source"] = {**both["source"], "ts_ms": 10}
     connector = _debezium("c", None, order_row(2), wrapped=True)
     connector["payload"]["ts_ms"] = 30
+    connector["payload"]["source"]["ts_ms"] = 0  # older connectors' snapshot reads: no time
     records = raw([both, connector, _debezium("c", None, order_row(3), wrapped=False), None],
                   ['{"id": 1}', '{"id": 2}', '{"id": 3}', '{"id": 4}'])
     batch = SourceDecoder(spec, wall_times=True).decode(records, [0, 1, 2, 3])

@@ -76,8 +76,10 @@ class ParsedJson:
         return pc.coalesce(self.get(("payload", *path)), self.get(path))
 
     def wall_ms(self) -> np.ndarray:
-        """Debezium: each event's time (`WALL_TIMES`, the first present), -1 where none."""
-        found = pc.coalesce(*(self.envelope(path) for path in WALL_TIMES))
+        """Debezium: each event's time (`WALL_TIMES`, the first present and positive), -1
+        where none. Older connectors wrote `source.ts_ms` 0 for snapshot reads: no time."""
+        found = pc.coalesce(*(pc.if_else(pc.greater(times, 0), times, None)
+                              for times in (self.envelope(path) for path in WALL_TIMES)))
         return pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def present(self, path: tuple[str, ...]) -> np.ndarray:

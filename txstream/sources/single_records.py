@@ -89,7 +89,8 @@ def tombstone_rows(spec: SourceSpec, out_schema: pa.Schema, indices: list[int],
         raw = keys[i]
         assert raw is not None  # null keys on upsert sources are rejected before
         try:
-            key: Any = json.loads(raw)
+            # Numbers as decimals: a decimal key's digits exactly, not as a float rounds them.
+            key: Any = json.loads(raw, parse_float=Decimal)
         except (ValueError, RecursionError):
             key = raw.decode("utf-8", "replace")
         if isinstance(key, dict) and isinstance(key.get("payload"), dict):
@@ -131,8 +132,9 @@ def _key_value(kind: ColumnType, value: Any) -> Any:
     """A key column's JSON `value` as a row's value of its column `kind`: times, dates and
     decimals from their text, as a record's value gives them (a time without a zone is UTC)."""
     if not isinstance(value, str):
-        return Decimal(str(value)) if kind.is_decimal and isinstance(value, int | float) \
-            else value
+        if kind.is_decimal and isinstance(value, int):
+            return Decimal(value)
+        return float(value) if isinstance(value, Decimal) and not kind.is_decimal else value
     if kind is ColumnType.TIMESTAMP:
         at = datetime.fromisoformat(value)
         return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
