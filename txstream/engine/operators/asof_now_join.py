@@ -49,6 +49,7 @@ _RIGHT, _HELD, _RANK = "__r_", "__held", "__rank"
 class AsofNowJoinOp(Operator):
     node: AsofNowJoinNode
     sees_transactions = True
+    multiplies_rows = True  # a left row pairs with every right row of its key
 
     def _resolve(self) -> StructType:
         left, right = self.input_schemas
@@ -70,7 +71,8 @@ class AsofNowJoinOp(Operator):
             d_right = batch.shared(batch.clustered(d_right, on) if on else d_right, on or None)
         pairs = None
         if d_left is not None:
-            d_left = batch.clustered(d_left, on) if on else d_left
+            # Read twice: by the state's lookup and by the join.
+            d_left = batch.shared(batch.clustered(d_left, on) if on else d_left, on or None)
             left_names = self.input_schemas[0].names
             # Insertions only, each row's changes of one transaction summed first: an update's
             # old version cancels nothing already paired, its new version is looked up.
