@@ -134,5 +134,7 @@ def test_interval_join_refuses_what_it_does_not_do() -> None:
     with pytest.raises(PipelineDefinitionError, match="is not one of inner, left, right"):
         left.interval_join(right, "tl", "tr", t.interval(-1, 1), on="k",
                            how="cross")  # type: ignore[arg-type]
+    with pytest.raises(PipelineDefinitionError, match="cannot be on columns"):
+        left.interval_join(right, "tl", "tr", t.interval(-1, 1), on=("k", "tl"), how="left")
     with pytest.raises(PipelineDefinitionError, match="is not an interval"):
         left.interval_join(right, "tl", "tr", (-1, 1), on="k")  # type: ignore[arg-type]

@@ -195,9 +195,13 @@ class Table:
         if how not in ("inner", "left", "right", "outer"):
             raise PipelineDefinitionError(
                 f"interval_join how={how!r} is not one of inner, left, right, outer")
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if self_time in keys or other_time in keys:
+            raise PipelineDefinitionError(
+                f"interval_join of {self.node.label}: the times {self_time!r} and "
+                f"{other_time!r} cannot be on columns (each side's time is its own column)")
         self.pipeline.event_time(self.node, self_time)
         self.pipeline.event_time(other.node, other_time)
-        keys = (on,) if isinstance(on, str) else tuple(on)
         pairs = self.join(other, keys).filter(window.holds(self_time, other_time))
         if how == "inner":
             return pairs
