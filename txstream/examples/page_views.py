@@ -8,7 +8,8 @@ and deleted). Outputs:
 - late_views:       the views that came too late for their minute (the row, its window,
                     the clock then): counted, and kept here rather than dropped silently
 - sessions:         each user's sessions (views less than 5 minutes apart), updated as views
-                    come, closed and forgotten 10 minutes after their last view
+                    come; a view 10 minutes behind the clock is late, and a session is closed
+                    and forgotten 15 minutes after its last view, the gap plus the cutoff
                     (`common_behavior(cutoff=...)`)
 - priced_views:     every view with the price in force at its time (`asof_join`, backward),
                     revised when a price is corrected or deleted

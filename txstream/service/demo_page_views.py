@@ -7,11 +7,11 @@ them. What makes the check exact whatever transactions the service forms: the vi
 has one partition, so transactions take views in the order produced, at most 500 of them
 (three simulated minutes), and a late view has a thousand events before it; an on-time view is
 at most a minute behind the views before it, so never late (its minute closes two minutes
-after its end, its session ten minutes after its last view); a late view is at least half an
-hour behind, so late whatever transaction it is in. The expected outputs are then those of the
-on-time views (minutes emitted: those whose end plus two minutes the latest view time
-reached), the late views themselves, every view priced as of its time, and the views of the
-hour before the service's last now().
+after its end, and a view is late for the sessions only when ten minutes behind the clock); a
+late view is at least half an hour behind, so late whatever transaction it is in. The expected
+outputs are then those of the on-time views (minutes emitted: those whose end plus two minutes
+the latest view time reached), the late views themselves, every view priced as of its time,
+and the views of the hour before the service's last now().
 """
 
 from __future__ import annotations

@@ -89,8 +89,8 @@ class TransactionBuilder:
         wall_clock: bool = False,
     ) -> None:
         """`wall_clock`: the pipeline calls now(), so transactions carry wall times (their
-        records' latest Kafka timestamp, or a Debezium change event's own time) and ticks come
-        while the input is idle (`BatchPolicy`)."""
+        records' latest Kafka timestamp, or a Debezium change event's own time; a flattened
+        event has none) and ticks come while the input is idle (`BatchPolicy`)."""
         self._wall_clock = wall_clock
         # Debezium transaction metadata topic -> data collection -> source.
         self._collections = check_sources(sources, policy)
