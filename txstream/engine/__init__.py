@@ -3,6 +3,7 @@ DataFrames carrying `time` and `diff`.
 
 Defining a pipeline (no Spark job):
     table              the Table API: Pipeline, Table, GroupedTable
+    temporal_joins     the Table API's joins by time: asof_join, asof_now_join, interval_join
     nodes              the DAG's immutable nodes, one kind per incremental rule
     reducers           count, sum, avg, min, max, count_distinct for groupby(...).reduce(...)
     temporal           event-time windows (tumbling, sliding, session) and temporal behaviors

@@ -1,0 +1,149 @@
+"""The temporal joins of the Table API (`Table` inherits them): as-of, as-of-now and interval
+joins, each a node or a composition of nodes; their rules are in their operators' docs
+(`txstream.engine.operators.asof_join`, `asof_now_join`) and in `txstream.engine.temporal`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, Protocol, Self
+
+from txstream.engine.errors import PipelineDefinitionError
+from txstream.engine.nodes import (
+    AsofHow,
+    AsofJoinNode,
+    AsofNowJoinNode,
+    ConcatNode,
+    Direction,
+    JoinHow,
+    JoinNode,
+    NegateNode,
+    Node,
+    PadNode,
+)
+from txstream.engine.temporal import Interval
+
+
+class _Pipeline(Protocol):
+    """What the joins ask of `txstream.engine.table.Pipeline`."""
+
+    def event_time(self, node: Node, column: str) -> None: ...
+
+
+class TemporalJoins:
+    """The joins by time of `Table` (see the module doc)."""
+
+    pipeline: _Pipeline
+    node: Node
+
+    if TYPE_CHECKING:
+        def _derive(self, node: Node) -> Self: ...
+        def _same_pipeline(self, other: Self) -> None: ...
+        def join(self, other: Self, on: str | Sequence[str], how: JoinHow = "inner"
+                 ) -> Self: ...
+        def select(self, *columns: str, **exprs: str) -> Self: ...
+
+    def asof_join(self, other: Self, self_time: str, other_time: str,
+                  on: str | Sequence[str] = (), how: AsofHow = "inner",
+                  direction: Direction = "backward") -> Self:
+        """Each row of this table with the row of `other` with the same `on` columns whose
+        `other_time` is nearest its `self_time`: the greatest at or before it (`backward`), the
+        least at or after it (`forward`), or the closest (`nearest`, a tie going forward), as
+        Pathway's `asof_join`; right rows of equal time are told apart by their other columns
+        (the least first). `how="left"` keeps a row with no such partner, the right's columns
+        null. Exact under inserts, updates and deletes on either side, as of each transaction.
+        Columns as `join`'s: the `on` columns, the left's others, the right's others."""
+        self._same_pipeline(other)
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if self_time in keys or other_time in keys:
+            raise PipelineDefinitionError(
+                f"asof_join of {self.node.label}: the times {self_time!r} and {other_time!r} "
+                "cannot be on columns (each side's time is its own column of the result)")
+        if how not in ("inner", "left"):
+            raise PipelineDefinitionError(
+                f"asof_join how={how!r} is not one of inner, left (a right row is not matched "
+                "to one left row, so right and outer as-of joins have no meaning here)")
+        if direction not in ("backward", "forward", "nearest"):
+            raise PipelineDefinitionError(
+                f"asof_join direction={direction!r} is not one of backward, forward, nearest")
+        self.pipeline.event_time(self.node, self_time)
+        self.pipeline.event_time(other.node, other_time)
+        label = (f"{how} {direction} asof_join of {self.node.label} and {other.node.label} by "
+                 f"{self_time}, {other_time}" + (f" on {', '.join(keys)}" if keys else ""))
+        return self._derive(AsofJoinNode(label, (self.node, other.node), left_time=self_time,
+                                         right_time=other_time, on=keys, how=how,
+                                         direction=direction))
+
+    def asof_now_join(self, other: Self, on: str | Sequence[str] = (),
+                      how: AsofHow = "inner") -> Self:
+        """Each row inserted into this table with the rows of `other` with the same `on`
+        columns present at its transaction, once: later changes of `other` do not update it,
+        nor does the row's deletion (Pathway's `asof_now_join`, the right side as of the
+        transaction, so a replay gives the same pairs). `how="left"` keeps an inserted row with
+        no partner, the right's columns null. Only `other` is kept in state. Columns as
+        `join`'s: the `on` columns, the left's others, the right's others."""
+        self._same_pipeline(other)
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if how not in ("inner", "left"):
+            raise PipelineDefinitionError(
+                f"asof_now_join how={how!r} is not one of inner, left (right rows are not "
+                "looked up, so right and outer as-of-now joins have no meaning)")
+        label = (f"{how} asof_now_join of {self.node.label} and {other.node.label}"
+                 + (f" on {', '.join(keys)}" if keys else ""))
+        return self._derive(AsofNowJoinNode(label, (self.node, other.node), on=keys, how=how))
+
+    def interval_join(self, other: Self, self_time: str, other_time: str, window: Interval,
+                      on: str | Sequence[str], how: JoinHow = "inner") -> Self:
+        """The pairs of this table's rows and `other`'s with the same `on` columns whose times
+        are within `window` (`txstream.temporal.interval`): `lower_bound <= other_time -
+        self_time <= upper_bound`, Pathway's `interval_join`. Columns as `join`'s. `how="left"`
+        (`"right"`, `"outer"`) adds each row of this table (of `other`, of both) with no such
+        partner once, the other side's columns null. An equi-join and a filter, and for the
+        unmatched rows a distinct and a join on the keys and the time: exact as those are;
+        both sides' rows stay in state."""
+        if not isinstance(window, Interval):
+            raise PipelineDefinitionError(
+                f"interval_join of {self.node.label}: {window!r} is not an interval (use "
+                "txstream.temporal.interval)")
+        if how not in ("inner", "left", "right", "outer"):
+            raise PipelineDefinitionError(
+                f"interval_join how={how!r} is not one of inner, left, right, outer")
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if self_time in keys or other_time in keys:
+            raise PipelineDefinitionError(
+                f"interval_join of {self.node.label}: the times {self_time!r} and "
+                f"{other_time!r} cannot be on columns (each side's time is its own column)")
+        self.pipeline.event_time(self.node, self_time)
+        self.pipeline.event_time(other.node, other_time)
+        pairs = self.join(other, keys).filter(window.holds(self_time, other_time))
+        if how == "inner":
+            return pairs
+        label = (f"{how} interval_join of {self.node.label} and {other.node.label} on "
+                 f"{', '.join(keys)}")
+        parts = [pairs.node]
+        if how in ("left", "outer"):
+            parts.append(self._interval_unmatched(other, keys, self_time, other_time, window,
+                                                  "left", label))
+        if how in ("right", "outer"):
+            parts.append(other._interval_unmatched(self, keys, other_time, self_time,
+                                                   window.mirrored(), "right", label))
+        return self._derive(ConcatNode(label, tuple(parts)))
+
+    def _interval_unmatched(self, other: Self, keys: tuple[str, ...], own_time: str,
+                            other_time: str, window: Interval,
+                            position: Literal["left", "right"], label: str) -> Node:
+        """This table's rows without a row of `other` of the same keys within `window` of their
+        time, padded as the join's `position` side: the rows minus those whose (keys, time)
+        reach a row of `other`. Joined on the keys and the time, not on the whole row, whose
+        columns are not known until the pipeline is compiled; a row whose key or time is null
+        reaches nothing, as in the pairs."""
+        probes = self.select(*keys, own_time).distinct()
+        reached = (probes.join(other.select(*keys, other_time), keys)
+                   .filter(window.holds(own_time, other_time))
+                   .select(*keys, own_time).distinct())
+        matched = JoinNode(f"rows of {self.node.label} with a partner in time",
+                           (self.node, reached.node), on=(*keys, own_time))
+        unmatched = ConcatNode(
+            f"rows of {self.node.label} without a partner in time",
+            (self.node, NegateNode(f"minus matched rows of {self.node.label}", (matched,))))
+        return PadNode(f"{position} padding of {label}", (unmatched, other.node), on=keys,
+                       side=position)
