@@ -53,11 +53,7 @@ class TemporalJoins:
         null. Exact under inserts, updates and deletes on either side, as of each transaction.
         Columns as `join`'s: the `on` columns, the left's others, the right's others."""
         self._same_pipeline(other)
-        keys = (on,) if isinstance(on, str) else tuple(on)
-        if self_time in keys or other_time in keys:
-            raise PipelineDefinitionError(
-                f"asof_join of {self.node.label}: the times {self_time!r} and {other_time!r} "
-                "cannot be on columns (each side's time is its own column of the result)")
+        keys = self._time_keys("asof_join", on, self_time, other_time)
         if how not in ("inner", "left"):
             raise PipelineDefinitionError(
                 f"asof_join how={how!r} is not one of inner, left (a right row is not matched "
@@ -107,11 +103,7 @@ class TemporalJoins:
         if how not in ("inner", "left", "right", "outer"):
             raise PipelineDefinitionError(
                 f"interval_join how={how!r} is not one of inner, left, right, outer")
-        keys = (on,) if isinstance(on, str) else tuple(on)
-        if self_time in keys or other_time in keys:
-            raise PipelineDefinitionError(
-                f"interval_join of {self.node.label}: the times {self_time!r} and "
-                f"{other_time!r} cannot be on columns (each side's time is its own column)")
+        keys = self._time_keys("interval_join", on, self_time, other_time)
         self.pipeline.event_time(self.node, self_time)
         self.pipeline.event_time(other.node, other_time)
         pairs = self.join(other, keys).filter(window.holds(self_time, other_time))
@@ -147,3 +139,13 @@ class TemporalJoins:
             (self.node, NegateNode(f"minus matched rows of {self.node.label}", (matched,))))
         return PadNode(f"{position} padding of {label}", (unmatched, other.node), on=keys,
                        side=position)
+
+    def _time_keys(self, join: str, on: str | Sequence[str], self_time: str,
+                   other_time: str) -> tuple[str, ...]:
+        """The `on` columns of a join by time, which cannot hold its times."""
+        keys = (on,) if isinstance(on, str) else tuple(on)
+        if self_time in keys or other_time in keys:
+            raise PipelineDefinitionError(
+                f"{join} of {self.node.label}: the times {self_time!r} and {other_time!r} "
+                "cannot be on columns (each side's time is its own column of the result)")
+        return keys
