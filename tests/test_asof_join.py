@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 from support.engine_oracle import Columns, RandomSource, check_at_every_size, random_transactions
-from support.pathway_peer import asof_streams
+from support.pathway_peer import joins_streams
 from support.pathway_streams import in_stream_order
 from test_windows import DAY
 
@@ -43,10 +43,18 @@ def _joined(spark: SparkSession, pipeline: Pipeline, sides: dict[str, list[tuple
             size: int | None, parallelism: int = 1, output: str = "o") -> list[tuple]:
     """The output's changes as (*row, transaction, diff) in stream order, over each source's
     (row, transaction, diff) changes given in batches of `size` transactions (None: one)."""
-    engine = Engine(pipeline, spark, parallelism=parallelism)
+    return _outputs(spark, pipeline, sides, size, parallelism)[output]
+
+
+def _outputs(spark: SparkSession, pipeline: Pipeline,
+             sides: dict[str, list[tuple[tuple, int, int]]], size: int | None,
+             parallelism: int = 1, engine: Engine | None = None) -> dict[str, list[tuple]]:
+    """Every output's changes (as `_joined` gives one's), from one run of the engine (a new
+    one, or `engine`)."""
+    engine = engine or Engine(pipeline, spark, parallelism=parallelism)
     times = sorted({time for changes in sides.values() for _, time, _ in changes})
     size = size or len(times)
-    got = []
+    got: dict[str, list[tuple]] = {name: [] for name in pipeline.outputs}
     for i in range(0, len(times), size):
         batch = set(times[i:i + size])
         inputs = {}
@@ -54,8 +62,10 @@ def _joined(spark: SparkSession, pipeline: Pipeline, sides: dict[str, list[tuple
             schema = pipeline.sources[name].schema
             assert schema is not None
             inputs[name] = _changes(schema, [c for c in changes if c[1] in batch])
-        got += [tuple(row.values()) for row in engine.process(inputs)[output].table.to_pylist()]
-    return in_stream_order(got)
+        out = engine.process(inputs)
+        for name in got:
+            got[name] += [tuple(row.values()) for row in out[name].table.to_pylist()]
+    return {name: in_stream_order(rows) for name, rows in got.items()}
 
 
 @pytest.mark.parametrize(("size", "parallelism"), [(1, 1), (None, 1), (2, 2)])
@@ -233,7 +243,8 @@ def test_asof_joins_give_pathways_update_streams(spark: SparkSession, tmp_path: 
                                              on="product_id", how="left", direction=direction))
     sides = {name: [(row, number, diff) for number, tx in enumerate(transactions, 1)
                     for row, diff in tx.get(name, [])] for name in ("orders", "prices")}
-    want = asof_streams(sides, directions, tmp_path)
+    want = joins_streams(sides, {d: {"kind": "asof", "direction": d} for d in directions},
+                         tmp_path)
     for direction in directions:
         assert any(row[-1] < 0 for row in want[direction]), f"{direction}: nothing retracted"
         got = _joined(spark, p, sides, size, parallelism, output=direction)

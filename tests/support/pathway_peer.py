@@ -1,7 +1,7 @@
 """Pathway 0.33 itself as an oracle: its own virtualenv (made on first use, as the benchmarks'
 is: `~/.cache/txstream/peers/pathway-venv`), and programs run there that put the same changes
-through Pathway's `windowby` (`tests/support/pathway_windows.py`) or `asof_join`
-(`tests/support/pathway_asof.py`) and print the update streams.
+through Pathway's `windowby` (`tests/support/pathway_windows.py`) or its joins by time
+(`tests/support/pathway_joins.py`) and print the update streams.
 
 One Pathway time per transaction: transaction N is Pathway time 2N (Pathway's times of input
 are even), so an update stream maps back exactly, time by time.
@@ -23,7 +23,7 @@ from support.temporal_model import Behavior, Windows
 PIN = "pathway==0.33.0"
 VENV = Path.home() / ".cache" / "txstream" / "peers" / "pathway-venv"
 WINDOWS = Path(__file__).with_name("pathway_windows.py")
-ASOF = Path(__file__).with_name("pathway_asof.py")
+JOINS = Path(__file__).with_name("pathway_joins.py")
 # The time at which Pathway releases what its buffers still hold when the input ends
 # (u64::MAX rounded down to even).
 END_OF_INPUT = 2**64 - 2
@@ -83,14 +83,16 @@ def windows_streams(rows: Sequence[tuple[Any, ...]], windows: dict[str, dict[str
     return _streams(WINDOWS, {"rows": [list(r) for r in rows], "windows": windows}, work)
 
 
-def asof_streams(sides: dict[str, Sequence[tuple[tuple[Any, ...], int, int]]],
-                 directions: Sequence[str], work: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Pathway's update stream of the left as-of join of `orders` with `prices` on the product
-    in each direction (see `tests/support/pathway_asof.py`), given each side's (row,
-    transaction, diff) changes."""
+def joins_streams(sides: dict[str, Sequence[tuple[tuple[Any, ...], int, int]]],
+                  joins: dict[str, dict[str, Any]], work: Path, nudged: bool = False
+                  ) -> dict[str, list[tuple[Any, ...]]]:
+    """Pathway's update stream of each join by time of `orders` with `prices` on the product
+    (name -> a left as-of join or an inner interval join, optionally under a behavior; with
+    `nudged`, a row after each transaction makes Pathway forget when txstream does: see
+    `tests/support/pathway_joins.py`), given each side's (row, transaction, diff) changes."""
     spec = {name: [[*row, number, diff] for row, number, diff in changes]
             for name, changes in sides.items()}
-    return _streams(ASOF, spec | {"directions": list(directions)}, work)
+    return _streams(JOINS, spec | {"joins": joins, "nudged": nudged}, work)
 
 
 def pathway_spec(windows: Windows, behavior: Behavior | None, instance: bool

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from txstream.engine.reducers import Reducer
-from txstream.engine.temporal import Resolved, Session
+from txstream.engine.temporal import WINDOW_END, WINDOW_START, Resolved, Session
 from txstream.schemas.tables import TableSchema
 
 # The wall clock's source: the transactions' wall times, as the engine is given them
@@ -87,6 +87,9 @@ class AsofJoinNode(Node):
     on: tuple[str, ...] = ()
     how: AsofHow = "inner"
     direction: Direction = "backward"
+    # Under a behavior with a cutoff (both inputs its outputs): the cutoff in the times' units,
+    # by which right rows no row can reach any more are dropped.
+    cutoff: int | float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,13 +121,18 @@ class DistinctNode(Node):
 
 @dataclass(frozen=True, eq=False)
 class BehaviorNode(Node):
-    """A windowed table's rows as a temporal behavior lets them through, by the clock of the
-    event-time column `time` (`txstream.engine.operators.behavior`); `timed`: a timestamp
-    column, the behavior's lengths in microseconds."""
+    """A table's rows as a temporal behavior lets them through, by the clock of the event-time
+    column `time` (`txstream.engine.operators.behavior`); `timed`: a timestamp column, the
+    behavior's lengths in microseconds. `bounds`: the columns a row's release and close are
+    reckoned from (a window's start and end; for a join's side, its time twice). `forgets`:
+    whether released rows leave at close (not for the right side of an as-of join, whose rows
+    the join itself drops once no row can reach them)."""
 
     time: str = ""
     timed: bool = False
     behavior: Resolved = field(default_factory=lambda: Resolved(None, None))
+    bounds: tuple[str, str] = (WINDOW_START, WINDOW_END)
+    forgets: bool = True
 
 
 @dataclass(frozen=True, eq=False)

@@ -56,7 +56,9 @@ its transaction, once. A filter may compare a column with now(), the transaction
 time (`txstream.engine.operators.now_filter`). Interval joins (`Table.interval_join`,
 `interval(lower_bound, upper_bound)`) are an equi-join and a filter on the difference of the
 times (left, right and outer ones add the rows whose key and time reach no partner): exact as
-those are. Not yet: behaviors on as-of and interval joins.
+those are. A `common_behavior` on an as-of or inner interval join applies to each side by its
+own clock (`BehaviorNode` with the side's time as both bounds; the join reads each row's fate:
+`txstream.engine.operators.join`, `asof_join`).
 """
 
 from __future__ import annotations
@@ -206,6 +208,11 @@ class Interval:
                 f"interval({self.lower_bound!r}, {self.upper_bound!r}): the lower bound is above "
                 "the upper one")
 
+    @property
+    def timed(self) -> bool:
+        """Whether the interval is of timestamps (timedelta bounds)."""
+        return isinstance(self.lower_bound, timedelta)
+
     def mirrored(self) -> Interval:
         """The same pairs seen from the other side: `-upper <= self_time - other_time <=
         -lower`."""
@@ -242,27 +249,42 @@ class CommonBehavior:
     def resolved(self, window: Sliding | Session, table: str) -> Resolved:
         """The behavior in the window's units (microseconds for timestamp windows), checked
         against the window: lengths of its kind, not negative, a cutoff to close by."""
+        return self.in_units(window.timed, f"windowby on {table}",
+                             f"window {window.describe()}: a timedelta for timestamp windows, "
+                             "a number for numeric ones")
+
+    def in_units(self, timed: bool | None, where: str, kinds: str) -> Resolved:
+        """The behavior in its times' units (microseconds for timestamps; `timed` None: the
+        kind its own lengths say, one for all), checked: lengths of that kind (`kinds` says
+        which, in a message), not negative, a cutoff to close by. `where`: what it is a
+        behavior of, for messages."""
         if not self.keep_results and self.cutoff is None:
             raise PipelineDefinitionError(
-                f"windowby on {table}: keep_results=False retracts a window when the clock "
-                "passes its end plus the cutoff, so it needs a cutoff; give one")
-        for name, length in (("delay", self.delay), ("cutoff", self.cutoff)):
-            if length is None:
-                continue
+                f"{where}: keep_results=False retracts results when the clock passes them by "
+                "the cutoff, so it needs a cutoff; give one")
+        given = [(name, length) for name, length in (("delay", self.delay),
+                                                      ("cutoff", self.cutoff))
+                 if length is not None]
+        for name, length in given:
             if isinstance(length, bool) or not isinstance(length, timedelta | int | float):
                 raise PipelineDefinitionError(
-                    f"windowby on {table}: behavior {name}={length!r} must be a timedelta or a "
-                    "number")
-            if isinstance(length, timedelta) != window.timed:
+                    f"{where}: behavior {name}={length!r} must be a timedelta or a number")
+            if timed is None:
+                timed = isinstance(length, timedelta)
+            if isinstance(length, timedelta) != timed:
                 raise PipelineDefinitionError(
-                    f"windowby on {table}: behavior {name}={length!r} and window "
-                    f"{window.describe()}: a timedelta for timestamp windows, a number for "
-                    "numeric ones")
+                    f"{where}: behavior {name}={length!r} and {kinds}")
             if not (_positive(length) or _number(length) == 0):
                 raise PipelineDefinitionError(
-                    f"windowby on {table}: behavior {name}={length!r} must not be negative")
+                    f"{where}: behavior {name}={length!r} must not be negative")
         return Resolved(*(None if x is None else _in_units(x) for x in (self.delay, self.cutoff)),
                         keep_results=self.keep_results)
+
+    @property
+    def timed(self) -> bool | None:
+        """Whether its lengths are timedeltas (for timestamps); None: it has none."""
+        given = [x for x in (self.delay, self.cutoff) if x is not None]
+        return isinstance(given[0], timedelta) if given else None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,21 @@ transaction's output is what processing it alone gives, at every batch size.
 State: both sides' rows, looked up by the `on` columns (right rows with a null time, which
 never match, are not kept). Without a behavior both grow with their inputs, and a key's left
 rows are read again whenever its right rows change (within reach).
+
+Under a behavior (`Table.asof_join(..., behavior=)`) both inputs are a behavior's outputs
+(`txstream.engine.operators.behavior`), each side's rows delayed and judged late by its own
+clock. A left row is matched as its `FATE` says (pairs from `COUNTS` and `SHOWN` rows, the
+state from `COUNTS` and `FORGETS`): the output is linear in the left side, so the rule above
+holds with L the kept rows, and a forgotten left row's pair stays. The right side's behavior
+forgets nothing: the join drops right rows itself, once no row can reach them. With cutoff c
+and the two sides' clocks after the batch (`left_clock`, `right_clock`, their inputs' largest
+times), let b = min(clocks) - c: every left row still in state or yet to come lies above b (at
+or below it, its side's clock passed it by c: forgotten or late), and so does every right
+change yet to come. A right row at or below b (forward), or below a row of its key at or below
+b (backward, nearest: that row is nearer every left row above b), is no row's partner now or
+later: dropped after the batch, changing no pair. The right rows are then few, read whole every
+batch (not looked up). Pathway forgets a right row by the right's clock alone, which can
+change a live left row's partner (to an earlier row or none); txstream never does.
 """
 
 from __future__ import annotations
@@ -43,6 +58,8 @@ from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.frames import build_side, col, join, prefixed, union_all
 from txstream.engine.nodes import AsofJoinNode
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
+from txstream.engine.operators.behavior import fated, rows_of, shown_and_kept
+from txstream.engine.operators.clocks import CLOCK, advance, clock_state
 from txstream.engine.operators.join import JoinLayout
 from txstream.engine.state import ZSetState
 
@@ -50,6 +67,8 @@ from txstream.engine.state import ZSetState
 # changed key's columns when joined, a right row's multiplicity then, and the candidates' rank.
 _AS_OF, _RIGHT, _CHANGED = "__as_of", "__r_", "__c_"
 _HELD, _RANK = "__held", "__rank"
+# A key's latest right time at or below the time no row can reach past (see `_forget`).
+_REACHED = "__reached"
 # A changed key's least and greatest changed right time (in the time's units).
 _LOW, _HIGH = "__low", "__high"
 
@@ -58,7 +77,10 @@ class AsofJoinOp(Operator):
     node: AsofJoinNode
 
     def _resolve(self) -> StructType:
-        left, right = self.input_schemas
+        # Under a behavior both sides are its outputs (`txstream.engine.operators.behavior`):
+        # their rows are the behavior's input's, and say their `FATE`.
+        self.fated = fated(self.input_schemas[0])
+        left, right = self.sides = [rows_of(s) for s in self.input_schemas]
         self.layout = JoinLayout(self, left, right, self.node.on)
         self._require(left, [self.node.left_time], "left time")
         self._require(right, [self.node.right_time], "right time")
@@ -73,11 +95,18 @@ class AsofJoinOp(Operator):
         self.timed = timed[0]
         on = list(self.node.on) or None
         self.left_state = ZSetState(left.names, [DIFF], lookup=on, placement=self.placement)
-        self.right_state = ZSetState(right.names, [DIFF], lookup=on, placement=self.placement)
+        # Under a cutoff the right rows are read whole every batch (to drop those no row can
+        # reach): few, so not looked up by key.
+        self.right_state = ZSetState(right.names, [DIFF],
+                                     lookup=on if self.node.cutoff is None else None,
+                                     placement=self.placement)
+        self.clocks = ([clock_state(self.placement), clock_state(self.placement)]
+                       if self.node.cutoff is not None else [])
         return self.layout.schema
 
     def states(self) -> dict[str, ZSetState]:
-        return {"left_state": self.left_state, "right_state": self.right_state}
+        clocks = dict(zip(("left_clock", "right_clock"), self.clocks, strict=False))
+        return {"left_state": self.left_state, "right_state": self.right_state, **clocks}
 
     def key(self, inputs: Sequence[Key]) -> Key:
         """The left's: each left row is in one pair (or padded) at a time."""
@@ -91,10 +120,11 @@ class AsofJoinOp(Operator):
         return F.unix_micros(column) if self.timed else column
 
     def _held(self, state: ZSetState, probe: DataFrame, planned: int) -> DataFrame | None:
-        """The state's rows of `probe`'s keys (all of them without `on` columns), at
-        BEFORE_BATCH."""
+        """The state's rows of `probe`'s keys (all of them when it is not looked up: without
+        `on` columns, or a right side under a cutoff), at BEFORE_BATCH."""
         on = list(self.node.on)
-        held = state.lookup(probe, on, planned) if on else state.whole(planned)
+        held = (state.lookup(probe, on, planned) if state.lookup_on is not None
+                else state.whole(planned))
         return None if held is None else held.withColumn(TIME, F.lit(BEFORE_BATCH).cast("long"))
 
     def plan(self, deltas: Sequence[Delta], batch: BatchPlan) -> Delta:
@@ -103,10 +133,21 @@ class AsofJoinOp(Operator):
             return None
         planned = batch.parallelism
         on = list(self.node.on)
-        left_names = self.input_schemas[0].names
+        left_names = self.sides[0].names
+        if self.clocks:
+            bound = self._advance(d_left, d_right, batch)
+        # The left rows as they are matched and as the state keeps them (a forgotten row leaves
+        # the state, its pair stays); the right side's behavior forgets nothing (the join drops
+        # what no row can reach, below), so its rows are matched as they are kept.
         if d_left is not None:
             d_left = batch.shared(batch.clustered(d_left, on) if on else d_left, on or None)
+        kept_left = d_left
+        if d_left is not None and self.fated:
+            d_left, kept_left = (batch.shared(d, on or None)
+                                 for d in shown_and_kept(d_left, batch))
         if d_right is not None:
+            if self.fated:
+                d_right = shown_and_kept(d_right, batch)[0]
             # A right row whose time is null matches nothing, now or ever: not kept.
             d_right = d_right.where(col(self.node.right_time).isNotNull())
             d_right = batch.shared(batch.clustered(d_right, on) if on else d_right, on or None)
@@ -121,14 +162,17 @@ class AsofJoinOp(Operator):
         if d_left is not None:
             probes.append(d_left.select(*[col(n) for n in left_names],
                                         col(TIME).alias(_AS_OF), col(TIME), col(DIFF)))
-            batch.append(self.left_state, d_left)
+            batch.append(self.left_state, kept_left)
         if d_right is not None:
-            probes += self._reached(d_left, d_right, planned)
+            probes += self._reached(kept_left, d_right, planned)
+        if self.clocks:
+            self._forget(d_right, bound, batch)
+        elif d_right is not None:
             batch.append(self.right_state, d_right)
         if not probes:
             return None  # right changes only, and no left rows they could reach
         if not right:  # no right rows yet: every probe is without a partner
-            right = [self._empty(StructType([*self.input_schemas[1].fields,
+            right = [self._empty(StructType([*self.sides[1].fields,
                                              StructField(TIME, LongType()),
                                              StructField(DIFF, LongType())]))]
         pairs = self._matched(union_all(probes, planned), union_all(right, planned), planned)
@@ -140,7 +184,7 @@ class AsofJoinOp(Operator):
                  ) -> list[DataFrame]:
         """For each key and transaction t with right changes, the key's left rows before t
         that a change can reach, to be matched as of t (+) and as of t - 1 (-), at t."""
-        on, left_names = list(self.node.on), self.input_schemas[0].names
+        on, left_names = list(self.node.on), self.sides[0].names
         at = self._at(col(self.node.right_time))
         changed = build_side(prefixed(
             d_right.groupBy(*[col(k) for k in on], col(TIME))
@@ -173,7 +217,7 @@ class AsofJoinOp(Operator):
         time and diff) with its partner among the `right` rows present then (the right's
         columns null without one; dropped then by an inner join)."""
         lay = self.layout
-        left_names = self.input_schemas[0].names
+        left_names = self.sides[0].names
         probes = (probes.groupBy(*[col(n) for n in left_names], col(_AS_OF), col(TIME))
                   .agg(F.sum(col(DIFF)).alias(DIFF)).where(col(DIFF) != 0))
         r = build_side(prefixed(right, _RIGHT))
@@ -204,3 +248,57 @@ class AsofJoinOp(Operator):
             *[col(c) for c in lay.on + lay.left_rest],
             *[F.when(present, col(f"{_RIGHT}{c}")).alias(c) for c in lay.right_rest],
             col(TIME), col(DIFF))
+
+    def _advance(self, d_left: Delta, d_right: Delta, batch: BatchPlan) -> DataFrame:
+        """Stage each side's clock after the batch (its rows' largest time so far, every row
+        counted) and return the time at or below which no row can reach a right row any more
+        (one row, `CLOCK`): the smaller clock minus the cutoff. Each side's clock trails its
+        behavior's (a delayed row counts from its release), which only delays forgetting."""
+        after = []
+        for side, (state, d) in enumerate(zip(self.clocks, (d_left, d_right), strict=True)):
+            before = state.whole(batch.parallelism)
+            time = (self.node.left_time, self.node.right_time)[side]
+            peaks = ([before.select(col(CLOCK))] if before is not None else []) + (
+                [d.select(self._at(col(time)).alias(CLOCK))] if d is not None else [])
+            if not peaks:  # no row on this side yet: no clock, nothing to forget
+                after.append(self._empty(StructType([StructField(f"{CLOCK}{side}", LongType())])))
+                continue
+            clock = batch.shared(
+                union_all(peaks, batch.parallelism).agg(F.max(col(CLOCK)).alias(CLOCK)))
+            if d is not None:
+                advance(state, before, clock, batch)
+            after.append(clock.select(col(CLOCK).alias(f"{CLOCK}{side}")))
+        # Null while a side's clock is (its rows so far without a time): no row of it is late
+        # then, so nothing can be dropped (`least` would skip the null).
+        clocks = [col(f"{CLOCK}{side}") for side in (0, 1)]
+        return after[0].crossJoin(after[1]).select(
+            F.when(clocks[0].isNotNull() & clocks[1].isNotNull(),
+                   F.least(*clocks) - F.lit(self.node.cutoff)).alias(CLOCK))
+
+    def _forget(self, d_right: Delta, bound: DataFrame, batch: BatchPlan) -> None:
+        """Stage the batch's right changes and drop the right rows no row can reach any more:
+        those at or below `bound` (forward), or below a row of their key at or below it
+        (backward, nearest; the nearest row is never further than that one). A left row at or
+        below the bound is late or forgotten (its side's clock passed it by the cutoff), and so
+        is any change of a right row there: what is dropped changes no pair, now or later."""
+        planned = batch.parallelism
+        on, names = list(self.node.on), self.sides[1].names
+        changes = [d_right.select(*[col(n) for n in names], col(DIFF))] \
+            if d_right is not None else []
+        held = self.right_state.whole(planned)
+        parts = changes + ([held.select(*[col(n) for n in names], col(DIFF))]
+                           if held is not None else [])
+        if not parts:
+            return
+        present = (union_all(parts, planned).groupBy(*[col(n) for n in names])
+                   .agg(F.sum(col(DIFF)).alias(DIFF)).where(col(DIFF) != 0)
+                   .crossJoin(F.broadcast(bound)))
+        at = self._at(col(self.node.right_time))
+        if self.node.direction == "forward":
+            gone = present.where(at <= col(CLOCK))
+        else:
+            latest = Window.partitionBy(*[col(k) for k in on]) if on else Window.partitionBy()
+            reached = F.max(F.when(at <= col(CLOCK), at)).over(latest)
+            gone = present.select("*", reached.alias(_REACHED)).where(at < col(_REACHED))
+        dropped = gone.select(*[col(n) for n in names], (-col(DIFF)).alias(DIFF))
+        batch.append(self.right_state, union_all([dropped, *changes], planned))

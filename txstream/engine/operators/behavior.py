@@ -1,11 +1,13 @@
 """Temporal behavior: when a windowed table's rows reach the reduce after it, and when they leave
 (Pathway's `common_behavior(delay, cutoff, keep_results)`; `exactly_once_behavior(shift)` is
-`delay = duration + shift, cutoff = shift`).
+`delay = duration + shift, cutoff = shift`); the same for each side of a join by time.
 
     windowed rows --> [ clock | late? | buffer until released | kept until closed ] --> reduce
+    a join's side --> [ the same, a row its own window: start = end = its time ] --> join
 
 The rule (DESIGN section 10), per row of the input (a row in one of its windows, with its
-transaction N and diff):
+transaction N and diff; the window's `start` and `end` are the node's `bounds` columns, both a
+join side's time, so a row is released at `time + delay` and closed at `time + cutoff`):
 
 * clock: `C(N)`, the largest event time of the input's rows of transactions up to N (one clock
   for the table, deletions included; a transaction's changes consolidated first);
@@ -21,7 +23,13 @@ Every row of the output says its `FATE`: `COUNTS` (the reduce's state and output
 (its state only), `SHOWN` (its output only: a row released and forgotten in one transaction,
 as every row of `exactly_once_behavior`, which would otherwise reach the reduce twice) or `LATE`
 (neither: the late rows' table, `txstream.engine.operators.late`, which takes `LATE_CLOCK`, the
-clock before the row's transaction, null on the other rows).
+clock before the row's transaction, null on the other rows). A join reads them as the reduce
+does (`shown_and_kept`): its pairs are made of `COUNTS` and `SHOWN` rows, its state keeps
+`COUNTS` and `FORGETS`, so a forgotten row's pairs stay and it pairs with no later row.
+
+A node that does not forget (`forgets=False`, an as-of join's right side) judges rows late and
+delays them, but never closes: every released row `COUNTS`, none leaves. A row whose bounds are
+null (a join side's row without a time) is never late, released at once and never closed.
 
 Delta rule: the clock after each transaction of the batch is a running maximum over the
 batch's transactions, started from the clock before it (state); so are, per window, its
@@ -32,26 +40,29 @@ Every such time is a transaction of the batch, so the output of each transaction
 processing it alone gives, at every batch size.
 
 State: `clock` (the one value of the clock), `buffer` (rows not yet released, with a delay),
-`released` (rows released and not yet closed, with a cutoff). All three are bounded by the
-windows still open: a closed window's rows leave both.
+`released` (rows released and not yet closed, with a cutoff, when the node forgets). All three
+are bounded by the windows still open (a closed window's rows leave both) and the rows without
+a time (a join side's; a source's event time is never null: such a record is a dead letter).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, StructField, StructType
+from pyspark.sql.types import IntegerType, NumericType, StructField, StructType, TimestampType
 
 from txstream.engine.batch import BatchPlan
 from txstream.engine.columns import BEFORE_BATCH, DIFF, TIME
+from txstream.engine.errors import PipelineDefinitionError
 from txstream.engine.frames import build_side, col, join, prefixed, union_all
 from txstream.engine.nodes import BehaviorNode
 from txstream.engine.operators.base import Delta, Operator
 from txstream.engine.operators.clocks import BEFORE, CLOCK, advance, clock_state, running
 from txstream.engine.state import ZSetState
-from txstream.engine.temporal import WINDOW_END, WINDOW_START, event_micros
+from txstream.engine.temporal import event_micros
 
 # Output columns (see the module doc): what the reduce does with a row, and a late row's clock.
 FATE, LATE_CLOCK = "__fate", "__late_clock"
@@ -69,18 +80,31 @@ class BehaviorOp(Operator):
     sees_transactions = True
 
     def _resolve(self) -> StructType:
-        src = self.input_schemas[0]
-        self._require(src, [self.node.time, WINDOW_START, WINDOW_END], "event-time")
+        # The input may be a delaying behavior's output (a join side under a delay and a cutoff,
+        # as Pathway chains them), whose rows all count: read as the rows they are.
+        src = self.rows = rows_of(self.input_schemas[0])
+        start, end = self.node.bounds
+        self._require(src, [self.node.time, start, end], "event-time")
+        time = src[self.node.time].dataType
+        if not isinstance(time, TimestampType if self.node.timed else NumericType):
+            raise PipelineDefinitionError(
+                f"{self.node.label}: time {self.node.time!r} is {time.simpleString()}, but the "
+                "behavior's lengths are " + ("timedeltas (for timestamps)" if self.node.timed
+                                             else "numbers (for numeric times)"))
         names = src.names
         behavior = self.node.behavior
         self.clock = clock_state(self.placement)
         self.buffer = (ZSetState(names, [DIFF], placement=self.placement)
                        if behavior.delay is not None else None)
         self.released = (ZSetState(names, [DIFF], placement=self.placement)
-                         if behavior.cutoff is not None else None)
-        time = src[self.node.time].dataType
+                         if self.closes else None)
         return StructType([*src.fields, StructField(FATE, IntegerType(), False),
                            StructField(LATE_CLOCK, time, True)])
+
+    @property
+    def closes(self) -> bool:
+        """Whether released rows leave at close (a cutoff, and rows that are forgotten)."""
+        return self.node.behavior.cutoff is not None and self.node.forgets
 
     def engine_columns(self) -> frozenset[str]:
         return frozenset({FATE, LATE_CLOCK})
@@ -98,7 +122,7 @@ class BehaviorOp(Operator):
         if d is None:
             return None  # the clock moves with rows only: nothing is released or closed
         planned = batch.parallelism
-        names = self.input_schemas[0].names
+        names = self.rows.names
         rows = [col(n) for n in names]
         # Consolidated (a row inserted and deleted in one transaction moves no clock), and read
         # three times below: computed once.
@@ -120,8 +144,10 @@ class BehaviorOp(Operator):
         entries = union_all(parts, planned)
 
         windows = build_side(prefixed(self._thresholds(entries, clocks, planned), _WINDOW))
-        on = ((entries[f"`{WINDOW_START}`"] == windows[f"`{_WINDOW}{WINDOW_START}`"])
-              & (entries[f"`{WINDOW_END}`"] == windows[f"`{_WINDOW}{WINDOW_END}`"]))
+        # Null-safe: a row whose bounds are null (a join side's row without a time) is never
+        # late, released at once and never closed.
+        on = reduce(lambda a, b: a & b, [entries[f"`{b}`"].eqNullSafe(windows[f"`{_WINDOW}{b}`"])
+                                         for b in self._bounds])
         marked = batch.shared(
             join(entries, windows, on, "inner", planned)
             .select(*rows, col(TIME), col(DIFF), col(_FROM),
@@ -131,7 +157,7 @@ class BehaviorOp(Operator):
         on_time = marked.where(~late)
 
         released, close = self._released_at(), col(_CLOSE)
-        keep = self.node.behavior.keep_results
+        keep = self.node.behavior.keep_results or not self.node.forgets
         # Whether the row's window closed at or before its release (never without a cutoff):
         # with keep_results=False it is never shown; with results kept it is forgotten as it
         # is shown.
@@ -139,16 +165,17 @@ class BehaviorOp(Operator):
         shown = released.isNotNull() & (released != BEFORE_BATCH) & (
             F.lit(True) if keep else ~closed_first)
         no_clock = F.lit(None).cast(self.schema[LATE_CLOCK].dataType).alias(LATE_CLOCK)
-        fate = F.when(closed_first, F.lit(SHOWN)).otherwise(F.lit(COUNTS)) if keep \
-            else F.lit(COUNTS)
+        fate = F.when(closed_first, F.lit(SHOWN)).otherwise(F.lit(COUNTS)) \
+            if keep and self.closes else F.lit(COUNTS)
         changes = [on_time.where(shown).select(*rows, fate.alias(FATE), no_clock,
                                                released.alias(TIME), col(DIFF))]
-        if self.node.behavior.cutoff is not None:
+        if self.closes:
             # The rest of a closed window's released rows: forgotten (results kept) or retracted.
             retracted = released.isNotNull() & close.isNotNull() & (close > released)
             changes.append(on_time.where(retracted).select(
                 *rows, F.lit(FORGETS if keep else COUNTS).alias(FATE), no_clock,
                 close.alias(TIME), (-col(DIFF)).alias(DIFF)))
+        if self.node.behavior.cutoff is not None:
             changes.append(self._late_rows(marked.where(late), clocks, planned))
 
         # What the states hold after the batch: buffered rows not yet released (with
@@ -168,17 +195,21 @@ class BehaviorOp(Operator):
         whose clock reaches `start + delay` and `end + cutoff`; null when none does."""
         behavior = self.node.behavior
         reached = []
-        for threshold, name in ((behavior.delay, _RELEASE), (behavior.cutoff, _CLOSE)):
-            bound = self._at(WINDOW_START if name == _RELEASE else WINDOW_END)
-            first = (F.min(F.when(col(CLOCK) >= bound + F.lit(threshold), col(TIME)))
+        for threshold, name, bound in ((behavior.delay, _RELEASE, self.node.bounds[0]),
+                                       (behavior.cutoff, _CLOSE, self.node.bounds[1])):
+            first = (F.min(F.when(col(CLOCK) >= self._at(bound) + F.lit(threshold), col(TIME)))
                      if threshold is not None else F.lit(None).cast("long"))
             reached.append(first.alias(name))
-        windows = entries.select(col(WINDOW_START), col(WINDOW_END)).distinct()
-        pairs = windows.crossJoin(clocks)
+        bounds = [col(b) for b in self._bounds]
+        pairs = entries.select(*bounds).distinct().crossJoin(clocks)
         # A product's partitioning is unknown to Spark: at P = 1 it is said to be one partition,
         # or the aggregate would exchange it into the session's shuffle partitions and back.
-        return ((pairs.coalesce(1) if planned == 1 else pairs)
-                .groupBy(col(WINDOW_START), col(WINDOW_END)).agg(*reached))
+        return (pairs.coalesce(1) if planned == 1 else pairs).groupBy(*bounds).agg(*reached)
+
+    @property
+    def _bounds(self) -> list[str]:
+        """The bounds' columns, each once (a join side's time is both)."""
+        return list(dict.fromkeys(self.node.bounds))
 
     def _late_rows(self, late: DataFrame, clocks: DataFrame, planned: int) -> DataFrame:
         """The late rows, at their transactions, with the clock before it (in the time
@@ -188,7 +219,7 @@ class BehaviorOp(Operator):
         if self.node.timed:
             clock = F.timestamp_micros(clock)
         return join(late, before, late[f"`{TIME}`"] == before[f"`{_CLOCKS}{TIME}`"], "inner",
-                    planned).select(*[col(n) for n in self.input_schemas[0].names],
+                    planned).select(*[col(n) for n in self.rows.names],
                                     F.lit(LATE).alias(FATE),
                                     clock.cast(self.schema[LATE_CLOCK].dataType).alias(LATE_CLOCK),
                                     col(TIME), col(DIFF))
@@ -204,8 +235,10 @@ class BehaviorOp(Operator):
         """When a row is released: BEFORE_BATCH for a row released before, its transaction
         without a delay, else the later of its transaction and its window's release (null:
         not in this batch)."""
+        start = col(self.node.bounds[0])
         release = (col(TIME) if self.node.behavior.delay is None
-                   else F.when(col(_RELEASE).isNotNull(), F.greatest(col(TIME), col(_RELEASE))))
+                   else F.when(start.isNull(), col(TIME))
+                   .when(col(_RELEASE).isNotNull(), F.greatest(col(TIME), col(_RELEASE))))
         return F.when(col(_FROM) == _RELEASED, F.lit(BEFORE_BATCH).cast("long")) \
             .otherwise(release)
 
@@ -216,5 +249,26 @@ class BehaviorOp(Operator):
         diff = (F.when(col(_FROM).isin(*entering) & stays, col(DIFF))
                 .when((col(_FROM) == origin) & ~stays, -col(DIFF))
                 .otherwise(F.lit(0).cast("long")))
-        return marked.select(*[col(n) for n in self.input_schemas[0].names],
+        return marked.select(*[col(n) for n in self.rows.names],
                              diff.alias(DIFF)).where(col(DIFF) != 0)
+
+
+def fated(schema: StructType) -> bool:
+    """Whether `schema` is a behavior's output (its rows say their `FATE`)."""
+    return FATE in schema.names
+
+
+def rows_of(schema: StructType) -> StructType:
+    """A behavior's output schema without the behavior's columns: its input's."""
+    return StructType([f for f in schema.fields if f.name not in (FATE, LATE_CLOCK)])
+
+
+def shown_and_kept(changes: DataFrame, batch: BatchPlan) -> tuple[DataFrame, DataFrame]:
+    """Of a behavior's output `changes`, without the behavior's columns, the rows a join after
+    it pairs into its output (`COUNTS`, `SHOWN`) and those its state keeps (`COUNTS`,
+    `FORGETS`); a late row is neither. Clustered as `changes` are."""
+    rows = [f.name for f in changes.schema.fields if f.name not in (FATE, LATE_CLOCK)]
+
+    def having(*fates: int) -> DataFrame:
+        return batch.keeps(changes.where(col(FATE).isin(*fates)).select(*rows), changes)
+    return having(COUNTS, SHOWN), having(COUNTS, FORGETS)
