@@ -250,24 +250,33 @@ def run(spark: SparkSession, name: str, views: dict[str, np.ndarray], args: argp
         outputs.append(out["per_window"].table)
         done += chunk.num_rows
         if done in (min(args.first, events), events):
-            states = engine.state_rows()
-            samples.append({"events": done, "state_rows": sum(states.values()),
-                            "by_state": states, "jvm_heap_mb_after_gc": heap_mb(spark),
-                            "events_per_s_so_far": round(done / computing)})
-            log(f"{name}: {done:,} events, {sum(states.values()):,} state rows, "
-                f"{done / computing:,.0f} events/s")
+            samples.append(sample(spark, engine, name, done, computing))
     want, late = expected(views, transaction, name)
     got = integrated(outputs)
     assert got == want, f"{name}: {len(got)} windows, {len(want)} expected"
     assert sum(engine.late_rows.values()) == late, (engine.late_rows, late)
-    first, last = samples[0], samples[-1]
     return {"events": events, "seconds": round(computing, 2),
             "events_per_s": round(events / computing), "windows_out": len(got),
-            "late_rows": late, "samples": samples,
+            "late_rows": late, **growth(samples), "verified": True}
+
+
+def sample(spark: SparkSession, engine: Engine, name: str, done: int, computing: float
+           ) -> dict[str, Any]:
+    """The rows every state holds and the heap after a full GC, `done` events in."""
+    states = engine.state_rows()
+    log(f"{name}: {done:,} events, {sum(states.values()):,} state rows, "
+        f"{done / computing:,.0f} events/s")
+    return {"events": done, "state_rows": sum(states.values()), "by_state": states,
+            "jvm_heap_mb_after_gc": heap_mb(spark), "events_per_s_so_far": round(done / computing)}
+
+
+def growth(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The samples, and the last one's state rows and heap over the first one's."""
+    first, last = samples[0], samples[-1]
+    return {"samples": samples,
             "state_rows_growth": round(last["state_rows"] / max(first["state_rows"], 1), 3),
             "heap_growth": round(last["jvm_heap_mb_after_gc"]
-                                 / first["jvm_heap_mb_after_gc"], 3),
-            "verified": True}
+                                 / first["jvm_heap_mb_after_gc"], 3)}
 
 
 def main() -> None:

@@ -38,7 +38,15 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from bench.temporal import DAY, DAY_US, MINUTE_US, heap_mb, log, page_views, transactions_of
+from bench.temporal import (
+    DAY,
+    DAY_US,
+    MINUTE_US,
+    growth,
+    page_views,
+    sample,
+    transactions_of,
+)
 from txstream.changes import DIFF, TIME, Changes
 from txstream.engine import Engine, Pipeline
 from txstream.engine import temporal as t
@@ -123,7 +131,8 @@ def run(spark: SparkSession, name: str, views: dict[str, np.ndarray],
                           schema=PRICES.arrow_schema(with_changes=True))
     rows = args.per_transaction * args.per_batch
     got: dict[int, int] = {}
-    samples, computing, done = [], 0.0, 0
+    samples: list[dict[str, Any]] = []
+    computing, done = 0.0, 0
     for lo in range(0, events, rows):
         chunk = view_rows.slice(lo, rows)
         first, last = transaction[lo], transaction[min(lo + rows, events) - 1]
@@ -140,23 +149,13 @@ def run(spark: SparkSession, name: str, views: dict[str, np.ndarray],
                 del got[view]
         done += chunk.num_rows
         if done in (min(args.first, events), events):
-            states = engine.state_rows()
-            samples.append({"events": done, "state_rows": sum(states.values()),
-                            "by_state": states, "jvm_heap_mb_after_gc": heap_mb(spark),
-                            "events_per_s_so_far": round(done / computing)})
-            log(f"{name}: {done:,} events, {sum(states.values()):,} state rows, "
-                f"{done / computing:,.0f} events/s")
+            samples.append(sample(spark, engine, name, done, computing))
     want, late = expected(views, table, transaction,
                           cutoff * MINUTE_US if cutoff is not None else None)
     assert got == want, f"{name}: {len(got)} views priced, {len(want)} expected"
     assert sum(engine.late_rows.values()) == late, (engine.late_rows, late)
-    first_sample, last_sample = samples[0], samples[-1]
     return {"events": events, "prices": len(table["pid"]), "seconds": round(computing, 2),
-            "events_per_s": round(events / computing), "late_rows": late, "samples": samples,
-            "state_rows_growth": round(last_sample["state_rows"]
-                                       / max(first_sample["state_rows"], 1), 3),
-            "heap_growth": round(last_sample["jvm_heap_mb_after_gc"]
-                                 / first_sample["jvm_heap_mb_after_gc"], 3),
+            "events_per_s": round(events / computing), "late_rows": late, **growth(samples),
             "verified": True}
 
 
