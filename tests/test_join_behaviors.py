@@ -320,6 +320,30 @@ def test_a_join_under_a_cutoff_holds_only_what_later_rows_can_reach(spark: Spark
     assert bounded["left_state"] == 10 and bounded["right_state"] == 6, bounded
 
 
+def test_rows_without_a_time_under_a_behavior(spark: SparkSession) -> None:
+    """A computed time may be null: such a row pairs with nothing, so an interval join leaves it
+    out before its behavior (where it would never be forgotten), and a left as-of join shows it
+    padded, once; the docstring example otherwise gives what it gave."""
+    p = Pipeline()
+    t1 = p.source("t1", VALUES).select(
+        "value", "instance", event_time="CASE WHEN value = 3 THEN NULL ELSE event_time END")
+    t2 = p.source("t2", OTHERS)
+    behavior = t.common_behavior(cutoff=6)
+    p.output("interval", t1.interval_join(t2, "event_time", "other_time", t.interval(-2, 2),
+                                          on="instance", behavior=behavior))
+    p.output("asof", t1.asof_join(t2, "event_time", "other_time", on="instance", how="left",
+                                  behavior=behavior))
+    engine = Engine(p, spark)
+    got = _outputs(spark, p, INTERVAL_SIDES, 1, engine=engine)
+    assert got["interval"] == [(1, 1, 0, 42, 2, 1, 1), (1, 6, 4, 42, 2, 4, 1),
+                               (2, 4, 8, 8, 10, 5, 1)]
+    assert [row for row in got["asof"] if row[1] == 3] == [(1, 3, None, None, None, 2, 1)]
+    # The rows the behaviors hold until forgotten: the interval join's left side rows 4 and 6
+    # (row 3 left out), its right side 8; the as-of join's left side rows 3, 4 and 6.
+    held = {name: n for name, n in engine.state_rows().items() if name.endswith("-released")}
+    assert sorted(held.values()) == [1, 2, 3], held
+
+
 # --- definition errors -------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("behavior", "how", "says"), [

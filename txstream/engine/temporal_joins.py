@@ -15,6 +15,7 @@ from txstream.engine.nodes import (
     BehaviorNode,
     ConcatNode,
     Direction,
+    FilterNode,
     JoinHow,
     JoinNode,
     LateNode,
@@ -88,7 +89,7 @@ class TemporalJoins:
                                              direction=direction))
         resolved, timed = rules
         sides = self._behaved(other, self_time, other_time, resolved, timed, label,
-                              right_forgets=False)
+                              right_forgets=False, keep_timeless=how == "left")
         return self._joined(AsofJoinNode(label, sides, left_time=self_time,
                                          right_time=other_time, on=keys, how=how,
                                          direction=direction, cutoff=resolved.cutoff), sides)
@@ -148,7 +149,7 @@ class TemporalJoins:
             label = (f"interval_join of {self.node.label} and {other.node.label} on "
                      f"{', '.join(keys)}")
             left, right = self._behaved(other, self_time, other_time, resolved, timed, label,
-                                        right_forgets=True)
+                                        right_forgets=True, keep_timeless=False)
             pairs = self._derive(left).join(self._derive(right), keys) \
                 .filter(window.holds(self_time, other_time))
             return self._joined(pairs.node, (left, right))
@@ -228,15 +229,22 @@ class TemporalJoins:
         return resolved, timed if timed is not None else bool(behavior.timed)
 
     def _behaved(self, other: Self, self_time: str, other_time: str, rules: Resolved,
-                 timed: bool, label: str, right_forgets: bool) -> tuple[Node, Node]:
+                 timed: bool, label: str, right_forgets: bool, keep_timeless: bool
+                 ) -> tuple[Node, Node]:
         """Each side of a join by time under the behavior `rules`, by its own clock: its time
         the bounds a row is released and closed by (`BehaviorNode`). With a delay and a cutoff,
         two nodes, as Pathway chains them: the cutoff judges the delayed rows by their clock
-        (the largest time released), not by the rows' as they arrive."""
+        (the largest time released), not by the rows' as they arrive. A row without a time
+        pairs with nothing and would never be forgotten: it is left out first, but on the left
+        of a left join (`keep_timeless`), which shows it padded."""
         behaved = []
-        for table, time, side, forgets in ((self, self_time, "left", True),
-                                           (other, other_time, "right", right_forgets)):
+        for table, time, side, forgets, timeless in (
+                (self, self_time, "left", True, keep_timeless),
+                (other, other_time, "right", right_forgets, False)):
             node, steps = table.node, [rules]
+            if not timeless:
+                node = FilterNode(f"{side} rows with a time of {label}", (node,),
+                                  predicate=f"`{time}` IS NOT NULL")
             if rules.delay is not None and rules.cutoff is not None:
                 steps = [Resolved(rules.delay, None),
                          Resolved(None, rules.cutoff, keep_results=rules.keep_results)]

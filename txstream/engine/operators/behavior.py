@@ -42,7 +42,8 @@ processing it alone gives, at every batch size.
 State: `clock` (the one value of the clock), `buffer` (rows not yet released, with a delay),
 `released` (rows released and not yet closed, with a cutoff, when the node forgets). All three
 are bounded by the windows still open (a closed window's rows leave both) and the rows without
-a time (a join side's; a source's event time is never null: such a record is a dead letter).
+a time (never a source's: such a record is a dead letter; of a computed time, only on the left
+of a left as-of join, which shows them padded: other joins leave them out before the behavior).
 """
 
 from __future__ import annotations
