@@ -267,8 +267,9 @@ def rows_of(schema: StructType) -> StructType:
 def shown_and_kept(changes: DataFrame, batch: BatchPlan) -> tuple[DataFrame, DataFrame]:
     """Of a behavior's output `changes`, without the behavior's columns, the rows a join after
     it pairs into its output (`COUNTS`, `SHOWN`) and those its state keeps (`COUNTS`,
-    `FORGETS`); a late row is neither. Clustered as `changes` are."""
-    rows = [f.name for f in changes.schema.fields if f.name not in (FATE, LATE_CLOCK)]
+    `FORGETS`); a late row is neither. Clustered as `changes` are. The reduce reads its
+    input's fates by the same rule."""
+    rows = rows_of(changes.schema).names
 
     def having(*fates: int) -> DataFrame:
         return batch.keeps(changes.where(col(FATE).isin(*fates)).select(*rows), changes)

@@ -41,7 +41,7 @@ from txstream.engine.frames import (
 )
 from txstream.engine.nodes import ReduceNode
 from txstream.engine.operators.base import Clustered, Delta, Key, Operator
-from txstream.engine.operators.behavior import FATE, FORGETS, LATE, SHOWN
+from txstream.engine.operators.behavior import FATE, LATE, shown_and_kept
 from txstream.engine.reducers import Reducer, ReducerError, ValueStats
 from txstream.engine.results import INSERT, OLD, RETRACT, Pairs
 from txstream.engine.state import ZSetState
@@ -287,7 +287,7 @@ class ReduceOp(Operator):
                 else d.select(*key_cols, col(TIME), *fate, *self._per_row))
         acc_delta = (batch.clustered(rows, keys) if in_place
                      else batch.shared(rows, clustered_by=keys))
-        shown, kept = self._shown_and_kept(acc_delta)
+        shown, kept = self._shown_and_kept(acc_delta, batch)
         touched = batch.shared(shown.select(*key_cols).distinct(), clustered_by=keys)
 
         # Running accumulators: the state's totals at BEFORE_BATCH, then the batch's rows (in
@@ -304,13 +304,14 @@ class ReduceOp(Operator):
         batch.append(self.acc_state, kept)
         return self._emit(groups.select(*self._new_row))
 
-    def _shown_and_kept(self, changes: DataFrame) -> tuple[DataFrame, DataFrame]:
-        """Of a batch's `changes`, those its output shows (without `FATE`) and those its state
-        keeps (see the module doc); both all of them without a temporal behavior."""
+    def _shown_and_kept(self, changes: DataFrame, batch: BatchPlan
+                        ) -> tuple[DataFrame, DataFrame]:
+        """Of a batch's `changes`, those its output shows and those its state keeps (see the
+        module doc; a join after a behavior reads the fates alike), without `FATE`; both all
+        of them without a temporal behavior."""
         if not self.temporal:
             return changes, changes
-        return (changes.where(col(FATE) != FORGETS).drop(FATE),
-                changes.where(col(FATE) != SHOWN))
+        return shown_and_kept(changes, batch)
 
     def _with_values(self, groups: DataFrame, d: DataFrame, touched: DataFrame, column: str,
                      batch: BatchPlan) -> DataFrame:
@@ -327,7 +328,7 @@ class ReduceOp(Operator):
                                                    col(DIFF)),
             [*keys, VALUE, *fate],
         ), clustered_by=keys)
-        vd, kept = self._shown_and_kept(changed)
+        vd, kept = self._shown_and_kept(changed, batch)
         touched_values = vd.select(*key_cols, col(VALUE)).distinct()
 
         # The state's values of the touched groups, split in two: values the batch does not
