@@ -156,6 +156,8 @@ class AsofJoinOp(Operator):
                              if d is not None], planned)
         right = [d_right] if d_right is not None else []
         held = self._held(self.right_state, touched, planned)
+        if held is not None and self.clocks:
+            held = batch.shared(held)  # the whole right side, read by `_forget` too
         right += [held] if held is not None else []
 
         probes = []
@@ -166,7 +168,7 @@ class AsofJoinOp(Operator):
         if d_right is not None:
             probes += self._reached(kept_left, d_right, planned)
         if self.clocks:
-            self._forget(d_right, bound, batch)
+            self._forget(d_right, held, bound, batch)
         elif d_right is not None:
             batch.append(self.right_state, d_right)
         if not probes:
@@ -275,8 +277,10 @@ class AsofJoinOp(Operator):
             F.when(clocks[0].isNotNull() & clocks[1].isNotNull(),
                    F.least(*clocks) - F.lit(self.node.cutoff)).alias(CLOCK))
 
-    def _forget(self, d_right: Delta, bound: DataFrame, batch: BatchPlan) -> None:
-        """Stage the batch's right changes and drop the right rows no row can reach any more:
+    def _forget(self, d_right: Delta, held: DataFrame | None, bound: DataFrame,
+                batch: BatchPlan) -> None:
+        """Stage the batch's right changes and drop the right rows (`held`: the state's, whole)
+        no row can reach any more:
         those at or below `bound` (forward), or below a row of their key at or below it
         (backward, nearest; the nearest row is never further than that one). A left row at or
         below the bound is late or forgotten (its side's clock passed it by the cutoff), and so
@@ -285,7 +289,6 @@ class AsofJoinOp(Operator):
         on, names = list(self.node.on), self.sides[1].names
         changes = [d_right.select(*[col(n) for n in names], col(DIFF))] \
             if d_right is not None else []
-        held = self.right_state.whole(planned)
         parts = changes + ([held.select(*[col(n) for n in names], col(DIFF))]
                            if held is not None else [])
         if not parts:
