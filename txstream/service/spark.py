@@ -41,6 +41,15 @@ _SETTINGS = {
     # Every action renders its plan for the SQL listener; the default, formatted, costs a
     # batch's planning about half a second more.
     "spark.sql.ui.explainMode": "simple",
+    # Spark's status store keeps every query's plan graph, metrics and text, and every job's
+    # and stage's data, UI or not, up to 1,000 of each: a batch runs dozens, so the heap after
+    # GC grew until a thousand were kept (an exactly-once windowed pipeline: 80 to 98 MB
+    # between its 10th and 100th batch, most of it the queries' plan graphs). The last few
+    # batches' are enough to look at; a batch's jobs are counted from the jobs kept
+    # (`txstream.engine.sparkjobs`), far more than any batch runs.
+    "spark.sql.ui.retainedExecutions": "20",
+    "spark.ui.retainedJobs": "200",
+    "spark.ui.retainedStages": "200",
     # The frames a batch shares between its plans are cached for that batch only
     # (txstream.engine.batch.BatchPlan.shared): compressing them took 7% of a million-event
     # batch's executor time and saved nothing (its job 12% faster without, alternated).
