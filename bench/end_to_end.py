@@ -80,11 +80,11 @@ from backlog import (
     FIRST_EVENTS,
     RUN_TIMEOUT_S,
     Peer,
+    Table,
     TableWatcher,
     Workload,
     pathway_burst,
     stage_busy,
-    totals_of,
     txstream_burst,
     workload_topic,
 )
@@ -236,7 +236,7 @@ def stream(first: int, end: int) -> Iterator[bytes]:
     return (b'{"k": %d, "v": %d}' % (i % GROUPBY_KEYS, i % 1000) for i in range(first, end))
 
 
-def expected_sums(events: int) -> dict[tuple[int, ...], tuple[int, ...]]:
+def expected_sums(events: int) -> Table:
     """The table after the first `events` events."""
     i = np.arange(events, dtype=np.int64)
     k, v = i % GROUPBY_KEYS, i % 1000
@@ -266,7 +266,7 @@ def groupby_pathway_static(kafka: KafkaEndpoint, url: str, events: int) -> dict[
             return peer.info
         want = expected_sums(end)
         with contextlib.closing(TableWatcher(url, table, GROUPBY.values)) as watcher:
-            done = watcher.wait_for(totals_of(want), peer.check_alive, RUN_TIMEOUT_S, 0.01)
+            done = watcher.wait_for(GROUPBY.totals(end), peer.check_alive, RUN_TIMEOUT_S, 0.01)
         elapsed = done - peer.spawned
         return peer.info | {"events": end, "seconds_from_spawn": round(elapsed, 2),
                             "events_per_s": round(end / elapsed),

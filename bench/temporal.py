@@ -39,7 +39,8 @@ task running to the job's end, as bench/peers/flink_workloads.py says. Its outpu
 checked (its watermark moves every 200 ms of processing, not per transaction, so which views
 it finds late differs). `flink_ratio` is txstream's events/s over Flink's.
 
-Not yet (issue 56's benchmark): Kafka to PostgreSQL.
+Exactly-once windows Kafka to PostgreSQL, as services, beside Pathway's (a stream of its own,
+whose late views are an hour or more behind): bench/temporal_end_to_end.py.
 
 Prints one JSON object; progress on stderr.
 
@@ -123,13 +124,14 @@ def heap_mb(spark: SparkSession) -> float:
     jvm = spark.sparkContext._jvm
     runtime = jvm.java.lang.Runtime.getRuntime()  # type: ignore[union-attr]
     used = float("inf")
-    for _ in range(4):
+    for collection in range(4):
+        if collection:
+            time.sleep(1)
         jvm.java.lang.System.gc()  # type: ignore[union-attr]
         now = (runtime.totalMemory() - runtime.freeMemory()) / 2**20
         if now > 0.99 * used:
             break
         used = now
-        time.sleep(1)
     return round(min(used, now), 1)
 
 

@@ -30,28 +30,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from bench.temporal import (
-    DAY,
-    DAY_US,
-    MINUTE_US,
-    growth,
-    page_views,
-    sample,
-    transactions_of,
-)
 from txstream.changes import DIFF, TIME, Changes
 from txstream.engine import Engine, Pipeline
 from txstream.engine import temporal as t
 from txstream.schemas.tables import TableSchema
 from txstream.service.spark import get_spark
+
+# A sibling script, not a package: its workload and samples (as `python bench/...` runs it,
+# and whatever the working directory).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from temporal import DAY, DAY_US, MINUTE_US, growth, page_views, sample, transactions_of
 
 VIEWS = TableSchema.of({"view_id": "bigint", "product_id": "bigint", "ts": "timestamp"},
                        primary_key=["view_id"])

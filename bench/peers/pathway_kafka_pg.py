@@ -6,14 +6,14 @@ Reads the topic from its beginning (`pw.io.kafka.read`), and writes the result w
 
 * `groupby` (bench/end_to_end.py): JSON values `{"k": int, "v": int}` grouped by `k` into
   `count` and `total` = sum(v), primary key `k`;
-* `windows` (bench/temporal.py): page views `{"user_id": int, "ts": int}` (microseconds),
-  counted per user in one-minute tumbling windows with `exactly_once_behavior()` into
-  `user_id`, `window_start`, `views`, primary key (`user_id`, `window_start`).
+* `windows` (bench/temporal_end_to_end.py): page views `{"user_id": int, "ts": int}`
+  (microseconds), counted per user in one-minute tumbling windows with
+  `exactly_once_behavior()` into `user_id`, `window_start`, `views`, primary key (`user_id`,
+  `window_start`).
 
-With
-`--mode streaming` (a service's) it runs until stopped (SIGTERM); with `--mode static` it reads
-the topic to its end, as a batch job, and exits once the result is written. Nothing is timed
-or observed here, and no callback is added to Pathway's graph: the caller times the run from
+With `--mode streaming` (a service's) it runs until stopped (SIGTERM); with `--mode static` it
+reads the topic to its end, as a batch job, and exits once the result is written. Nothing is
+timed or observed here, and no callback is added to Pathway's graph: the caller times the run from
 outside, by polling the table.
 
     python3 bench/peers/pathway_kafka_pg.py --bootstrap HOST:PORT --topic T

@@ -1,8 +1,8 @@
 """Page views counted per user in one-minute windows, each window shown once, when the clock
 passes its end (`exactly_once_behavior`): bench/temporal.py's windowed workload as a pipeline,
-run Kafka to PostgreSQL as Pathway's is (`--only service`). Events `{"user_id": .., "ts": ..}`,
-`ts` in microseconds since the epoch (a number, as Pathway reads it: its windows and these
-fall on the same minutes)."""
+run Kafka to PostgreSQL beside Pathway's by bench/temporal_end_to_end.py. Events
+`{"user_id": .., "ts": ..}`, `ts` in microseconds since the epoch (a number, as Pathway reads
+it: its windows and these fall on the same minutes)."""
 
 from txstream import Pipeline, TableSchema
 from txstream import reducers as r
