@@ -44,10 +44,10 @@ _SETTINGS = {
     # Spark's status store keeps every query's plan graph, metrics and text, and every job's
     # and stage's data, UI or not, up to 1,000 of each: a batch runs several of each, so the
     # heap after GC grew until a thousand were kept (an exactly-once windowed pipeline: 80 to
-    # 98 MB between its 10th and 100th batch, most of it the queries' plan graphs). The last
-    # queries are enough to look at one. A batch's jobs are counted from the jobs kept
-    # (`txstream.engine.sparkjobs`): Spark drops the oldest finished ones, a tenth of the
-    # limit at a time, so the latest 180 or more stay, more than a batch runs.
+    # 98 MB between its 10th and 100th batch, most of it the queries' plan graphs). Twenty
+    # queries are enough to look into the latest batch. A batch's jobs are counted from the
+    # jobs kept (`txstream.engine.sparkjobs`): Spark drops the oldest finished ones, a tenth
+    # of the limit at a time, so the latest 180 or more stay, more than a batch runs.
     "spark.sql.ui.retainedExecutions": "20",
     "spark.ui.retainedJobs": "200",
     "spark.ui.retainedStages": "200",
