@@ -15,10 +15,12 @@ Reads the JSON documents the benchmarks printed, stored unchanged under
 * `stress.png`: which seeds of `bench/stress.py` held, one row per result file (a revision);
 * `temporal.png`: event-time windows with and without a behavior, and sessions
   (`bench/temporal.py`): state rows and the JVM heap as the events grow, and events/s beside
-  Pathway.
+  Pathway and Flink in the engine; and the windows Kafka to PostgreSQL beside Pathway
+  (`bench/temporal_end_to_end.py`).
 
-Documents of one script are merged in file name order (a later file's sections win), so one
-run may hold the group-by and another the example pipeline; `bench/stress.py`'s are kept
+Documents of one script are merged in the order they were run (a later run's sections win):
+by the `date` a document holds, those without one first, in file name order. So one run may
+hold the group-by and another the example pipeline; `bench/stress.py`'s are kept
 apart, one per revision. A plot whose figures no document
 holds is left out, saying so on stderr. matplotlib is a bench-only extra
 (`pip install -e '.[bench]'`).
@@ -71,9 +73,12 @@ def load(results: Path) -> dict[str, list[tuple[str, Document]]]:
 
 
 def merged(found: dict[str, list[tuple[str, Document]]]) -> dict[str, Document]:
-    """Script name -> its documents merged, a later file's sections winning: one run may hold
-    the group-by and another the example pipeline."""
-    return {script: {key: value for _, document in documents
+    """Script name -> its documents merged, a later run's sections winning (by the `date` a
+    document holds, those without one first): one run may hold the group-by and another the
+    example pipeline."""
+    return {script: {key: value
+                     for document in sorted((d for _, d in documents),
+                                            key=lambda d: str(d.get("date", "")))
                      for key, value in document.items()}
             for script, documents in found.items()}
 
@@ -280,7 +285,9 @@ def temporal(results: dict[str, Document]) -> Figure | None:
                  if name in document]
     if "exactly_once" not in pipelines:
         return None
-    fig, (rows, heap, rate) = plt.subplots(1, 3, figsize=(14, 4))
+    end_to_end = results.get("temporal_end_to_end", {})
+    shown = _rate(end_to_end.get("txstream")) is not None
+    fig, (rows, heap, rate, *kafka) = plt.subplots(1, 3 + shown, figsize=(14 + 4 * shown, 4))
     colours = {"exactly_once": TXSTREAM, "no_behavior": "#9ecae1", "sessions": "#31a354"}
     for name in pipelines:
         samples = document[name]["samples"]
@@ -317,6 +324,15 @@ def temporal(results: dict[str, Document]) -> Figure | None:
     _bars(rate, labels, values, colour_list, "events/s")
     rate.set_title(f"Per-user minute windows and sessions, "
                    f"{document['exactly_once']['events']:,} views", fontsize=9)
+    if kafka:
+        labels, values = ["txstream"], [end_to_end["txstream"]["events_per_s"]]
+        if _rate(end_to_end.get("pathway")):
+            labels.append("pathway")
+            values.append(end_to_end["pathway"]["events_per_s"])
+        _bars(kafka[0], labels, values, [TXSTREAM, PEER][:len(values)], "events/s")
+        kafka[0].set_title("Exactly-once minute windows, Kafka to PostgreSQL\n"
+                           f"{end_to_end['events']:,} views "
+                           "(bench/temporal_end_to_end.py)", fontsize=9)
     fig.tight_layout()
     return fig
 
