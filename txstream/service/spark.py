@@ -41,16 +41,17 @@ _SETTINGS = {
     # Every action renders its plan for the SQL listener; the default, formatted, costs a
     # batch's planning about half a second more.
     "spark.sql.ui.explainMode": "simple",
-    # Spark's status store keeps every query's plan graph, metrics and text, and every job's
-    # and stage's data, UI or not, up to 1,000 of each: a batch runs several of each, so the
-    # heap after GC grew until a thousand were kept (an exactly-once windowed pipeline: 80 to
-    # 98 MB between its 10th and 100th batch, most of it the queries' plan graphs). Twenty
-    # queries are enough to look into the latest batch. A batch's jobs are counted from the
-    # jobs kept (`txstream.engine.sparkjobs`): Spark drops the oldest finished ones, a tenth
-    # of the limit at a time, so the latest 180 or more stay, more than a batch runs.
+    # Spark's status store keeps every query's plan graph, metrics and text, every job's and
+    # stage's data and every stage's RDD graph (some 250 nodes here), UI or not, up to 1,000
+    # of each: a batch runs several of each, so the heap after GC grew until a thousand were
+    # kept (an exactly-once windowed pipeline: 80 to 98 MB between its 10th and 100th batch;
+    # 74 to 79 MB with these limits). Twenty queries and fifty stages are enough to look into
+    # the latest batch. A batch's jobs are counted from the jobs kept
+    # (`txstream.engine.sparkjobs`): Spark drops the oldest finished ones, a tenth of the
+    # limit at a time, so the latest 180 or more stay, more than a batch runs.
     "spark.sql.ui.retainedExecutions": "20",
     "spark.ui.retainedJobs": "200",
-    "spark.ui.retainedStages": "200",
+    "spark.ui.retainedStages": "50",
     # The frames a batch shares between its plans are cached for that batch only
     # (txstream.engine.batch.BatchPlan.shared): compressing them took 7% of a million-event
     # batch's executor time and saved nothing (its job 12% faster without, alternated).
