@@ -89,9 +89,10 @@ class Workload:
     output: str
     peer: str
 
-    def totals(self, end: int) -> Totals:
-        """The expected table's totals after the first `end` events (`totals_of`)."""
-        return totals_of(self.expected(end), len(self.values))
+    def totals(self, table: Table) -> Totals:
+        """`table`'s row count and the sum of each value column: what `TableWatcher` reads."""
+        return len(table), *(sum(values[i] for values in table.values())
+                             for i in range(len(self.values)))
 
     def read(self, url: str, table: str) -> Table:
         columns = ", ".join((*self.key, *self.values))
@@ -99,11 +100,6 @@ class Workload:
             rows = conn.execute(f"SELECT {columns} FROM {table}").fetchall()
         width = len(self.key)
         return {tuple(map(int, row[:width])): tuple(map(int, row[width:])) for row in rows}
-
-
-def totals_of(table: Table, width: int) -> Totals:
-    """The row count and the sum of each of the `width` value columns."""
-    return len(table), *(sum(values[i] for values in table.values()) for i in range(width))
 
 
 def produce(bootstrap: str, topic: str, values: Iterable[bytes], expected_end: int) -> None:
@@ -249,7 +245,7 @@ def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url:
     per stage so far, reported for the backlog (read before the pause and once the result is
     complete)."""
     with contextlib.closing(TableWatcher(url, table, workload.values)) as watcher:
-        watcher.wait_for(workload.totals(FIRST_EVENTS), system.check_alive,
+        watcher.wait_for(workload.totals(workload.expected(FIRST_EVENTS)), system.check_alive,
                          START_TIMEOUT_S, 0.1, ready)
         time.sleep(SETTLE_S)
         end = FIRST_EVENTS + events
@@ -265,8 +261,8 @@ def burst(system: Running, ready: Callable[[], bool], kafka: KafkaEndpoint, url:
         if resumed - paused > LONGEST_PAUSE_S:
             raise SystemExit(f"producing the backlog took {resumed - paused:.0f} s, longer than "
                              f"a consumer may be paused ({LONGEST_PAUSE_S:.0f} s): produce fewer")
-        done = watcher.wait_for(totals_of(want, len(workload.values)), system.check_alive,
-                                RUN_TIMEOUT_S, 0.01)
+        done = watcher.wait_for(workload.totals(want), system.check_alive, RUN_TIMEOUT_S,
+                                0.01)
     elapsed = done - resumed
     result: dict[str, object] = {"seconds": round(elapsed, 2),
                                  "events_per_s": round(events / elapsed),

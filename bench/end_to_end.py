@@ -266,7 +266,7 @@ def groupby_pathway_static(kafka: KafkaEndpoint, url: str, events: int) -> dict[
             return peer.info
         want = expected_sums(end)
         with contextlib.closing(TableWatcher(url, table, GROUPBY.values)) as watcher:
-            done = watcher.wait_for(GROUPBY.totals(end), peer.check_alive, RUN_TIMEOUT_S, 0.01)
+            done = watcher.wait_for(GROUPBY.totals(want), peer.check_alive, RUN_TIMEOUT_S, 0.01)
         elapsed = done - peer.spawned
         return peer.info | {"events": end, "seconds_from_spawn": round(elapsed, 2),
                             "events_per_s": round(end / elapsed),
