@@ -7,9 +7,10 @@ clock, as Pathway's `apply_temporal_behavior` does to each side.
   1 and 2; and their late rows;
 * random transactions (inserts, updates, deletes; times mostly rising, some late) against a
   from-scratch model of the rule, transaction by transaction, and through Pathway 0.33 itself
-  (its own virtualenv);
+  (its own virtualenv), the interval join padded on either side or both too;
 * the state stays bounded: after a stream the join holds only rows a later row can reach
-  (timestamps, no `on` columns), where without a behavior it holds every row;
+  (timestamps, no `on` columns), where without a behavior it holds every row; so do the
+  counts of an outer interval join's unmatched rows;
 * definition errors that name what to fix.
 """
 
@@ -25,7 +26,15 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 from support.engine_oracle import RandomSource, Row, Transaction, random_transactions
-from support.join_behavior_model import NEVER, Rules, asof_output, interval_output, side_fates
+from support.join_behavior_model import (
+    NEVER,
+    Rules,
+    asof_output,
+    interval_output,
+    shown,
+    side_fates,
+    unmatched,
+)
 from support.pathway_peer import joins_streams
 from test_asof_join import PEER_ORDERS, PRICES, _joined, _outputs
 
@@ -135,6 +144,12 @@ INTERVAL_JOINS: dict[str, dict[str, Any]] = {
                               "behavior": {"delay": 16, "cutoff": 50}},
     "interval_retracted": {"kind": "interval", "lower": -30, "upper": 10,
                            "behavior": {"cutoff": 40, "keep_results": False}},
+    "interval_left_retracted": {"kind": "interval", "lower": -30, "upper": 10, "how": "left",
+                                "behavior": {"cutoff": 40, "keep_results": False}},
+    "interval_outer_retracted": {"kind": "interval", "lower": -20, "upper": 20, "how": "outer",
+                                 "behavior": {"delay": 16, "cutoff": 50, "keep_results": False}},
+    "interval_right_retracted": {"kind": "interval", "lower": -30, "upper": 10, "how": "right",
+                                 "behavior": {"cutoff": 40, "keep_results": False}},
 }
 
 
@@ -162,11 +177,14 @@ def _rising(rng: random.Random, transactions: list[Transaction]) -> list[Transac
 @pytest.mark.parametrize(("seed", "size", "parallelism"), [(41, 1, 1), (42, 7, 2)])
 def test_interval_join_behaviors_give_pathways_update_streams(
         spark: SparkSession, tmp_path: Path, seed: int, size: int, parallelism: int) -> None:
-    """Inner interval joins on changes with updates and deletes under behaviors with and
-    without a delay, results kept and retracted. Pathway forgets a row its side's clock passed
-    only when that side's next row comes, where txstream forgets it in the transaction that
-    passed it: Pathway gets a nudge after each transaction (`tests/support/pathway_joins.py`),
-    so that the two forget alike. (Pathway's `asof_join` under a behavior panics on a deletion
+    """Interval joins on changes with updates and deletes under behaviors with and without a
+    delay: inner ones with results kept and retracted, left, right and outer ones retracted.
+    Pathway forgets a row its side's clock passed only when that side's next row comes, where
+    txstream forgets it in the transaction that passed it: Pathway gets a nudge after each
+    transaction (`tests/support/pathway_joins.py`), so that the two forget alike. (With results
+    kept, Pathway's padding goes negative where a row is deleted while a pair of it stays, as
+    seed 41 shows with an outer join under `delay=16, cutoff=50`: the model below is the padded
+    joins' oracle then.) (Pathway's `asof_join` under a behavior panics on a deletion
     on either side, "key ... exists in the universe ... but not in the table restricted to it",
     and forgets a right row still in force: the model below is its oracle.)"""
     rng = random.Random(seed)
@@ -176,7 +194,8 @@ def test_interval_join_behaviors_give_pathways_update_streams(
     for name, join in INTERVAL_JOINS.items():
         p.output(name, orders.interval_join(
             prices, "ordered_at", "valid_from", t.interval(join["lower"], join["upper"]),
-            on="product_id", behavior=t.common_behavior(**join["behavior"])))
+            on="product_id", how=join.get("how", "inner"),
+            behavior=t.common_behavior(**join["behavior"])))
     sides = _sides(transactions)
     want = joins_streams(sides, INTERVAL_JOINS, tmp_path, nudged=True)
     got = _outputs(spark, p, sides, size, parallelism)
@@ -200,6 +219,11 @@ MODEL_JOINS: dict[str, tuple[str, Any, str, Rules]] = {
     "interval_delayed": ("interval", (-20, 20), "inner", Rules(delay=16, cutoff=50)),
     "interval_retracted": ("interval", (-30, 10), "inner",
                            Rules(delay=6, cutoff=40, keep_results=False)),
+    "interval_left": ("interval", (-20, 20), "left", Rules(cutoff=50)),
+    "interval_right_delayed": ("interval", (-20, 20), "right", Rules(delay=16, cutoff=50)),
+    "interval_outer_retracted": ("interval", (-30, 10), "outer",
+                                 Rules(delay=6, cutoff=40, keep_results=False)),
+    "interval_outer": ("interval", (-20, 20), "outer", Rules()),
 }
 
 
@@ -235,11 +259,24 @@ def _model(transactions: list[Transaction]) -> list[dict[str, Counter[tuple]]]:
                                         lambda o, r, bounds=shape: (
                                             o[1] == r[1]
                                             and bounds[0] <= r[2] - o[2] <= bounds[1]))
-            wanted[number - 1][name] = Counter({
-                (o[1], o[0], o[2], o[3], *((r[0], *r[2:]) if r is not None
-                                           else (None, None, None))): n
-                for (o, r), n in pairs.items()})
+                for position, fates in (("left", left), ("right", right)):
+                    if how in (position, "outer"):
+                        paired: Counter[Row] = Counter()
+                        for (o, r), n in pairs.items():
+                            paired[o if position == "left" else r] += n
+                        rows = unmatched(shown(fates, number, rules.keep_results), paired)
+                        pairs.update({((row, None) if position == "left" else (None, row)): n
+                                      for row, n in rows.items()})
+            wanted[number - 1][name] = Counter({_laid_out(o, r): n
+                                                for (o, r), n in pairs.items()})
     return wanted
+
+
+def _laid_out(order: Row | None, price: Row | None) -> tuple:
+    """A pair (or a padded row) in the join's columns: the key, the order's, the price's."""
+    key = (order or price)[1]  # type: ignore[index]
+    return (key, *((order[0], *order[2:]) if order is not None else (None, None, None)),
+            *((price[0], *price[2:]) if price is not None else (None, None, None)))
 
 
 @pytest.mark.parametrize(("seed", "sizes", "parallelism"), [(51, (1, 0), 1), (52, (7, 0), 2)])
@@ -258,7 +295,8 @@ def test_join_behaviors_against_the_model_at_every_batch_size(
                                       how=how, direction=shape, behavior=behavior)
         else:
             joined = orders.interval_join(prices, "ordered_at", "valid_from",
-                                          t.interval(*shape), on="product_id", behavior=behavior)
+                                          t.interval(*shape), on="product_id", how=how,
+                                          behavior=behavior)
         p.output(name, joined)
     sides = _sides(transactions)
     wanted = _model(transactions)
@@ -320,10 +358,46 @@ def test_a_join_under_a_cutoff_holds_only_what_later_rows_can_reach(spark: Spark
     assert bounded["left_state"] == 10 and bounded["right_state"] == 6, bounded
 
 
+KEYED_QUERIES = TableSchema.of({"a": "bigint", "k": "bigint", "tl": "timestamp"},
+                              primary_key=["a"])
+KEYED_DATA = TableSchema.of({"b": "bigint", "k": "bigint", "tr": "timestamp"}, primary_key=["b"])
+
+
+def test_an_outer_interval_join_under_a_cutoff_forgets_its_unmatched_rows(
+        spark: SparkSession) -> None:
+    """A second of time per transaction: left rows 2n (key n % 3, 0.3 s before n s) pair with
+    right row n (key n % 3, at n s); left rows 2n + 1 (key 9) pair with nothing and are padded.
+    Under `cutoff=5 s` the rows counted for padding are forgotten with their side's: after 60
+    transactions 10 left and 5 right (without a behavior 120 and 60), with the same output."""
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    sides: dict[str, list[tuple[Row, int, int]]] = {"queries": [], "data": []}
+    for number in range(1, 61):
+        at = start + timedelta(seconds=number)
+        sides["queries"] += [((2 * number, number % 3, at - timedelta(milliseconds=300)),
+                              number, 1),
+                             ((2 * number + 1, 9, at + timedelta(milliseconds=300)), number, 1)]
+        sides["data"].append(((number, number % 3, at), number, 1))
+    p = Pipeline()
+    queries, data = p.source("queries", KEYED_QUERIES), p.source("data", KEYED_DATA)
+    second = timedelta(seconds=1)
+    for name, behavior in (("bounded", t.common_behavior(cutoff=5 * second)),
+                           ("unbounded", None)):
+        p.output(name, queries.interval_join(data, "tl", "tr", t.interval(-second, second),
+                                             on="k", how="outer", behavior=behavior))
+    engine = Engine(p, spark)
+    got = _outputs(spark, p, sides, 10, engine=engine)
+    assert got["bounded"] == got["unbounded"]
+    padded = [row for row in got["bounded"] if row[-3] is None]
+    assert len(padded) == 60 and len(got["bounded"]) == 120
+    counted = sorted(rows for name, rows in engine.state_rows().items()
+                     if "-UnmatchedOp-" in name)
+    assert counted == [5, 10, 60, 120], counted
+
+
 def test_rows_without_a_time_under_a_behavior(spark: SparkSession) -> None:
-    """A computed time may be null: such a row pairs with nothing, so an interval join leaves it
-    out before its behavior (where it would never be forgotten), and a left as-of join shows it
-    padded, once; the docstring example otherwise gives what it gave."""
+    """A computed time may be null: such a row pairs with nothing, so an inner interval join
+    leaves it out before its behavior (where it would never be forgotten), and a left as-of or
+    interval join shows it padded, once; the docstring example otherwise gives what it gave."""
     p = Pipeline()
     t1 = p.source("t1", VALUES).select(
         "value", "instance", event_time="CASE WHEN value = 3 THEN NULL ELSE event_time END")
@@ -335,6 +409,14 @@ def test_rows_without_a_time_under_a_behavior(spark: SparkSession) -> None:
                                   behavior=behavior))
     engine = Engine(p, spark)
     got = _outputs(spark, p, INTERVAL_SIDES, 1, engine=engine)
+    left = Pipeline()
+    t1 = left.source("t1", VALUES).select(
+        "value", "instance", event_time="CASE WHEN value = 3 THEN NULL ELSE event_time END")
+    left.output("left", t1.interval_join(left.source("t2", OTHERS), "event_time", "other_time",
+                                         t.interval(-2, 2), on="instance", how="left",
+                                         behavior=behavior))
+    padded = _outputs(spark, left, INTERVAL_SIDES, 1)["left"]
+    assert [row for row in padded if row[1] == 3] == [(1, 3, None, None, None, 2, 1)]
     assert got["interval"] == [(1, 1, 0, 42, 2, 1, 1), (1, 6, 4, 42, 2, 4, 1),
                                (2, 4, 8, 8, 10, 5, 1)]
     assert [row for row in got["asof"] if row[1] == 3] == [(1, 3, None, None, None, 2, 1)]
@@ -347,7 +429,6 @@ def test_rows_without_a_time_under_a_behavior(spark: SparkSession) -> None:
 # --- definition errors -------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("behavior", "how", "says"), [
-    (t.common_behavior(cutoff=2), "left", "inner interval joins only"),
     (t.exactly_once_behavior(), "inner", "is not a common_behavior"),
     (t.common_behavior(keep_results=False), "inner", "needs a cutoff"),
     (t.common_behavior(cutoff=-1), "inner", "must not be negative"),

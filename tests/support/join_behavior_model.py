@@ -21,7 +21,9 @@ So, integrated up to transaction t:
   changes not closed by t, matched as of t;
 * interval join: each pair of released changes of the two sides, from the later release on, if
   the one released first was not closed before (both released together: always); with
-  `keep_results=False`, the pairs of changes both in state at t.
+  `keep_results=False`, the pairs of changes both in state at t;
+* its padded rows (left, right, outer): each row a side shows at t (its changes released by t;
+  with `keep_results=False`, those not yet closed) that is in none of the pairs at t.
 """
 
 from __future__ import annotations
@@ -148,3 +150,18 @@ def interval_output(left: list[Fate], right: list[Fate], t: int, keep_results: b
             if formed:
                 out[a.row, b.row] += a.diff * b.diff
     return +out
+
+
+def shown(fates: list[Fate], t: int, keep_results: bool) -> Counter[Row]:
+    """The rows a side shows at transaction t: its released changes (with `keep_results=False`,
+    those not yet closed, and none closed at or before its release)."""
+    rows: Counter[Row] = Counter()
+    for f in fates:
+        if f.released <= t and (keep_results or (f.released < f.closed and t < f.closed)):
+            rows[f.row] += f.diff
+    return +rows
+
+
+def unmatched(rows: Counter[Row], paired: Counter[Row]) -> Counter[Row]:
+    """The rows of `rows` in no pair (`paired`: each row's number of pairs)."""
+    return Counter({row: n for row, n in rows.items() if not paired[row]})

@@ -120,6 +120,15 @@ class DistinctNode(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class UnmatchedNode(Node):
+    """The rows of a join's side (`inputs[0]`, a temporal behavior's output or not) that have
+    no pair among the join's pairs (`inputs[1]`, which hold the side's columns): the outer part
+    of an interval join (`txstream.engine.operators.unmatched`). `on`: the join's keys."""
+
+    on: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
 class BehaviorNode(Node):
     """A table's rows as a temporal behavior lets them through, by the clock of the event-time
     column `time` (`txstream.engine.operators.behavior`); `timed`: a timestamp column, the

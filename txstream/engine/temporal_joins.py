@@ -17,11 +17,10 @@ from txstream.engine.nodes import (
     Direction,
     FilterNode,
     JoinHow,
-    JoinNode,
     LateNode,
-    NegateNode,
     Node,
     PadNode,
+    UnmatchedNode,
 )
 from txstream.engine.temporal import CommonBehavior, Interval, Resolved
 
@@ -89,7 +88,8 @@ class TemporalJoins:
                                              direction=direction))
         resolved, timed = rules
         sides = self._behaved(other, self_time, other_time, resolved, timed, label,
-                              right_forgets=False, keep_timeless=how == "left")
+                              right_forgets=False,
+                              keep_timeless={"left": how == "left", "right": False})
         return self._joined(AsofJoinNode(label, sides, left_time=self_time,
                                          right_time=other_time, on=keys, how=how,
                                          direction=direction, cutoff=resolved.cutoff), sides)
@@ -118,16 +118,19 @@ class TemporalJoins:
         """The pairs of this table's rows and `other`'s with the same `on` columns whose times
         are within `window` (`txstream.temporal.interval`): `lower_bound <= other_time -
         self_time <= upper_bound`, Pathway's `interval_join`. Columns as `join`'s. `how="left"`
-        (`"right"`, `"outer"`) adds each row of this table (of `other`, of both) with no such
-        partner once, the other side's columns null. An equi-join and a filter, and for the
-        unmatched rows a distinct and a join on the keys and the time: exact as those are;
-        both sides' rows stay in state.
+        (`"right"`, `"outer"`) adds each row of this table (of `other`, of both) while it has
+        no pair in the output, the other side's columns null. An equi-join and a filter, and
+        for the unmatched rows an operator counting each row's pairs
+        (`txstream.engine.operators.unmatched`); without a behavior both sides' rows stay in
+        state.
 
-        A `behavior` (`common_behavior`, inner joins) applies to each side by its own clock,
-        as Pathway's: a row is delayed until its side's clock reaches its time plus `delay`;
-        with a `cutoff` a row at or below its side's clock minus the cutoff is late (ignored,
-        `late_rows`), and a row in state is forgotten once its side's clock passes it so: its
-        pairs stay (or leave, with `keep_results=False`), and it pairs with no later row."""
+        A `behavior` (`common_behavior`) applies to each side by its own clock, as Pathway's:
+        a row is delayed until its side's clock reaches its time plus `delay`; with a `cutoff`
+        a row at or below its side's clock minus the cutoff is late (ignored, `late_rows`), and
+        a row in state is forgotten once its side's clock passes it so: its pairs stay (or
+        leave, with `keep_results=False`), and it pairs with no later row. A forgotten row of a
+        padded side stays padded if it had no pair then, and is never padded if it had one
+        (or leaves with its pairs, with `keep_results=False`)."""
         if not isinstance(window, Interval):
             raise PipelineDefinitionError(
                 f"interval_join of {self.node.label}: {window!r} is not an interval (use "
@@ -139,53 +142,27 @@ class TemporalJoins:
         self.pipeline.event_time(self.node, self_time)
         self.pipeline.event_time(other.node, other_time)
         rules = self._rules("interval_join", behavior, window.timed)
+        label = ((f"{how} " if how != "inner" else "") + f"interval_join of {self.node.label} "
+                 f"and {other.node.label} on {', '.join(keys)}")
+        padded = {"left": how in ("left", "outer"), "right": how in ("right", "outer")}
+        sides: tuple[Node, Node] = (self.node, other.node)
         if rules is not None:
-            if how != "inner":
-                raise PipelineDefinitionError(
-                    f"interval_join of {self.node.label}: a behavior applies to inner interval "
-                    f"joins only for now (how={how!r}: its unmatched rows are built from "
-                    "joins a forgotten row would leave wrong); use how='inner'")
             resolved, timed = rules
-            label = (f"interval_join of {self.node.label} and {other.node.label} on "
-                     f"{', '.join(keys)}")
-            left, right = self._behaved(other, self_time, other_time, resolved, timed, label,
-                                        right_forgets=True, keep_timeless=False)
-            pairs = self._derive(left).join(self._derive(right), keys) \
-                .filter(window.holds(self_time, other_time))
-            return self._joined(pairs.node, (left, right))
-        pairs = self.join(other, keys).filter(window.holds(self_time, other_time))
-        if how == "inner":
-            return pairs
-        label = (f"{how} interval_join of {self.node.label} and {other.node.label} on "
-                 f"{', '.join(keys)}")
-        parts = [pairs.node]
-        if how in ("left", "outer"):
-            parts.append(self._interval_unmatched(other, keys, self_time, other_time, window,
-                                                  "left", label))
-        if how in ("right", "outer"):
-            parts.append(other._interval_unmatched(self, keys, other_time, self_time,
-                                                   window.mirrored(), "right", label))
-        return self._derive(ConcatNode(label, tuple(parts)))
-
-    def _interval_unmatched(self, other: Self, keys: tuple[str, ...], own_time: str,
-                            other_time: str, window: Interval,
-                            position: Literal["left", "right"], label: str) -> Node:
-        """This table's rows without a row of `other` of the same keys within `window` of their
-        time, padded as the join's `position` side: the rows minus those whose (keys, time)
-        reach a row of `other`. Joined on the keys and the time, not on the whole row, whose
-        columns are not known until the pipeline is compiled; a row whose key or time is null
-        reaches nothing, as in the pairs."""
-        probes = self.select(*keys, own_time).distinct()
-        reached = (probes.join(other.select(*keys, other_time), keys)
-                   .filter(window.holds(own_time, other_time))
-                   .select(*keys, own_time).distinct())
-        matched = JoinNode(f"rows of {self.node.label} with a partner in time",
-                           (self.node, reached.node), on=(*keys, own_time))
-        unmatched = ConcatNode(
-            f"rows of {self.node.label} without a partner in time",
-            (self.node, NegateNode(f"minus matched rows of {self.node.label}", (matched,))))
-        return PadNode(f"{position} padding of {label}", (unmatched, other.node), on=keys,
-                       side=position)
+            sides = self._behaved(other, self_time, other_time, resolved, timed, label,
+                                  right_forgets=True, keep_timeless=padded)
+        pairs = self._derive(sides[0]).join(self._derive(sides[1]), keys) \
+            .filter(window.holds(self_time, other_time))
+        if how != "inner":
+            parts = [pairs.node]
+            for position, side, others in (("left", sides[0], other.node),
+                                           ("right", sides[1], self.node)):
+                if padded[position]:
+                    unmatched = UnmatchedNode(f"rows of {side.label} without a pair in time",
+                                              (side, pairs.node), on=keys)
+                    parts.append(PadNode(f"{position} padding of {label}",
+                                         (unmatched, others), on=keys, side=position))
+            pairs = self._derive(ConcatNode(label, tuple(parts)))
+        return pairs if rules is None else self._joined(pairs.node, sides)
 
     def _time_keys(self, join: str, on: str | Sequence[str], self_time: str,
                    other_time: str) -> tuple[str, ...]:
@@ -229,18 +206,18 @@ class TemporalJoins:
         return resolved, timed if timed is not None else bool(behavior.timed)
 
     def _behaved(self, other: Self, self_time: str, other_time: str, rules: Resolved,
-                 timed: bool, label: str, right_forgets: bool, keep_timeless: bool
-                 ) -> tuple[Node, Node]:
+                 timed: bool, label: str, right_forgets: bool,
+                 keep_timeless: dict[Side, bool]) -> tuple[Node, Node]:
         """Each side of a join by time under the behavior `rules`, by its own clock: its time
         the bounds a row is released and closed by (`BehaviorNode`). With a delay and a cutoff,
         two nodes, as Pathway chains them: the cutoff judges the delayed rows by their clock
         (the largest time released), not by the rows' as they arrive. A row without a time
-        pairs with nothing and would never be forgotten: it is left out first, but on the left
-        of a left join (`keep_timeless`), which shows it padded."""
+        pairs with nothing and would never be forgotten: it is left out first, but on a side
+        whose rows without a partner are shown padded (`keep_timeless`)."""
         behaved = []
         for table, time, side, forgets, timeless in (
-                (self, self_time, "left", True, keep_timeless),
-                (other, other_time, "right", right_forgets, False)):
+                (self, self_time, "left", True, keep_timeless["left"]),
+                (other, other_time, "right", right_forgets, keep_timeless["right"])):
             node, steps = table.node, [rules]
             if not timeless:
                 node = FilterNode(f"{side} rows with a time of {label}", (node,),

@@ -18,6 +18,7 @@ from txstream.engine.nodes import (
     SelectNode,
     SessionNode,
     SourceNode,
+    UnmatchedNode,
 )
 from txstream.engine.operators.asof_join import AsofJoinOp
 from txstream.engine.operators.asof_now_join import AsofNowJoinOp
@@ -30,6 +31,7 @@ from txstream.engine.operators.now_filter import NowFilterOp
 from txstream.engine.operators.reduce import ReduceOp
 from txstream.engine.operators.rowwise import ConcatOp, FilterOp, NegateOp, SelectOp, SourceOp
 from txstream.engine.operators.session import SessionOp
+from txstream.engine.operators.unmatched import UnmatchedOp
 
 OPERATORS: dict[type[Node], type[Operator]] = {
     SourceNode: SourceOp,
@@ -47,6 +49,7 @@ OPERATORS: dict[type[Node], type[Operator]] = {
     BehaviorNode: BehaviorOp,
     SessionNode: SessionOp,
     LateNode: LateOp,
+    UnmatchedNode: UnmatchedOp,
 }
 
 __all__ = ["OPERATORS", "Delta", "Operator", "SourceOp"]
