@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from txstream.changes import DIFF, TIME, Changes
-from txstream.schemas.sinks import RetryPolicy, TombstonePurge
+from txstream.schemas.config import SinkConfig
+from txstream.schemas.sinks import PostgresSnapshotSettings, RetryPolicy, TombstonePurge
 from txstream.schemas.tables import TableSchema
 from txstream.service.embedded.postgres import PostgresEndpoint
 from txstream.sinks.postgres import common as postgres_common
@@ -315,6 +316,14 @@ def test_purge_keeps_tombstones_above_the_watermark(postgres: PostgresEndpoint,
         assert sink.purge_tombstones() == 2
         assert [(r[0], r[3], r[4]) for r in whole_table(postgres.url, pg_schema, "t")] == [
             (2, 4, -1), (3, 1, 1)]
+
+
+def test_a_configured_snapshot_purges_unless_told_not_to() -> None:
+    """The service's snapshots purge by default (a table of moving keys would otherwise keep a
+    tombstone for every key it ever held); `purge: null` keeps them all."""
+    assert SinkConfig.model_validate({"output": "o"}).settings.purge == TombstonePurge()
+    kept = SinkConfig.model_validate({"output": "o", "purge": None}).settings
+    assert isinstance(kept, PostgresSnapshotSettings) and kept.purge is None
 
 
 def test_background_purge(postgres: PostgresEndpoint, pg_schema: str) -> None:

@@ -34,7 +34,10 @@ class TombstonePurge(BaseModel):
     A tombstone at time t only matters against a change of its key older than t arriving later.
     Once the writer has declared a watermark W (no change with time <= W will ever be written
     again), tombstones with time <= W - `horizon` are purged every `interval_s` seconds; with
-    no watermark nothing is purged.
+    no watermark nothing is purged. The service declares its newest checkpoint's transaction:
+    a restart replays only what follows it, and a fenced instance writes nothing, so the
+    out-of-order guard never needs a tombstone at or below it. Keep `horizon` transactions of
+    tombstones for readers that poll the table for deletions.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -173,8 +176,10 @@ class PostgresSnapshotSettings(PostgresTableSettings):
     kind: Literal["postgres_snapshot"] = "postgres_snapshot"
     # The view of the live rows, without `time` and `diff`; null: `<table>_live`.
     live_view: str | None = None
-    # Background purge of tombstones below the writer's watermark; null: tombstones stay.
-    purge: TombstonePurge | None = None
+    # Background purge of tombstones below the writer's watermark (its newest checkpoint), on
+    # by default so that a table of moving keys does not grow with every key it ever held;
+    # null: tombstones stay.
+    purge: TombstonePurge | None = Field(default_factory=TombstonePurge)
 
     @property
     def shows_batch_ends_only(self) -> bool:
