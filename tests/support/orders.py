@@ -17,14 +17,14 @@ from txstream.examples.order_events import OrderWorld, encode, events
 
 
 class OrderProducer:
-    """Order events in sequence (of `customers` customers, from `seed`), produced as they are
-    sent, with the from-scratch world they leave."""
+    """Order events in sequence (of `customers` customers, at most `live_orders` orders live if
+    given, from `seed`), produced as they are sent, with the from-scratch world they leave."""
 
     def __init__(self, bootstrap: str, topics: dict[str, str], *, seed: int = 3,
-                 customers: int = 30) -> None:
+                 customers: int = 30, live_orders: int | None = None) -> None:
         self.world = OrderWorld()
         self._topics = topics
-        self._stream = events(random.Random(seed), customers=customers)
+        self._stream = events(random.Random(seed), customers=customers, live_orders=live_orders)
         # Idempotent: a retried send is neither duplicated nor reordered, so the topics hold
         # exactly the events `world` applied, in its order.
         self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,

@@ -92,6 +92,10 @@ class ServiceProcess:
         self._until("/metrics condition", check, timeout)
         return last[0]
 
+    def wait_for_ready(self, port: int, timeout: float) -> None:
+        """Until `/readyz` answers 200."""
+        self._until("/readyz 200", lambda: scrape(port, "/readyz")[0] == 200, timeout)
+
     def wait_for_log(self, text: str, timeout: float) -> None:
         """Until `text` appears in the log of this process."""
         self._until(repr(text), lambda: text in self.log_path.read_bytes()[

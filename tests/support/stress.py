@@ -114,7 +114,7 @@ def _config(path: Path, topics: dict[str, str], schema: str, group: str, port: i
     return path
 
 
-def _committed_all(bootstrap: str, group: str, topics: dict[str, str]) -> bool:
+def committed_all(bootstrap: str, group: str, topics: dict[str, str]) -> bool:
     """Whether the service's consumer group committed every partition to its end (the service
     commits offsets after every sink committed a batch)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
@@ -130,13 +130,14 @@ def _committed_all(bootstrap: str, group: str, topics: dict[str, str]) -> bool:
         consumer.close()
 
 
-def replay_append(url: str, schema: str) -> tuple[set[tuple[Any, ...]], list[str]]:
-    """The append table of `paid_orders` integrated transaction by transaction: the rows it
-    ends at, and every point where a row's multiplicity left 0..1 (a keyed output)."""
+def replay_append(url: str, schema: str, table: str = APPEND_TABLE, output: str = "paid_orders"
+                  ) -> tuple[set[tuple[Any, ...]], list[str]]:
+    """The append `table` of the keyed `output` integrated transaction by transaction: the rows
+    it ends at, and every point where a row's multiplicity left 0..1."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            f'SELECT {OUTPUT_COLUMNS["paid_orders"]}, time, diff FROM "{schema}".'
-            f'"{APPEND_TABLE}" ORDER BY time').fetchall()
+            f'SELECT {OUTPUT_COLUMNS[output]}, time, diff FROM "{schema}".'
+            f'"{table}" ORDER BY time').fetchall()
     live: Counter[tuple[Any, ...]] = Counter()
     problems: list[str] = []
     by_time: dict[int, list[tuple[Any, ...]]] = {}
@@ -182,7 +183,7 @@ def run_stress(kafka: KafkaEndpoint, database_url: str, workdir: Path,
             events += burst
             time.sleep(rng.uniform(0.02, 0.4))
         deadline = time.monotonic() + timeout_s
-        while not _committed_all(kafka.bootstrap_servers, group, topics):
+        while not committed_all(kafka.bootstrap_servers, group, topics):
             if service.proc.poll() is not None:
                 raise AssertionError(f"txstream run exited ({service.proc.returncode}):\n"
                                      f"{service.tail()}")

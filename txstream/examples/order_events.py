@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -48,9 +49,13 @@ def _cents(rng: random.Random) -> Decimal:
     return Decimal(rng.randint(100, 50_000)).scaleb(-2)
 
 
-def events(rng: random.Random, customers: int) -> Iterator[Event]:
+def events(rng: random.Random, customers: int, live_orders: int | None = None
+           ) -> Iterator[Event]:
     """An endless stream: every customer first, then orders created, updated (status or
-    amount) and deleted; now and then a customer changes region."""
+    amount) and deleted; now and then a customer changes region. Orders are created more often
+    than deleted, so their number grows, unless `live_orders` is given: then an order created
+    while that many are live first deletes the oldest (a key space that keeps moving at a
+    steady size, as a service running for months sees)."""
     for customer_id in range(1, customers + 1):
         yield "customers", customer_id, _customer(rng, customer_id)
     orders: dict[int, dict[str, Any]] = {}
@@ -58,10 +63,26 @@ def events(rng: random.Random, customers: int) -> Iterator[Event]:
     # the gap): picking from `list(orders)` would make a long stream quadratic.
     ids: list[int] = []
     position: dict[int, int] = {}
+    # Every order id in creation order, deleted ones skipped when reached (`live_orders`).
+    created: deque[int] = deque()
+
+    def delete(order_id: int) -> Event:
+        del orders[order_id]
+        last = ids.pop()
+        gap = position.pop(order_id)
+        if last != order_id:
+            ids[gap] = last
+            position[last] = gap
+        return "orders", order_id, None
+
     next_order_id = 1
     while True:
         roll = rng.random()
         if roll < 0.45 or not orders:
+            if live_orders is not None and len(orders) >= live_orders:
+                while created[0] not in orders:
+                    created.popleft()
+                yield delete(created.popleft())
             row = {
                 "order_id": next_order_id,
                 "customer_id": rng.randint(1, customers),
@@ -71,6 +92,7 @@ def events(rng: random.Random, customers: int) -> Iterator[Event]:
             orders[next_order_id] = row
             position[next_order_id] = len(ids)
             ids.append(next_order_id)
+            created.append(next_order_id)
             next_order_id += 1
             yield "orders", row["order_id"], row
         elif roll < 0.85:
@@ -86,14 +108,7 @@ def events(rng: random.Random, customers: int) -> Iterator[Event]:
             customer_id = rng.randint(1, customers)
             yield "customers", customer_id, _customer(rng, customer_id)
         else:
-            order_id = ids[rng.randrange(len(ids))]
-            del orders[order_id]
-            last = ids.pop()
-            gap = position.pop(order_id)
-            if last != order_id:
-                ids[gap] = last
-                position[last] = gap
-            yield "orders", order_id, None
+            yield delete(ids[rng.randrange(len(ids))])
 
 
 def _customer(rng: random.Random, customer_id: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -142,6 +143,15 @@ class MockKafkaBroker:
         answer = self._command(f"fail {api_key} {error} {count}")
         if answer != "ok":
             raise KafkaUnavailableError(f"could not inject broker errors: {answer or 'no answer'}")
+
+    def pause(self) -> None:
+        """Freeze the broker's process (SIGSTOP): connections stay open and nothing answers,
+        as a broker stalled by a long GC or a partitioned network (fault injection)."""
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused broker run again (SIGCONT)."""
+        self._proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self._proc.poll() is None:
