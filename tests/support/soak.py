@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from support.orders import OUTPUT_COLUMNS, OrderProducer, expected_tables, snapshot_tables
 from support.orders import write_config as write_orders_config
 from support.service_process import ServiceProcess, metric, scrape
-from support.stress import committed_all, replay_append
+from support.stress import replay_append, wait_committed_all
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 from txstream.service.embedded.postgres import EmbeddedPostgres, PostgresEndpoint, free_port
 
@@ -305,15 +305,7 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
             assert isinstance(kafka, MockKafkaBroker)
             kafka.resume()
         producer.send(0)  # flushes
-        deadline = time.monotonic() + drain_s
-        while not committed_all(kafka.bootstrap_servers, group, topics):
-            if service.proc.poll() is not None:
-                raise AssertionError(f"txstream run exited ({service.proc.returncode}):\n"
-                                     f"{service.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not every record committed within {drain_s} s:\n"
-                                     f"{service.tail()}")
-            time.sleep(0.5)
+        wait_committed_all(service, kafka.bootstrap_servers, group, topics, drain_s)
         result.seconds = time.monotonic() - started
         result.samples.append(sampler.sample(service, result.seconds, result.events))
         expected = expected_tables(producer.world)

@@ -130,6 +130,20 @@ def committed_all(bootstrap: str, group: str, topics: dict[str, str]) -> bool:
         consumer.close()
 
 
+def wait_committed_all(service: ServiceProcess, bootstrap: str, group: str,
+                       topics: dict[str, str], timeout_s: float) -> None:
+    """Until the running `service` committed every record of `topics` (`committed_all`)."""
+    deadline = time.monotonic() + timeout_s
+    while not committed_all(bootstrap, group, topics):
+        if service.proc.poll() is not None:
+            raise AssertionError(f"txstream run exited ({service.proc.returncode}):\n"
+                                 f"{service.tail()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not every record committed within {timeout_s} s:\n"
+                                 f"{service.tail()}")
+        time.sleep(0.5)
+
+
 def replay_append(url: str, schema: str, table: str = APPEND_TABLE, output: str = "paid_orders"
                   ) -> tuple[set[tuple[Any, ...]], list[str]]:
     """The append `table` of the keyed `output` integrated transaction by transaction: the rows
@@ -182,15 +196,7 @@ def run_stress(kafka: KafkaEndpoint, database_url: str, workdir: Path,
             producer.send(burst)
             events += burst
             time.sleep(rng.uniform(0.02, 0.4))
-        deadline = time.monotonic() + timeout_s
-        while not committed_all(kafka.bootstrap_servers, group, topics):
-            if service.proc.poll() is not None:
-                raise AssertionError(f"txstream run exited ({service.proc.returncode}):\n"
-                                     f"{service.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not every record committed within {timeout_s} s:\n"
-                                     f"{service.tail()}")
-            time.sleep(0.5)
+        wait_committed_all(service, kafka.bootstrap_servers, group, topics, timeout_s)
         seconds = time.monotonic() - started
         expected = expected_tables(producer.world)
         held = snapshot_tables(database_url, schema)
