@@ -7,7 +7,10 @@ fault with how the service recovered, and whether the run held; `--out FILE` wri
 too.
 
 Uses `KAFKA_BOOTSTRAP_SERVERS` / `DATABASE_URL` if set (faults those cannot take are skipped),
-else starts the embedded broker and a throwaway PostgreSQL.
+else starts the embedded broker and a throwaway PostgreSQL. The embedded broker (librdkafka's
+mock cluster) keeps at most 5 MB a partition, some 25 s of this load: on it each topic gets 4
+partitions and the service checkpoints every 30 s (its default: 300 s), so that what a restart
+replays is still there.
 
     .venv/bin/python bench/soak.py [--minutes 60] [--rate 2000] [--customers 1000]
         [--live-orders 5000] [--sample-s 10] [--faults kill@6,postgres@11,broker@16,...]
@@ -25,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support.soak import FAULTS, SoakSettings, run_soak
 
-from txstream.service.embedded.kafka import kafka_from_env
+from txstream.service.embedded.kafka import MockKafkaBroker, kafka_from_env
 from txstream.service.embedded.postgres import postgres_from_env
 
 
@@ -54,13 +57,15 @@ def main() -> None:
     parser.add_argument("--pause-s", type=float, default=30.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    settings = SoakSettings(duration_s=args.minutes * 60, rate=args.rate,
-                            customers=args.customers, live_orders=args.live_orders,
-                            sample_s=args.sample_s, faults=faults(args.faults, args.minutes),
-                            pause_s=args.pause_s)
     with tempfile.TemporaryDirectory(prefix="txstream-soak-") as tmp:
         kafka = kafka_from_env()
         postgres = postgres_from_env(Path(tmp))
+        embedded = isinstance(kafka, MockKafkaBroker)
+        settings = SoakSettings(duration_s=args.minutes * 60, rate=args.rate,
+                                customers=args.customers, live_orders=args.live_orders,
+                                sample_s=args.sample_s, faults=faults(args.faults, args.minutes),
+                                pause_s=args.pause_s, partitions=4 if embedded else 1,
+                                service=(("checkpoint_every_s", 30),) if embedded else ())
         try:
             result = run_soak(kafka, postgres, Path(tmp) / "run", settings,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -314,7 +314,8 @@ def test_join_behaviors_against_the_model_at_every_batch_size(
                 for *row, at, diff in stream:
                     if at == number:
                         integrated[tuple(row)] += diff
-                assert +integrated == want[name], f"{name} after {number}: seed {seed}"
+                assert +integrated == want[name] and not -integrated, (
+                    f"{name} after {number}: seed {seed}")
             streams.setdefault(name, stream)
             assert stream == streams[name], f"{name}: size {size} differs, seed {seed}"
 
@@ -390,8 +391,45 @@ def test_an_outer_interval_join_under_a_cutoff_forgets_its_unmatched_rows(
     padded = [row for row in got["bounded"] if row[-3] is None]
     assert len(padded) == 60 and len(got["bounded"]) == 120
     counted = sorted(rows for name, rows in engine.state_rows().items()
-                     if "-UnmatchedOp-" in name)
+                     if "-UnmatchedOp-state" in name)
     assert counted == [5, 10, 60, 120], counted
+
+
+def test_a_row_deleted_while_its_pair_stays_is_forgotten_at_its_close(
+        spark: SparkSession) -> None:
+    """Left rows 2n (key n % 3, n - 0.3 s) pair with right rows n (the same key and time); right
+    rows 100 + n (key 7, n + 3 s) move the right clock ahead, so right row n is forgotten two
+    transactions later, its pair kept; then left row 2n is deleted, in transaction n + 3, before
+    its own close at n + 5. Left rows 2n + 1 (key 9, n + 0.3 s) are padded. Under `cutoff=5 s`
+    the pairs stay, the deleted rows are never padded, and the counts of rows closed leave the
+    state, the deleted ones' (V = 0, c = 1) too: 10 rows after 60 transactions."""
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    sides: dict[str, list[tuple[Row, int, int]]] = {"queries": [], "data": []}
+    second = timedelta(seconds=1)
+    for number in range(1, 61):
+        at = start + number * second
+        paired = (2 * number, number % 3, at - 0.3 * second)
+        sides["queries"] += [(paired, number, 1),
+                             ((2 * number + 1, 9, at + 0.3 * second), number, 1)]
+        if number + 3 <= 60:
+            sides["queries"].append((paired, number + 3, -1))
+        sides["data"] += [((number, number % 3, at - 0.3 * second), number, 1),
+                          ((100 + number, 7, at + 3 * second), number, 1)]
+    p = Pipeline()
+    queries, data = p.source("queries", KEYED_QUERIES), p.source("data", KEYED_DATA)
+    p.output("o", queries.interval_join(data, "tl", "tr", t.interval(-second, second), on="k",
+                                        how="left", behavior=t.common_behavior(cutoff=5 * second)))
+    engine = Engine(p, spark)
+    integrated: Counter[tuple] = Counter()
+    for *row, _, diff in _outputs(spark, p, sides, 7, engine=engine)["o"]:
+        integrated[tuple(row)] += diff
+    assert all(n == 1 for n in (+integrated).values()) and not -integrated
+    padded = [row for row in +integrated if row[-2] is None]
+    assert sorted(row[1] for row in padded) == [2 * n + 1 for n in range(1, 61)]
+    assert len(+integrated) == 120  # and every pair stays
+    counted = {name: rows for name, rows in engine.state_rows().items()
+               if "-UnmatchedOp-state" in name}
+    assert list(counted.values()) == [10], counted
 
 
 def test_rows_without_a_time_under_a_behavior(spark: SparkSession) -> None:

@@ -34,12 +34,19 @@ class OrderProducer:
         for i in range(count):
             event = next(self._stream)
             key, value = encode(event)
-            self._producer.produce(self._topics[event[0]], key=key, value=value)
+            while True:
+                try:
+                    self._producer.produce(self._topics[event[0]], key=key, value=value)
+                    break
+                except BufferError:  # the local queue is full (a broker paused): wait for it
+                    self._producer.poll(0.1)
             self.world.apply(event)
             if i % 5000 == 4999:  # delivery reports, so the local queue never fills
                 self._producer.poll(0)
         if flush:
             assert self._producer.flush(120) == 0
+        else:
+            self._producer.poll(0)  # serve the delivery reports of small, frequent sends
 
 
 def expected_tables(world: OrderWorld) -> dict[str, set[tuple[Any, ...]]]:

@@ -87,7 +87,7 @@ def joins_streams(sides: dict[str, Sequence[tuple[tuple[Any, ...], int, int]]],
                   joins: dict[str, dict[str, Any]], work: Path, nudged: bool = False
                   ) -> dict[str, list[tuple[Any, ...]]]:
     """Pathway's update stream of each join by time of `orders` with `prices` on the product
-    (name -> a left as-of join or an inner interval join, optionally under a behavior; with
+    (name -> a left as-of join or an interval join, optionally under a behavior; with
     `nudged`, a row after each transaction makes Pathway forget when txstream does: see
     `tests/support/pathway_joins.py`), given each side's (row, transaction, diff) changes."""
     spec = {name: [[*row, number, diff] for row, number, diff in changes]

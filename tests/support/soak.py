@@ -18,6 +18,7 @@ takes a row out of 0..1 and ends at the snapshot's rows. Used by `bench/soak.py`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -53,6 +54,7 @@ class SoakSettings:
     faults: tuple[tuple[float, str], ...] = ()
     pause_s: float = 30.0  # how long a `broker` fault freezes the broker
     seed: int = 5
+    partitions: int = 1  # of each topic
     # Top-level settings of the service's configuration beyond its defaults.
     service: tuple[tuple[str, Any], ...] = ()
 
@@ -146,7 +148,14 @@ def _gc(log: Path) -> dict[str, Any]:
 
 
 def _bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+    """The bytes of the files under `path`, those deleted while they are counted left out
+    (a checkpoint is written and older ones pruned meanwhile)."""
+    total = 0
+    for found in path.rglob("*") if path.exists() else ():
+        with contextlib.suppress(OSError):
+            if found.is_file():
+                total += found.stat().st_size
+    return total
 
 
 def _checkpoint_rows(location: Path) -> dict[str, int]:
@@ -209,7 +218,8 @@ class Sampler:
             row |= _gc(self._gc_logs / f"gc-{jvm}.log")
         location = next(self._checkpoints.iterdir(), None) if self._checkpoints.exists() else None
         if location is not None:
-            row["checkpoint_bytes"] = _bytes(location) - _bytes(location / "txlog")
+            # Every checkpoint kept, one being written, and the writer epochs.
+            row["checkpoints_bytes"] = _bytes(location) - _bytes(location / "txlog")
             row["txlog_bytes"] = _bytes(location / "txlog")
             row["state_rows"] = _checkpoint_rows(location)
         row["postgres_bytes"] = self._table_bytes()
@@ -251,7 +261,7 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
     tag = uuid.uuid4().hex[:10]
     topics = {"customers": f"soak-customers-{tag}", "orders": f"soak-orders-{tag}"}
     for topic in topics.values():
-        kafka.create_topic(topic, 1)
+        kafka.create_topic(topic, settings.partitions)
     schema, group, port = f"soak_{tag}", f"soak-{tag}", free_port()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
@@ -277,8 +287,9 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
     try:
         service.wait_for_ready(port, timeout=180)
         started = time.monotonic()
-        next_sample, paused_until = started, None
-        fault: dict[str, Any] | None = None
+        next_sample, next_check = started, started
+        paused_until: float | None = None
+        following: list[dict[str, Any]] = []  # faults the service is still recovering from
         while (now := time.monotonic()) - started < settings.duration_s:
             due = int(settings.rate * (now - started)) - result.events
             if due > 0:
@@ -288,14 +299,19 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
                 assert isinstance(kafka, MockKafkaBroker)
                 kafka.resume()
                 paused_until = None
-            if fault is not None:
-                fault = _recovering(fault, port)
+            if now >= next_check:  # twice a second: each check asks the service twice
+                following = [f for f in following if _recovering(f, port)]
+                next_check += 0.5
             if pending and now - started >= pending[0][0]:
                 at, kind = pending.pop(0)
                 progress(f"{now - started:.0f} s: fault {kind}")
-                fault, service, paused_until = _inject(kind, at, service, port, start, kafka,
-                                                       postgres, settings, now)
+                fault, service, pause = _inject(kind, at, service, port, start, kafka, postgres,
+                                                settings, now)
                 result.faults.append(fault)
+                if "skipped" not in fault:
+                    following.append(fault)
+                if pause is not None:
+                    paused_until = pause
             if now >= next_sample:
                 result.samples.append(sampler.sample(service, now - started, result.events))
                 progress(f"{now - started:.0f} s: {result.samples[-1]}")
@@ -305,7 +321,8 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
             assert isinstance(kafka, MockKafkaBroker)
             kafka.resume()
         producer.send(0)  # flushes
-        wait_committed_all(service, kafka.bootstrap_servers, group, topics, drain_s)
+        wait_committed_all(service, kafka.bootstrap_servers, group, topics, drain_s,
+                           settings.partitions)
         result.seconds = time.monotonic() - started
         result.samples.append(sampler.sample(service, result.seconds, result.events))
         expected = expected_tables(producer.world)
@@ -359,10 +376,10 @@ def _inject(kind: str, at: float, service: ServiceProcess, port: int,
     return {**record, "_since": now}, service, paused_until
 
 
-def _recovering(record: dict[str, Any], port: int) -> dict[str, Any] | None:
+def _recovering(record: dict[str, Any], port: int) -> bool:
     """Complete a fault's record as the service recovers: when `/readyz` first said not ready,
-    when it was ready again, when a transaction after the fault was committed; None once
-    done (the record itself is kept in the result)."""
+    when it was ready again, when a transaction after the fault was committed; False once
+    done."""
     since = record["_since"]
     status, _ = scrape(port, "/readyz", timeout=1)
     waited = round(time.monotonic() - since, 1)
@@ -375,7 +392,4 @@ def _recovering(record: dict[str, Any], port: int) -> dict[str, Any] | None:
     if committed is not None and committed > before and "committed_after_s" not in record:
         record["committed_after_s"] = waited
     # Followed a minute past the first commit (readiness may flap meanwhile), at most ten.
-    if ("committed_after_s" in record and waited > 60) or waited > 600:
-        del record["_since"]
-        return None
-    return record
+    return not (("committed_after_s" in record and waited > 60) or waited > 600)

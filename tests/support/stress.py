@@ -114,27 +114,30 @@ def _config(path: Path, topics: dict[str, str], schema: str, group: str, port: i
     return path
 
 
-def committed_all(bootstrap: str, group: str, topics: dict[str, str]) -> bool:
-    """Whether the service's consumer group committed every partition to its end (the service
-    commits offsets after every sink committed a batch)."""
+def committed_all(bootstrap: str, group: str, topics: dict[str, str], partitions: int = 1
+                  ) -> bool:
+    """Whether the service's consumer group committed every partition (of `partitions` per
+    topic) to its end (the service commits offsets after every sink committed a batch)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                          "enable.auto.commit": False})
     try:
         for topic in topics.values():
-            committed = consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-            if committed < high:
-                return False
+            for partition in range(partitions):
+                at = TopicPartition(topic, partition)
+                committed = consumer.committed([at], timeout=10)[0].offset
+                _, high = consumer.get_watermark_offsets(at, timeout=10)
+                if committed < high:
+                    return False
         return True
     finally:
         consumer.close()
 
 
 def wait_committed_all(service: ServiceProcess, bootstrap: str, group: str,
-                       topics: dict[str, str], timeout_s: float) -> None:
+                       topics: dict[str, str], timeout_s: float, partitions: int = 1) -> None:
     """Until the running `service` committed every record of `topics` (`committed_all`)."""
     deadline = time.monotonic() + timeout_s
-    while not committed_all(bootstrap, group, topics):
+    while not committed_all(bootstrap, group, topics, partitions):
         if service.proc.poll() is not None:
             raise AssertionError(f"txstream run exited ({service.proc.returncode}):\n"
                                  f"{service.tail()}")

@@ -123,9 +123,14 @@ class DistinctNode(Node):
 class UnmatchedNode(Node):
     """The rows of a join's side (`inputs[0]`, a temporal behavior's output or not) that have
     no pair among the join's pairs (`inputs[1]`, which hold the side's columns): the outer part
-    of an interval join (`txstream.engine.operators.unmatched`). `on`: the join's keys."""
+    of an interval join (`txstream.engine.operators.unmatched`). `on`: the join's keys. Under a
+    behavior with a cutoff: the side's event-time column `time` (`timed`: a timestamp), and the
+    cutoff in its units, after which a row is closed and its count forgotten."""
 
     on: tuple[str, ...] = ()
+    time: str = ""
+    timed: bool = False
+    cutoff: int | float | None = None
 
 
 @dataclass(frozen=True, eq=False)

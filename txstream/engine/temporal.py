@@ -55,10 +55,10 @@ time; they need no window. As-of-now joins (`Table.asof_now_join`,
 its transaction, once. A filter may compare a column with now(), the transaction's wall
 time (`txstream.engine.operators.now_filter`). Interval joins (`Table.interval_join`,
 `interval(lower_bound, upper_bound)`) are an equi-join and a filter on the difference of the
-times (left, right and outer ones add the rows whose key and time reach no partner): exact as
-those are. A `common_behavior` on an as-of or inner interval join applies to each side by its
-own clock (`BehaviorNode` with the side's time as both bounds; the join reads each row's fate:
-`txstream.engine.operators.join`, `asof_join`).
+times (left, right and outer ones add the rows that have no pair in the output,
+`txstream.engine.operators.unmatched`): exact as those are. A `common_behavior` on an as-of or
+interval join applies to each side by its own clock (`BehaviorNode` with the side's time as
+both bounds; the join reads each row's fate: `txstream.engine.operators.join`, `asof_join`).
 """
 
 from __future__ import annotations

@@ -146,19 +146,23 @@ class TemporalJoins:
                  f"and {other.node.label} on {', '.join(keys)}")
         padded = {"left": how in ("left", "outer"), "right": how in ("right", "outer")}
         sides: tuple[Node, Node] = (self.node, other.node)
+        # With a cutoff, rows close: the unmatched rows' counts are forgotten with them.
+        timed, cutoff = False, None
         if rules is not None:
             resolved, timed = rules
+            cutoff = resolved.cutoff
             sides = self._behaved(other, self_time, other_time, resolved, timed, label,
                                   right_forgets=True, keep_timeless=padded)
         pairs = self._derive(sides[0]).join(self._derive(sides[1]), keys) \
             .filter(window.holds(self_time, other_time))
         if how != "inner":
             parts = [pairs.node]
-            for position, side, others in (("left", sides[0], other.node),
-                                           ("right", sides[1], self.node)):
+            for position, side, others, time in (("left", sides[0], other.node, self_time),
+                                                 ("right", sides[1], self.node, other_time)):
                 if padded[position]:
                     unmatched = UnmatchedNode(f"rows of {side.label} without a pair in time",
-                                              (side, pairs.node), on=keys)
+                                              (side, pairs.node), on=keys, time=time,
+                                              timed=timed, cutoff=cutoff)
                     parts.append(PadNode(f"{position} padding of {label}",
                                          (unmatched, others), on=keys, side=position))
             pairs = self._derive(ConcatNode(label, tuple(parts)))

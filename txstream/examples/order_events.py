@@ -56,6 +56,8 @@ def events(rng: random.Random, customers: int, live_orders: int | None = None
     than deleted, so their number grows, unless `live_orders` is given: then an order created
     while that many are live first deletes the oldest (a key space that keeps moving at a
     steady size, as a service running for months sees)."""
+    if live_orders is not None and live_orders < 1:
+        raise ValueError(f"live_orders must be at least 1, not {live_orders}")
     for customer_id in range(1, customers + 1):
         yield "customers", customer_id, _customer(rng, customer_id)
     orders: dict[int, dict[str, Any]] = {}
@@ -92,7 +94,8 @@ def events(rng: random.Random, customers: int, live_orders: int | None = None
             orders[next_order_id] = row
             position[next_order_id] = len(ids)
             ids.append(next_order_id)
-            created.append(next_order_id)
+            if live_orders is not None:
+                created.append(next_order_id)
             next_order_id += 1
             yield "orders", row["order_id"], row
         elif roll < 0.85:

@@ -35,9 +35,10 @@ class TombstonePurge(BaseModel):
     Once the writer has declared a watermark W (no change with time <= W will ever be written
     again), tombstones with time <= W - `horizon` are purged every `interval_s` seconds; with
     no watermark nothing is purged. The service declares its newest checkpoint's transaction:
-    a restart replays only what follows it, and a fenced instance writes nothing, so the
-    out-of-order guard never needs a tombstone at or below it. Keep `horizon` transactions of
-    tombstones for readers that poll the table for deletions.
+    a restart replays only what follows it, so the out-of-order guard needs no tombstone at or
+    below it. (A replay from an older checkpoint, the newest one lost, can show a deleted row
+    again until it reaches the row's deletion.) Keep `horizon` transactions of tombstones for
+    readers that poll the table for deletions.
     """
 
     model_config = ConfigDict(frozen=True)

@@ -42,8 +42,9 @@ processing it alone gives, at every batch size.
 State: `clock` (the one value of the clock), `buffer` (rows not yet released, with a delay),
 `released` (rows released and not yet closed, with a cutoff, when the node forgets). All three
 are bounded by the windows still open (a closed window's rows leave both) and the rows without
-a time (never a source's: such a record is a dead letter; of a computed time, only on the left
-of a left as-of join, which shows them padded: other joins leave them out before the behavior).
+a time (never a source's: such a record is a dead letter; of a computed time, only on a side a
+join shows padded, the left of a left as-of join or a padded side of an interval join: other
+joins leave them out before the behavior), which stay.
 """
 
 from __future__ import annotations

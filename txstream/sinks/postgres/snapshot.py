@@ -205,14 +205,15 @@ class PostgresSnapshotSink(SinkBase):
         db = Connection(self._url, self._retry, f"txstream purge {self._table_name}")
         total = 0
         try:
-            while True:
+            while not self._stop.is_set():  # a stop does not wait for a long first purge
                 # A row updated meanwhile gets a new ctid (or no longer matches on recheck), so
                 # a tombstone revived by a concurrent write is never deleted.
                 deleted = db.run(lambda conn: conn.execute(
                     statement, [bound, policy.batch_rows]).rowcount)
                 total += deleted
                 if deleted < policy.batch_rows:
-                    return total
+                    break
+            return total
         finally:
             db.close()
 
