@@ -213,11 +213,6 @@ class Interval:
         """Whether the interval is of timestamps (timedelta bounds)."""
         return isinstance(self.lower_bound, timedelta)
 
-    def mirrored(self) -> Interval:
-        """The same pairs seen from the other side: `-upper <= self_time - other_time <=
-        -lower`."""
-        return Interval(-self.upper_bound, -self.lower_bound)
-
     def holds(self, self_time: str, other_time: str) -> str:
         """Spark SQL: whether the times (columns, unquoted) are within the interval."""
         if isinstance(self.lower_bound, timedelta):
