@@ -134,7 +134,9 @@ _GC = re.compile(r"GC\(\d+\) Pause (\w+).* (\d+)M->(\d+)M\((\d+)M\)")
 
 def _gc(log: Path) -> dict[str, Any]:
     """From a JVM's GC log: the heap after its last collection (MB), the least after a
-    collection of the last ten, and how many full collections it made."""
+    collection of the last ten, the heap after its last full collection (the live heap: a
+    young or mixed collection leaves the old generation's garbage counted), and how many full
+    collections it made."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
@@ -143,8 +145,9 @@ def _gc(log: Path) -> dict[str, Any]:
     if not pauses:
         return {}
     after = [int(m.group(3)) for m in pauses]
+    full = [int(m.group(3)) for m in pauses if m.group(1) == "Full"]
     return {"heap_after_gc_mb": after[-1], "heap_after_gc_min10_mb": min(after[-10:]),
-            "full_gcs": sum(m.group(1) == "Full" for m in pauses)}
+            "heap_after_full_gc_mb": full[-1] if full else None, "full_gcs": len(full)}
 
 
 def _bytes(path: Path) -> int:
