@@ -75,6 +75,9 @@ import psycopg
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from support.service_process import child_pids
+
 from txstream.examples.order_events import Event, encode, events
 from txstream.examples.orders import OUTPUTS, kafka_sources
 from txstream.service.embedded.kafka import KafkaEndpoint, kafka_from_env
@@ -216,17 +219,7 @@ class Service:
 
     def children(self) -> list[int]:
         """Pids of the service's own child processes (the JVM)."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                except OSError:
-                    continue
-                # `pid (comm) state ppid ...`; comm may hold spaces, so split after its ')'.
-                if int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid:
-                    found.append(int(entry.name))
-        return found
+        return child_pids(self.proc.pid)
 
     def pause(self) -> None:
         """SIGSTOP the service and its JVM: nothing of it runs until `resume`."""

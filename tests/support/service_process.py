@@ -33,6 +33,21 @@ def metric(body: str, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def child_pids(pid: int) -> list[int]:
+    """The pids of `pid`'s child processes (the service's: its driver JVM), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # the process ended
+                continue
+            # `pid (comm) state ppid ...`; comm may hold spaces, so split after its ')'.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
 class ServiceProcess:
     """`txstream run CONFIG` in a subprocess, with its output in a log file. Without the
     engine's warm-up unless `warm_up`: it costs each start of a cold JVM seconds, and the crash

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from support.orders import OUTPUT_COLUMNS, OrderProducer, expected_tables, snapshot_tables
 from support.orders import write_config as write_orders_config
-from support.service_process import ServiceProcess, metric, scrape
+from support.service_process import ServiceProcess, child_pids, metric, scrape
 from support.stress import replay_append, wait_committed_all
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 from txstream.service.embedded.postgres import EmbeddedPostgres, PostgresEndpoint, free_port
@@ -78,33 +78,13 @@ class SoakResult:
         return {"settings": asdict(self.settings), "events": self.events,
                 "seconds": round(self.seconds, 1), "held": self.held, "wrong": self.wrong,
                 "append_problems": self.append_problems[:5],
-                "faults": [{k: v for k, v in f.items() if not k.startswith("_")}
-                           for f in self.faults],
+                "faults": self.faults,
                 "tombstones": self.tombstones, "samples": self.samples}
 
 
-def _children(pid: int) -> list[int]:
-    """Every descendant of `pid` (from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        here = frontier.pop()
-        kids = [p for p, parent in parents.items() if parent == here]
-        found += kids
-        frontier += kids
-    return found
-
-
 def _jvm(pid: int) -> int | None:
-    """The driver JVM the service started (its descendant running java)."""
-    for child in _children(pid):
+    """The driver JVM the service started (its child running java)."""
+    for child in child_pids(pid):
         try:
             if Path(f"/proc/{child}/exe").resolve().name == "java":
                 return child
@@ -222,8 +202,8 @@ class Sampler:
         location = next(self._checkpoints.iterdir(), None) if self._checkpoints.exists() else None
         if location is not None:
             # Every checkpoint kept, one being written, and the writer epochs.
-            row["checkpoints_bytes"] = _bytes(location) - _bytes(location / "txlog")
             row["txlog_bytes"] = _bytes(location / "txlog")
+            row["checkpoints_bytes"] = _bytes(location) - row["txlog_bytes"]
             row["state_rows"] = _checkpoint_rows(location)
         row["postgres_bytes"] = self._table_bytes()
         status, body = scrape(self._port)
@@ -292,7 +272,8 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
         started = time.monotonic()
         next_sample, next_check = started, started
         paused_until: float | None = None
-        following: list[dict[str, Any]] = []  # faults the service is still recovering from
+        # Faults the service is still recovering from, each with when it was injected.
+        following: list[tuple[dict[str, Any], float]] = []
         while (now := time.monotonic()) - started < settings.duration_s:
             due = int(settings.rate * (now - started)) - result.events
             if due > 0:
@@ -303,7 +284,8 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
                 kafka.resume()
                 paused_until = None
             if now >= next_check:  # twice a second: each check asks the service twice
-                following = [f for f in following if _recovering(f, port)]
+                following = [(f, since) for f, since in following
+                             if _recovering(f, since, port)]
                 next_check += 0.5
             if pending and now - started >= pending[0][0]:
                 at, kind = pending.pop(0)
@@ -312,7 +294,7 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
                                                 settings, now)
                 result.faults.append(fault)
                 if "skipped" not in fault:
-                    following.append(fault)
+                    following.append((fault, now))
                 if pause is not None:
                     paused_until = pause
             if now >= next_sample:
@@ -376,14 +358,13 @@ def _inject(kind: str, at: float, service: ServiceProcess, port: int,
         paused_until = now + settings.pause_s
     else:
         raise ValueError(f"unknown fault {kind!r}: one of {', '.join(FAULTS)}")
-    return {**record, "_since": now}, service, paused_until
+    return record, service, paused_until
 
 
-def _recovering(record: dict[str, Any], port: int) -> bool:
-    """Complete a fault's record as the service recovers: when `/readyz` first said not ready,
-    when it was ready again, when a transaction after the fault was committed; False once
-    done."""
-    since = record["_since"]
+def _recovering(record: dict[str, Any], since: float, port: int) -> bool:
+    """Complete the record of a fault injected at `since` as the service recovers: when
+    `/readyz` first said not ready, when it was ready again, when a transaction after the
+    fault was committed; False once done."""
     status, _ = scrape(port, "/readyz", timeout=1)
     waited = round(time.monotonic() - since, 1)
     if status != 200 and "not_ready_after_s" not in record:
