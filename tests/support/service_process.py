@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -48,6 +49,15 @@ def child_pids(pid: int) -> list[int]:
     return found
 
 
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 class ServiceProcess:
     """`txstream run CONFIG` in a subprocess, with its output in a log file. Without the
     engine's warm-up unless `warm_up`: it costs each start of a cold JVM seconds, and the crash
@@ -59,6 +69,7 @@ class ServiceProcess:
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in wait())
         self._log_start = self._log.tell()
         self.started = time.monotonic()
+        self._children: list[int] = []  # those `kill` killed
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "txstream.service.cli", "run", str(config),
              "--progress-interval", "5"],
@@ -68,7 +79,12 @@ class ServiceProcess:
 
     def wait(self, timeout: float) -> int:
         try:
-            return self.proc.wait(timeout)
+            status = self.proc.wait(timeout)
+            deadline = time.monotonic() + timeout
+            while any(_running(pid) for pid in self._children):
+                assert time.monotonic() < deadline, f"killed JVM(s) {self._children} still run"
+                time.sleep(0.05)
+            return status
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -78,8 +94,15 @@ class ServiceProcess:
             self._log.close()
 
     def kill(self) -> None:
+        """kill -9 of the service and of its driver JVM, as of a container: a JVM left to
+        notice its parent's end on its own would still hold memory and CPU when the next
+        service starts. `wait` waits for both."""
         if self.proc.poll() is None:
+            self._children = child_pids(self.proc.pid)
             self.proc.send_signal(signal.SIGKILL)
+            for pid in self._children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
