@@ -16,13 +16,15 @@ Reads the JSON documents the benchmarks printed, stored unchanged under
 * `temporal.png`: event-time windows with and without a behavior, and sessions
   (`bench/temporal.py`): state rows and the JVM heap as the events grow, and events/s beside
   Pathway and Flink in the engine; and the windows Kafka to PostgreSQL beside Pathway
-  (`bench/temporal_end_to_end.py`).
+  (`bench/temporal_end_to_end.py`);
+* `soak.png`: the longest run of `bench/soak.py` over time (memory, threads and descriptors,
+  checkpoint and table bytes, latency and lag), its faults marked.
 
 Documents of one script are merged in the order they were run (a later run's sections win):
 by the `date` a document holds, those without one first, in file name order. So one run may
-hold the group-by and another the example pipeline; `bench/stress.py`'s are kept
-apart, one per revision. A plot whose figures no document
-holds is left out, saying so on stderr. matplotlib is a bench-only extra
+hold the group-by and another the example pipeline; `bench/stress.py`'s are kept apart, one
+per revision, and of `bench/soak.py`'s only the longest run is drawn. A plot whose figures no
+document holds is left out, saying so on stderr. matplotlib is a bench-only extra
 (`pip install -e '.[bench]'`).
 
     .venv/bin/python bench/report.py [--results docs/benchmarks/results] [--out docs/benchmarks]
@@ -337,6 +339,67 @@ def temporal(results: dict[str, Document]) -> Figure | None:
     return fig
 
 
+def soak(found: dict[str, list[tuple[str, Document]]]) -> Figure | None:
+    runs = [document for _, document in found.get("soak", []) if document.get("samples")]
+    if not runs:
+        return None
+    run = max(runs, key=lambda d: d["seconds"])
+    samples = run["samples"]
+    minutes = [sample["at_s"] / 60 for sample in samples]
+
+    def series(key: Callable[[Document], Any]) -> list[float]:
+        return [float("nan") if (value := key(sample)) is None else value for sample in samples]
+
+    fig, axes = plt.subplots(2, 3, figsize=(16, 7.5), sharex=True)
+    memory, counts, storage, tables, latency, lag = axes.flat
+    memory.plot(minutes, series(lambda s: s.get("jvm_rss_mb")), label="driver JVM RSS")
+    memory.plot(minutes, series(lambda s: s.get("python_rss_mb")), label="service Python RSS")
+    memory.plot(minutes, series(lambda s: s.get("heap_after_gc_mb")),
+                label="JVM heap after the last GC")
+    memory.plot(minutes, series(lambda s: s.get("heap_after_full_gc_mb")), ".",
+                label="JVM heap after the last full GC")
+    memory.set_ylabel("MB")
+    for side, style in (("jvm", "-"), ("python", "--")):
+        counts.plot(minutes, series(lambda s, side=side: s.get(f"{side}_threads")), style,
+                    color=TXSTREAM, label=f"{side} threads")
+        counts.plot(minutes, series(lambda s, side=side: s.get(f"{side}_fds")), style,
+                    color=PEER, label=f"{side} descriptors")
+    storage.plot(minutes, series(lambda s: (s.get("checkpoints_bytes") or 0) / 1e6),
+                 label="checkpoints (kept, being written)")
+    storage.plot(minutes, series(lambda s: (s.get("txlog_bytes") or 0) / 1e6),
+                 label="transaction log")
+    storage.set_ylabel("MB")
+    for name in sorted({name for sample in samples for name in sample.get("postgres_bytes")
+                        or {}}):
+        tables.plot(minutes, series(lambda s, name=name: None if s.get("postgres_bytes") is None
+                                    else s["postgres_bytes"][name] / 1e6), label=name)
+    tables.set_ylabel("MB")
+    latency.plot(minutes, series(lambda s: s.get("latency_p50_s")), label="p50")
+    latency.plot(minutes, series(lambda s: s.get("latency_p99_s")), label="p99")
+    latency.set_yscale("log")
+    latency.set_ylabel("seconds (log)")
+    lag.plot(minutes, series(lambda s: s.get("lag")), color=TXSTREAM, label="records not yet in "
+             "a committed transaction")
+    for ax, title in ((memory, "Memory"), (counts, "Threads and file descriptors"),
+                      (storage, "Checkpoint storage"), (tables, "PostgreSQL tables (bytes)"),
+                      (latency, "End-to-end latency per 10 s (from the histogram)"),
+                      (lag, "Consumer lag")):
+        for fault in run["faults"]:
+            ax.axvline(fault["at_s"] / 60, color="#999999", linestyle=":", linewidth=1)
+            ax.text(fault["at_s"] / 60, 1.0, fault["kind"], rotation=90, fontsize=6,
+                    va="top", ha="right", transform=ax.get_xaxis_transform())
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in axes[1]:
+        ax.set_xlabel("minutes")
+    settings = run["settings"]
+    fig.suptitle(f"bench/soak.py: {run['seconds'] / 60:.0f} min at {settings['rate']:,.0f} "
+                 f"events/s, {run['events']:,} events, "
+                 f"{'held' if run['held'] else 'did NOT hold'}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 PLOTS: dict[str, Callable[[dict[str, Document]], Figure | None]] = {
     "throughput": throughput, "latency": latency, "scale": scale, "startup": startup,
     "temporal": temporal}
@@ -350,7 +413,8 @@ def main() -> None:
     found = load(args.results)
     results = merged(found)
     args.out.mkdir(parents=True, exist_ok=True)
-    figures = {name: plot(results) for name, plot in PLOTS.items()} | {"stress": stress(found)}
+    figures = {name: plot(results) for name, plot in PLOTS.items()} | {
+        "stress": stress(found), "soak": soak(found)}
     for name, figure in figures.items():
         if figure is None:
             print(f"{name}.png: no result file holds its figures; left out", file=sys.stderr)

@@ -168,14 +168,20 @@ def _buckets(body: str) -> dict[float, float]:
 
 
 def _quantile(buckets: dict[float, float], q: float) -> float | None:
-    """The upper bound of the bucket holding quantile `q` of the counts."""
+    """Quantile `q` of the counts, interpolated linearly inside its bucket as Prometheus'
+    `histogram_quantile` does (in the last, unbounded bucket: that bucket's lower bound)."""
     ordered = sorted(buckets.items())
     total = ordered[-1][1] if ordered else 0
     if total <= 0:
         return None
+    lower, below = 0.0, 0.0
     for bound, count in ordered:
         if count >= q * total:
-            return bound
+            if bound == float("inf"):
+                return lower
+            inside = count - below
+            return round(lower + (bound - lower) * (q * total - below) / inside, 3)
+        lower, below = bound, count
     return None
 
 
