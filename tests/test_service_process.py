@@ -18,7 +18,7 @@ from psycopg import sql
 from support.orders import OrderProducer, write_config
 from support.service_process import ROOT, ServiceProcess, metric, scrape
 
-from txstream.service.cli import EXIT_SHUTDOWN_TIMED_OUT
+from txstream.service.cli import EXIT_NO_FINAL_CHECKPOINT
 from txstream.service.embedded.postgres import free_port
 
 
@@ -71,7 +71,7 @@ def test_a_shutdown_outlasting_its_timeout_exits_3_and_says_what_it_did_not_chec
         timeout=600)
     committed = int(metric(body, "txstream_last_committed_transaction") or 0)
     service.proc.send_signal(signal.SIGTERM)
-    assert service.wait(timeout=60) == EXIT_SHUTDOWN_TIMED_OUT, service.tail()
+    assert service.wait(timeout=60) == EXIT_NO_FINAL_CHECKPOINT, service.tail()
     assert not list((tmp_path / "ck").glob("*/ckpt-*/MANIFEST.json")), "no final checkpoint"
     said = re.search(r"shutdown took longer than shutdown_timeout_s \(0.001s\): exiting with "
                      r"status 3 without a final checkpoint \(last committed transaction #(\d+), "

@@ -30,8 +30,9 @@ def example_config(bootstrap: str, database_url: str, schema: str, topics: dict[
         transactions=BatchPolicy(max_events=100, max_delay_ms=200),
         batch_transactions=5, kafka_bootstrap_servers=bootstrap, consumer_group=group,
         database_url=database_url, checkpoint_dir=str(checkpoint_dir),
-        retry_initial_backoff_s=0.2, retry_max_backoff_s=1.0, status_interval_s=1.0,
-        **{"warm_up_rows": 0, **extra})
+        status_interval_s=1.0,
+        **{"warm_up_rows": 0, "retry_initial_backoff_s": 0.2, "retry_max_backoff_s": 1.0,
+           **extra})
 
 
 class Background:

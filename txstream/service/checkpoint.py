@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from py4j.protocol import Py4JError
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from txstream.service.checkpoint_epochs import CheckpointEpochs
-from txstream.service.checkpoint_storage import CheckpointError, Storage
+from txstream.service.checkpoint_storage import CheckpointError, CheckpointStorageError, Storage
 from txstream.sinks.postgres.writers import Writer
 from txstream.sources.source_state import SourceState
 from txstream.sources.transaction_batch import TransactionLogEntry
@@ -114,7 +115,10 @@ class CheckpointStore:
                         "through their transactional id); use a file system path or hdfs:// "
                         "for checkpoint_dir to fence file sinks", self.location)
             return
-        self.epoch = self._epochs.take(writer, base)
+        try:
+            self.epoch = self._epochs.take(writer, base)
+        except (OSError, Py4JError) as exc:
+            raise _refused(f"cannot take a writer epoch in {self.location}", exc) from exc
 
     def check_epoch(self) -> None:
         """CheckpointFencedError if another instance took a newer epoch than this one's
@@ -184,12 +188,17 @@ class CheckpointStore:
                                   f"#{transaction}: checkpoint only after a committed batch")
         now = datetime.now(UTC)
         name = f"ckpt-{transaction:012d}-{int(now.timestamp() * 1000)}"
-        with tempfile.TemporaryDirectory(prefix="txstream-") as scratch:
-            state.save(Path(scratch) / "source")
-            self._storage.put_dir(Path(scratch) / "source", f"{name}/source")
-        return PreparedCheckpoint(name, Manifest(transaction=transaction, created=now,
-                                                 identity=self.identity,
-                                                 epoch=self.epoch or 0))
+        prepared = PreparedCheckpoint(name, Manifest(transaction=transaction, created=now,
+                                                     identity=self.identity,
+                                                     epoch=self.epoch or 0))
+        try:
+            with tempfile.TemporaryDirectory(prefix="txstream-") as scratch:
+                state.save(Path(scratch) / "source")
+                self._storage.put_dir(Path(scratch) / "source", f"{name}/source")
+        except BaseException:
+            self.discard(prepared)
+            raise
+        return prepared
 
     def publish(self, prepared: PreparedCheckpoint) -> None:
         """Make `prepared` complete (its manifest, last), then delete what it supersedes;
@@ -199,6 +208,17 @@ class CheckpointStore:
         self._storage.write_text(f"{prepared.name}/{MANIFEST}",
                                  prepared.manifest.model_dump_json())
         self._prune(prepared.name)
+
+    def discard(self, prepared: PreparedCheckpoint) -> None:
+        """Delete `prepared` unless its manifest was written: a checkpoint that failed half
+        way would otherwise hold its space (on a full disk, the space the next one needs)
+        until a later one is published."""
+        try:
+            if self._storage.read_text(f"{prepared.name}/{MANIFEST}") is None:
+                self._storage.delete(prepared.name)
+        except (OSError, Py4JError) as exc:  # the next published checkpoint prunes it
+            _logger.warning("could not delete the incomplete checkpoint %s: %s",
+                            prepared.name, exc)
 
     def _prune(self, newest: str) -> None:
         """Keep the newest `keep` complete checkpoints; delete older ones, incomplete leftovers
@@ -236,7 +256,11 @@ class CheckpointStore:
         # The epoch in the name: a fenced instance's late file never replaces the new writer's.
         epoch = f".e{self.epoch}" if self.epoch is not None else ""
         name = f"{entries[0].number:012d}-{entries[-1].number:012d}{epoch}.json"
-        self._storage.write_text(f"{TXLOG}/{name}", _LOG.dump_json(list(entries)).decode())
+        try:
+            self._storage.write_text(f"{TXLOG}/{name}", _LOG.dump_json(list(entries)).decode())
+        except (OSError, Py4JError) as exc:
+            raise _refused(f"cannot log transactions #{entries[0].number}-"
+                           f"#{entries[-1].number} in {self.location}/{TXLOG}", exc) from exc
 
     def _log_files(self) -> list[tuple[str, int, int, int]]:
         """Name, first and last transaction, and epoch (0: none) of each log file."""
@@ -274,6 +298,12 @@ class CheckpointStore:
                 f"({numbers[:10]}...); it was damaged. Delete the location to start over"
             )
         return [entries[n] for n in numbers]
+
+
+def _refused(what: str, exc: BaseException) -> CheckpointStorageError:
+    return CheckpointStorageError(
+        f"{what}: {exc}. Free space there (or mend the storage): the service waits, tries "
+        "again with backoff, and goes on once it is written")
 
 
 def _order(name: str) -> tuple[int, int]:

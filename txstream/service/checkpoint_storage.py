@@ -28,6 +28,11 @@ class CheckpointError(RuntimeError):
     do."""
 
 
+class CheckpointStorageError(CheckpointError):
+    """The storage refused a write it should take (full, read-only, unreachable): the same
+    write may succeed once the operator frees space or mends it, so callers retry it."""
+
+
 class Storage(Protocol):
     """The few file operations checkpoints need, on one root directory."""
 
@@ -80,11 +85,16 @@ class LocalStorage:
         path = self._root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            # On a full disk the partial file would hold space no listing ever names.
+            tmp.unlink(missing_ok=True)
+            raise
         _fsync_dir(path.parent)
 
     def create_new(self, rel: str, text: str) -> bool:

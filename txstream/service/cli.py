@@ -36,10 +36,11 @@ if TYPE_CHECKING:  # imported when running: it loads Spark
     from txstream.service.runner import PipelineRunner
 
 log = logging.getLogger("txstream.service.cli")
-# The exit status of `txstream run` when its shutdown outlasted `shutdown_timeout_s`: it exited
-# without its final checkpoint (the next start replays what that would have held). A clean stop
-# exits 0; 1 and 2 are `check`'s problems and a refused configuration or start.
-EXIT_SHUTDOWN_TIMED_OUT = 3
+# The exit status of `txstream run` when it stopped without its final checkpoint (the next start
+# replays what that would have held): the shutdown outlasted `shutdown_timeout_s`, or the
+# checkpoint failed (a full disk). A clean stop exits 0; 1 and 2 are `check`'s problems and a
+# refused configuration or start.
+EXIT_NO_FINAL_CHECKPOINT = 3
 # Our own package logs at --log-level; everything else (py4j, Spark's Python side) at WARNING.
 _OWN_LOGGERS = ("txstream",)
 
@@ -168,7 +169,17 @@ def _serve(args: argparse.Namespace, config: PipelineConfig, runner: PipelineRun
         except (ExpressionError, InvariantError) as exc:
             _halt(exc, runner, stop)
             return 0
-        if runner.checkpoint():
+        try:
+            final = runner.checkpoint()
+        except FencedError:
+            raise  # another instance writes on: not this one's failure
+        except Exception:  # the storage's error; a restart replays more, nothing is lost
+            log.exception("final checkpoint failed: the next start resumes from the last one "
+                          "(#%s) and replays the transactions after it",
+                          runner.metrics.checkpoint.last_transaction)
+            print(runner.metrics.line(), flush=True)
+            return EXIT_NO_FINAL_CHECKPOINT
+        if final:
             log.info("final checkpoint through #%d", runner.metrics.delivery.last_transaction)
         else:
             log.info("no final checkpoint to write: the last one holds every committed "
@@ -225,7 +236,7 @@ def _halt(exc: ExpressionError | InvariantError, runner: PipelineRunner, stop: t
 
 
 def _exit_after(seconds: float, metrics: Metrics) -> None:
-    """After `seconds`, exit with EXIT_SHUTDOWN_TIMED_OUT, saying which committed transactions
+    """After `seconds`, exit with EXIT_NO_FINAL_CHECKPOINT, saying which committed transactions
     no checkpoint holds: an orchestrator tells a timed-out stop from a clean one by the
     status, an operator by this line what the next start replays."""
     time.sleep(seconds)
@@ -238,9 +249,9 @@ def _exit_after(seconds: float, metrics: Metrics) -> None:
         missing = "every committed transaction is in a checkpoint"
     log.error("shutdown took longer than shutdown_timeout_s (%gs): exiting with status %d "
               "without a final checkpoint (last committed transaction #%d, last checkpointed "
-              "#%d): %s", seconds, EXIT_SHUTDOWN_TIMED_OUT, committed, checkpointed, missing)
+              "#%d): %s", seconds, EXIT_NO_FINAL_CHECKPOINT, committed, checkpointed, missing)
     logging.shutdown()
-    os._exit(EXIT_SHUTDOWN_TIMED_OUT)
+    os._exit(EXIT_NO_FINAL_CHECKPOINT)
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -112,8 +112,10 @@ class Readiness:
 
 
 
+# Where checkpoints and the transaction log go, as readiness and the log name it.
+CHECKPOINT_STORAGE = "checkpoint storage"
 # The dependencies whose state `/metrics` reports (`txstream_dependency_up`).
-DEPENDENCIES = ("kafka", "postgresql")
+DEPENDENCIES = ("kafka", "postgresql", CHECKPOINT_STORAGE)
 
 
 def metrics_text(metrics: Metrics, readiness: Readiness) -> str:

@@ -192,7 +192,7 @@ class CheckpointMetrics:
         self.last_at = at
 
     def failed(self) -> None:
-        """A checkpoint failed (the next batch retries it)."""
+        """A checkpoint failed (tried again after a pause, `txstream.service.checkpointing`)."""
         self.failures += 1
 
     @property
@@ -296,7 +296,7 @@ def _families(m: Metrics) -> Iterator[tuple[str, str, str, object]]:
         ("txstream_spark_stages_total", "stages of those jobs (skipped ones included)",
          "counter", c.spark_stages),
         ("txstream_checkpoint_failures_total",
-         "checkpoints that failed (retried after the next batch)", "counter", k.failures),
+         "checkpoints that failed (each tried again after a pause)", "counter", k.failures),
         ("txstream_state_index_bytes",
          "bytes of the index files of large state runs (on the executors' storage)", "gauge",
          c.state_index_bytes),

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING
 from txstream.engine.errors import ExpressionError
 from txstream.schemas.config import PipelineConfig
 from txstream.service.checkpointing import Checkpointing
-from txstream.service.health import Readiness
+from txstream.service.health import CHECKPOINT_STORAGE, Readiness
 from txstream.service.idle_warm_up import IdleWarmUp, WarmUpSteps
 from txstream.service.input import OpenInput
 from txstream.service.input_reports import InputReports
@@ -147,7 +147,8 @@ class PipelineRunner:
         self._logged_through = resumed.logged_through
         # Before the sinks open: a Kafka sink's new producer fences the previous writer's,
         # which must find the epoch moved on already (`KafkaSink`, writer_check).
-        self.checkpoints.take_epoch(Writer.this_process(), base=self._logged_through)
+        self._retrying(CHECKPOINT_STORAGE, lambda: self.checkpoints.take_epoch(
+            Writer.this_process(), base=self._logged_through))
         self.metrics.delivery.resumed(checkpointed)
         self.outputs = Outputs(config, {name: out.schema for name, out in engine.outputs.items()},
                                resuming=resumed.resuming, live=live, retrying=self._retrying,
@@ -168,8 +169,8 @@ class PipelineRunner:
             log.info("every sink is a PostgreSQL snapshot committed per batch, but the "
                      "pipeline's temporal behaviors see each transaction: batches not netted")
         self._checkpointing = Checkpointing(config, engine, checkpoints, self.outputs,
-                                            self.metrics.checkpoint, self._crash, checkpointed,
-                                            clock)
+                                            self.metrics.checkpoint, self.readiness,
+                                            self._crash, checkpointed, clock)
         self.input = self._retrying(_INPUT, lambda: open_input(
             resumed.state, resumed.replay,
             InputReports(self.metrics.source, self.readiness, _INPUT)))
@@ -297,8 +298,11 @@ class PipelineRunner:
         # Logged before any sink sees them: a recovery re-forms exactly these transactions,
         # and nets the same ones together.
         started = self._clock()
-        self.checkpoints.log([entry for part in parts for entry in part.batch.log_entries(
-            after=self._logged_through, netted=part.netted)])
+        entries = [entry for part in parts for entry in part.batch.log_entries(
+            after=self._logged_through, netted=part.netted)]
+        # A full checkpoint volume holds the batch here, retried, while deliver finishes the
+        # one before it: nothing reaches a sink that a recovery could not re-form.
+        self._retrying(CHECKPOINT_STORAGE, lambda: self.checkpoints.log(entries))
         batch = TransactionBatch.join([part.batch for part in parts])
         self._logged_through = max(self._logged_through, batch.last.number)
         self._crash.reached("log")

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from txstream.service.checkpoint_storage import CheckpointStorageError
 from txstream.sinks.sink import SinkWriteError
 from txstream.sources.kafka_source import KafkaSourceError
 from txstream.sources.source_state import SourceState
@@ -75,13 +76,14 @@ class Retrying:
         self._max_s = max_s
 
     def __call__(self, dependency: str, work: Callable[[], _T]) -> _T:
-        """`work()`, retried while `dependency` is unavailable (a SinkWriteError or
-        KafkaSourceError); ShutdownRequested if a stop is requested while waiting."""
+        """`work()`, retried while `dependency` is unavailable (a SinkWriteError,
+        KafkaSourceError or CheckpointStorageError); ShutdownRequested if a stop is requested
+        while waiting."""
         delay = self._initial_s
         while True:
             try:
                 result = work()
-            except (SinkWriteError, KafkaSourceError) as exc:
+            except (SinkWriteError, KafkaSourceError, CheckpointStorageError) as exc:
                 self._readiness.fail(dependency, str(exc).splitlines()[0])
                 log.warning("%s unavailable, retrying in %.1fs: %s", dependency, delay, exc)
                 if self._stop.wait(delay):

@@ -202,9 +202,11 @@ class Connection:
                 # Connection loss, serialization failure and deadlock are all OperationalErrors
                 # in psycopg; the transaction was rolled back (or the connection is gone).
                 if attempt == self._retry.attempts:
+                    fix = ("free space on the server's disk" if isinstance(
+                        exc, psycopg.errors.DiskFull) else "check that the server is reachable")
                     raise SinkWriteError(
-                        f"PostgreSQL transaction failed {attempt} times, last: {exc}. Check that "
-                        "the server is reachable, then write the same changes again"
+                        f"PostgreSQL transaction failed {attempt} times, last: {exc}. "
+                        f"{fix.capitalize()}, then write the same changes again"
                     ) from exc
                 log.warning("PostgreSQL transaction failed (attempt %d), retrying in %.2fs: %s",
                             attempt, delay, exc)
