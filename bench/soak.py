@@ -1,6 +1,7 @@
 """A soak of the service: `txstream run` of the example pipeline under a steady load whose keys
 keep moving, for `--minutes` (default 60), with faults on a schedule (default: kill -9 of the
-service, a PostgreSQL restart and the broker paused 30 s, twice each, spread over the run),
+service, a PostgreSQL restart, the broker paused 30 s and the checkpoint volume full for 30 s,
+twice each, spread over the run; the full volume needs root, to mount a tmpfs),
 sampled every `--sample-s` seconds (`tests/support/soak.py` says what and how), then checked
 against a from-scratch computation. Prints one JSON object: the settings, every sample, every
 fault with how the service recovered, and whether the run held; `--out FILE` writes it there
@@ -35,7 +36,8 @@ from txstream.service.embedded.postgres import postgres_from_env
 def faults(text: str, minutes: float) -> tuple[tuple[float, str], ...]:
     """`kind@minute,...` as (seconds, kind); empty: each kind twice, spread over the run."""
     if not text:
-        spread = [(minutes * (i + 1) / 7, kind) for i, kind in enumerate(FAULTS * 2)]
+        spread = [(minutes * (i + 1) / (2 * len(FAULTS) + 1), kind)
+                  for i, kind in enumerate(FAULTS * 2)]
         return tuple((round(at * 60, 1), kind) for at, kind in spread)
     found = []
     for item in text.split(","):

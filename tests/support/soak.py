@@ -7,7 +7,9 @@ computation.
     `txstream run` (the service's defaults; the JVM's GC logged) --> PostgreSQL: a live
         snapshot of every output, and `region_totals`' changes appended
     faults at set times: `kill` (kill -9 of the service, restarted at once), `postgres` (the
-        server stopped and started), `broker` (the broker's process frozen `pause_s`)
+        server stopped and started), `broker` (the broker's process frozen `pause_s`), `disk`
+        (the checkpoint volume, a tmpfs of `volume_mib` when such a fault is due, full for
+        `pause_s`)
     a sample every `sample_s`: see `Sampler`
 
 At the end the producer stops and the service commits everything; the run *holds* when every
@@ -35,11 +37,12 @@ from support.orders import OUTPUT_COLUMNS, OrderProducer, expected_tables, snaps
 from support.orders import write_config as write_orders_config
 from support.service_process import ServiceProcess, child_pids, metric, scrape
 from support.stress import replay_append, wait_committed_all
+from support.volumes import Filler, can_mount, small_volume
 from txstream.service.embedded.kafka import KafkaEndpoint, MockKafkaBroker
 from txstream.service.embedded.postgres import EmbeddedPostgres, PostgresEndpoint, free_port
 
 APPEND = ("region_totals_changes", "region_totals")  # the append table and its output
-FAULTS = ("kill", "postgres", "broker")
+FAULTS = ("kill", "postgres", "broker", "disk")
 LATENCY = "txstream_end_to_end_latency_seconds"
 
 
@@ -52,7 +55,8 @@ class SoakSettings:
     sample_s: float = 10.0
     # (seconds from the start, kind): kinds are FAULTS.
     faults: tuple[tuple[float, str], ...] = ()
-    pause_s: float = 30.0  # how long a `broker` fault freezes the broker
+    pause_s: float = 30.0  # how long a `broker` fault freezes the broker, a `disk` one fills
+    volume_mib: int = 64  # the checkpoint volume's size, when a `disk` fault is due
     seed: int = 5
     partitions: int = 1  # of each topic
     # Top-level settings of the service's configuration beyond its defaults.
@@ -189,8 +193,9 @@ class Sampler:
     """What a soak samples: the service's Python and driver JVM (RSS, threads, descriptors,
     the heap after GC from the GC log), the newest checkpoint (bytes, rows per state), the
     transaction log's bytes, PostgreSQL's bytes per output table (tombstones included), and
-    from `/metrics` dead letters, consumer lag, the last committed transaction and the
-    end-to-end latency's p50 and p99 over the interval."""
+    from `/metrics` dead letters, consumer lag, the last committed transaction, the checkpoints
+    that failed (since the process started) and the end-to-end latency's p50 and p99 over the
+    interval."""
 
     def __init__(self, port: int, checkpoints: Path, gc_logs: Path, url: str, schema: str
                  ) -> None:
@@ -216,7 +221,8 @@ class Sampler:
         row["ready"] = scrape(self._port, "/readyz")[0] == 200
         if status == 200:
             for key, name in (("dead_letters", "txstream_dead_letters_total"),
-                              ("committed", "txstream_last_committed_transaction")):
+                              ("committed", "txstream_last_committed_transaction"),
+                              ("checkpoint_failures", "txstream_checkpoint_failures_total")):
                 row[key] = metric(body, name)
             row["lag"] = sum(float(v) for v in re.findall(
                 r"^txstream_lag_records(?:{.*})? (\S+)$", body, re.MULTILINE))
@@ -245,7 +251,17 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
              settings: SoakSettings, progress: Callable[[str], None] = lambda _: None,
              drain_s: float = 300) -> SoakResult:
     """One soak (see the module doc). Faults a set-up cannot inject (a real broker, an
-    external PostgreSQL) are recorded as skipped."""
+    external PostgreSQL, a full volume without root) are recorded as skipped."""
+    volume = workdir / "volume"  # the checkpoints'
+    with contextlib.ExitStack() as stack:
+        if "disk" in {kind for _, kind in settings.faults} and can_mount():
+            stack.enter_context(small_volume(volume, settings.volume_mib))
+        return _soak(kafka, postgres, workdir, volume, settings, progress, drain_s)
+
+
+def _soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path, volume: Path,
+          settings: SoakSettings, progress: Callable[[str], None], drain_s: float
+          ) -> SoakResult:
     url: str = postgres.url  # type: ignore[attr-defined]
     tag = uuid.uuid4().hex[:10]
     topics = {"customers": f"soak-customers-{tag}", "orders": f"soak-orders-{tag}"}
@@ -255,7 +271,7 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     workdir.mkdir(parents=True, exist_ok=True)
-    checkpoints, gc_logs = workdir / "checkpoints", workdir / "gc"
+    checkpoints, gc_logs = volume / "checkpoints", workdir / "gc"
     gc_logs.mkdir(exist_ok=True)
     config = write_orders_config(workdir / "pipeline.yaml", topics, schema, group, checkpoints,
                                  port, **dict(settings.service))
@@ -277,7 +293,8 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
         service.wait_for_ready(port, timeout=180)
         started = time.monotonic()
         next_sample, next_check = started, started
-        paused_until: float | None = None
+        # What ends a fault that lasts (`pause_s`), and when.
+        undo: list[tuple[float, Callable[[], None]]] = []
         # Faults the service is still recovering from, each with when it was injected.
         following: list[tuple[dict[str, Any], float]] = []
         while (now := time.monotonic()) - started < settings.duration_s:
@@ -285,10 +302,8 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
             if due > 0:
                 producer.send(due, flush=False)
                 result.events += due
-            if paused_until is not None and now >= paused_until:
-                assert isinstance(kafka, MockKafkaBroker)
-                kafka.resume()
-                paused_until = None
+            while undo and now >= undo[0][0]:
+                undo.pop(0)[1]()
             if now >= next_check:  # twice a second: each check asks the service twice
                 following = [(f, since) for f, since in following
                              if _recovering(f, since, port)]
@@ -296,21 +311,20 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
             if pending and now - started >= pending[0][0]:
                 at, kind = pending.pop(0)
                 progress(f"{now - started:.0f} s: fault {kind}")
-                fault, service, pause = _inject(kind, at, service, port, start, kafka, postgres,
-                                                settings, now)
+                fault, service, end = _inject(kind, at, service, port, start, kafka, postgres,
+                                              volume, settings)
                 result.faults.append(fault)
                 if "skipped" not in fault:
                     following.append((fault, now))
-                if pause is not None:
-                    paused_until = pause
+                if end is not None:
+                    undo = sorted([*undo, (now + settings.pause_s, end)], key=lambda u: u[0])
             if now >= next_sample:
                 result.samples.append(sampler.sample(service, now - started, result.events))
                 progress(f"{now - started:.0f} s: {result.samples[-1]}")
                 next_sample += settings.sample_s
             time.sleep(0.1)
-        if paused_until is not None:
-            assert isinstance(kafka, MockKafkaBroker)
-            kafka.resume()
+        for _, end in undo:
+            end()
         producer.send(0)  # flushes
         wait_committed_all(service, kafka.bootstrap_servers, group, topics, drain_s,
                            settings.partitions)
@@ -333,6 +347,7 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
     finally:
         if isinstance(kafka, MockKafkaBroker):
             kafka.resume()
+        Filler(volume).free()
         service.kill()
         service.wait(30)
         with psycopg.connect(url, autocommit=True) as conn:
@@ -341,13 +356,13 @@ def run_soak(kafka: KafkaEndpoint, postgres: PostgresEndpoint, workdir: Path,
 
 def _inject(kind: str, at: float, service: ServiceProcess, port: int,
             start: Callable[[], ServiceProcess], kafka: KafkaEndpoint,
-            postgres: PostgresEndpoint, settings: SoakSettings, now: float
-            ) -> tuple[dict[str, Any], ServiceProcess, float | None]:
+            postgres: PostgresEndpoint, volume: Path, settings: SoakSettings
+            ) -> tuple[dict[str, Any], ServiceProcess, Callable[[], None] | None]:
     """Inject fault `kind`: its record (to be completed by `_recovering`), the service (a new
-    one after a kill) and when a paused broker is to resume."""
+    one after a kill) and what ends the fault `pause_s` later (None: it ends by itself)."""
     committed = metric(scrape(port)[1], "txstream_last_committed_transaction")
     record: dict[str, Any] = {"kind": kind, "at_s": round(at, 1), "committed_before": committed}
-    paused_until = None
+    end = None
     if kind == "kill":
         service.kill()
         service.wait(30)
@@ -361,10 +376,16 @@ def _inject(kind: str, at: float, service: ServiceProcess, port: int,
         if not isinstance(kafka, MockKafkaBroker):
             return {**record, "skipped": "a real broker is not paused"}, service, None
         kafka.pause()
-        paused_until = now + settings.pause_s
+        end = kafka.resume
+    elif kind == "disk":
+        if not os.path.ismount(volume):
+            return {**record, "skipped": "mounting a tmpfs needs root"}, service, None
+        filler = Filler(volume)
+        filler.fill()
+        end = filler.free
     else:
         raise ValueError(f"unknown fault {kind!r}: one of {', '.join(FAULTS)}")
-    return record, service, paused_until
+    return record, service, end
 
 
 def _recovering(record: dict[str, Any], since: float, port: int) -> bool:
