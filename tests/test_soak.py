@@ -20,8 +20,10 @@ from txstream.service.embedded.postgres import EmbeddedPostgres, postgres_from_e
 
 def test_three_minutes_with_a_fault_of_each_kind(tmp_path: Path) -> None:
     settings = SoakSettings(duration_s=180, rate=500, customers=200, live_orders=1000,
-                            faults=((25, "kill"), (55, "postgres"), (80, "broker"),
-                                    (115, "disk")),
+                            # The full volume first: its log retries' backoff may take
+                            # a minute to see the space back (0.5 s doubling to 30 s).
+                            faults=((15, "disk"), (85, "kill"), (115, "postgres"),
+                                    (140, "broker")),
                             service=(("checkpoint_every_s", 20),))
     kafka = kafka_from_env()
     postgres = postgres_from_env()  # in a directory the server's user can reach

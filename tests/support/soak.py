@@ -138,10 +138,11 @@ def _bytes(path: Path) -> int:
     """The bytes of the files under `path`, those deleted while they are counted left out
     (a checkpoint is written and older ones pruned meanwhile)."""
     total = 0
-    for found in path.rglob("*") if path.exists() else ():
-        with contextlib.suppress(OSError):
-            if found.is_file():
-                total += found.stat().st_size
+    # os.walk skips a directory deleted under it (Path.rglob raises on Python 3.11).
+    for directory, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(directory, name)).st_size
     return total
 
 
@@ -402,5 +403,8 @@ def _recovering(record: dict[str, Any], since: float, port: int) -> bool:
     before = record["committed_before"] or 0
     if committed is not None and committed > before and "committed_after_s" not in record:
         record["committed_after_s"] = waited
-    # Followed a minute past the first commit (readiness may flap meanwhile), at most ten.
-    return not (("committed_after_s" in record and waited > 60) or waited > 600)
+    # Followed a minute past the first commit (readiness may flap meanwhile) and until ready
+    # again if it was not (a batch computed before a full disk commits at once), at most ten.
+    done = "committed_after_s" in record and waited > 60 and (
+        "not_ready_after_s" not in record or "ready_again_after_s" in record)
+    return not (done or waited > 600)

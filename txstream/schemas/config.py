@@ -218,8 +218,9 @@ class PipelineConfig(BaseModel):
     # The longest time between two checkpoints (see `checkpoint_every_batches`).
     checkpoint_every_s: float = Field(default=300.0, gt=0)
     # Once no batch has been committed for this many seconds, checkpoint the last committed
-    # transaction (once) if no checkpoint holds it: an idle pipeline's stop then has no final
-    # checkpoint to write and a restart nothing to replay. 0: only the two rules above.
+    # transaction if no checkpoint holds it: an idle pipeline's stop then has no final
+    # checkpoint to write and a restart nothing to replay. 0: only the two rules above. (A
+    # checkpoint that failed is tried again with the backoff below, idle or not.)
     checkpoint_when_idle_s: float = Field(default=2.0, ge=0)
     # Complete checkpoints kept in the location; older ones are deleted.
     checkpoints_kept: int = Field(default=2, ge=1)
@@ -227,7 +228,8 @@ class PipelineConfig(BaseModel):
     # final checkpoint (the next start replays from the previous one). Below Kubernetes'
     # default grace period (30 s), which must be raised along with it.
     shutdown_timeout_s: float = Field(default=25.0, gt=0)
-    # Kafka or PostgreSQL unavailable: retried with exponential backoff, first after this pause.
+    # Kafka, PostgreSQL or the checkpoint storage unavailable (a failed checkpoint too):
+    # retried with exponential backoff, first after this pause.
     retry_initial_backoff_s: float = Field(default=0.5, gt=0)
     # The longest pause between two such retries.
     retry_max_backoff_s: float = Field(default=30.0, gt=0)

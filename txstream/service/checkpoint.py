@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from py4j.protocol import Py4JError
+from py4j.protocol import Py4JJavaError
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from txstream.service.checkpoint_epochs import CheckpointEpochs
@@ -117,7 +117,7 @@ class CheckpointStore:
             return
         try:
             self.epoch = self._epochs.take(writer, base)
-        except (OSError, Py4JError) as exc:
+        except (OSError, Py4JJavaError) as exc:
             raise _refused(f"cannot take a writer epoch in {self.location}", exc) from exc
 
     def check_epoch(self) -> None:
@@ -216,7 +216,7 @@ class CheckpointStore:
         try:
             if self._storage.read_text(f"{prepared.name}/{MANIFEST}") is None:
                 self._storage.delete(prepared.name)
-        except (OSError, Py4JError) as exc:  # the next published checkpoint prunes it
+        except (OSError, Py4JJavaError) as exc:  # the next published checkpoint prunes it
             _logger.warning("could not delete the incomplete checkpoint %s: %s",
                             prepared.name, exc)
 
@@ -258,7 +258,7 @@ class CheckpointStore:
         name = f"{entries[0].number:012d}-{entries[-1].number:012d}{epoch}.json"
         try:
             self._storage.write_text(f"{TXLOG}/{name}", _LOG.dump_json(list(entries)).decode())
-        except (OSError, Py4JError) as exc:
+        except (OSError, Py4JJavaError) as exc:
             raise _refused(f"cannot log transactions #{entries[0].number}-"
                            f"#{entries[-1].number} in {self.location}/{TXLOG}", exc) from exc
 

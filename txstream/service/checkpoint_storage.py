@@ -107,7 +107,13 @@ class LocalStorage:
         try:
             os.write(fd, text.encode())
             os.fsync(fd)
-        finally:
+        except OSError:
+            # Created but not written (a full disk): gone, so that the same name is tried
+            # again rather than left empty forever.
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        else:
             os.close(fd)
         _fsync_dir(path.parent)
         return True

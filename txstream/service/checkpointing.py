@@ -11,8 +11,9 @@ it: the stop of an idle pipeline has nothing left to write.
 A checkpoint that fails (a full or broken storage, most often) is deleted as far as it was
 written, so that it holds no space, and tried again with backoff (`retry_initial_backoff_s`
 doubling up to `retry_max_backoff_s`), while batches go on and when idle: it resumes by itself
-once the storage takes writes again. Meanwhile the service is not ready (`checkpoint storage`)
-and each failure is counted; a crash then replays from the last checkpoint written."""
+once the storage takes writes again. Meanwhile, when the failure is the storage's (an I/O
+error), the service is not ready (`checkpoint storage`) until a checkpoint is written; each
+failure is counted, and a crash replays from the last checkpoint written."""
 
 from __future__ import annotations
 
@@ -103,12 +104,18 @@ class Checkpointing:
         """Queue a checkpoint of the last committed transaction (`state()`: the source's state
         as of it) if one is due while idle (see the module doc); call it from compute, which
         alone starts batches, when no batch is ready. True if queued."""
+        # The checkpoint stage's flag first: it changes `checkpointed` and `_retry_at`.
+        if stages.checkpointing.is_set() or not stages.idle():
+            return False
         number, version, at = self._last_commit
         idle_s = self._config.checkpoint_when_idle_s
         now = self._clock()
-        if (not idle_s or number == self.checkpointed or now - at < idle_s
-                or (self._retry_at is not None and now < self._retry_at)
-                or stages.checkpointing.is_set() or not stages.idle()):
+        if number == self.checkpointed:
+            return False
+        if self._retry_at is not None:  # a failed one is tried again, idle checkpoints or not
+            if now < self._retry_at:
+                return False
+        elif not idle_s or now - at < idle_s:
             return False
         # Nothing in flight: `number` is the last commit until compute takes another batch.
         stages.checkpointing.set()
@@ -144,9 +151,11 @@ class Checkpointing:
     def _failed(self, number: int, exc: Exception) -> None:
         """The checkpoint through `number` failed: try again after a pause (see the module
         doc); until then a crash replays more (an incomplete checkpoint is never read)."""
-        self._metrics.failed()
         reason = _reason(exc)
-        self._readiness.fail(CHECKPOINT_STORAGE, reason, observer="checkpoints")
+        if _storage_error(exc):
+            # Before the count, which is what a caller may watch for.
+            self._readiness.fail(CHECKPOINT_STORAGE, reason, observer="checkpoints")
+        self._metrics.failed()
         first = self._retry_at is None
         self._retry_at = self._clock() + self._backoff_s
         # The whole trace once per outage; each retry is one line.
@@ -196,6 +205,14 @@ class Checkpointing:
         if number > self._announced:
             self._outputs.on_checkpoint(number)
             self._announced = number
+
+
+def _storage_error(exc: Exception) -> bool:
+    """Whether `exc` is the storage's (full, read-only, unreachable: Python's or the JVM's I/O
+    errors), which makes the service not ready, rather than, say, a sink's."""
+    return isinstance(exc, OSError) or re.search(
+        r"^Caused by: java\.io\.\w*(IOException|FileNotFoundException)", str(exc),
+        re.MULTILINE) is not None
 
 
 def _reason(exc: Exception) -> str:
