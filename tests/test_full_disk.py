@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pyarrow as pa
 import pytest
+from pyspark.sql import SparkSession
 from support.orders import OrderProducer
 from support.runner import Background, assert_snapshots, example_config
 from support.volumes import Filler, can_mount, small_volume
 
+from txstream.schemas.config import PipelineConfig
 from txstream.service.checkpoint import CheckpointStore, PipelineIdentity
 from txstream.service.checkpoint_storage import CheckpointStorageError, LocalStorage
 from txstream.service.checkpointing import Checkpointing
@@ -165,6 +169,20 @@ def test_a_checkpoint_that_does_not_fit_is_deleted_and_tried_again_with_backoff(
         assert not checkpointing.when_idle(stages, lambda: _state(9)), "nothing left to write"
 
 
+@contextmanager
+def _running(config: PipelineConfig, spark: SparkSession, producer: OrderProducer,
+             events: int) -> Iterator[Background]:
+    """The service in the background, once `events` sent first are committed."""
+    producer.send(events)
+    runner = open_runner(config, spark=spark)
+    try:
+        with Background(runner) as loop:
+            loop.wait("the first events committed", loop.drained(events))
+            yield loop
+    finally:
+        runner.close()
+
+
 def test_the_service_on_a_full_checkpoint_volume_goes_on_then_resumes_exactly(  # type: ignore[no-untyped-def]
         kafka, postgres, spark, pg_schema, topics, topic_name, tmp_path, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="txstream")
@@ -173,40 +191,35 @@ def test_the_service_on_a_full_checkpoint_volume_goes_on_then_resumes_exactly(  
                                 f"g-{topic_name}", volume / "ck", checkpoint_every_batches=1,
                                 checkpoint_when_idle_s=0.5)
         producer = OrderProducer(kafka.bootstrap_servers, topics)
-        producer.send(300)
         filler = Filler(volume)
-        runner = open_runner(config, spark=spark)
-        try:
-            with Background(runner) as loop:
-                loop.wait("the first events committed", loop.drained(300))
-                checkpoints = runner.metrics.checkpoint
-                loop.wait("a checkpoint", lambda: checkpoints.checkpoints > 0)
-                delivered = runner.metrics.delivery.transactions
-                # Room for a few log files but no checkpoint of the engine's state.
-                filler.fill(leave=48 * 1024)
-                producer.send(300)
-                loop.wait("a checkpoint failed: not ready, saying why", lambda: any(
-                    p.startswith("checkpoint storage unavailable: ")
-                    and "No space left on device" in p for p in loop.problems()))
-                loop.wait("batches delivered while the log fits",
-                          lambda: runner.metrics.delivery.transactions > delivered)
-                # Then no room for the log either: the next batch waits for it.
-                caplog.clear()
-                filler.fill()
-                producer.send(200)
-                loop.wait("a batch waiting for its log entry", lambda: any(
-                    "cannot log transactions" in r.getMessage() for r in caplog.records))
-                assert runner.lag() > 0
-                written = checkpoints.checkpoints
-                filler.free()
-                loop.wait("every event committed", loop.drained(800))
-                loop.wait("a checkpoint again", lambda: checkpoints.checkpoints > written)
-                assert checkpoints.failures > 0
-                assert not loop.problems()
-            assert_snapshots(postgres.url, pg_schema, producer.world)
-            assert _incomplete(volume / "ck" / f"g-{topic_name}") == []
-        finally:
-            runner.close()
+        with _running(config, spark, producer, 300) as loop:
+            runner = loop.runner
+            checkpoints = runner.metrics.checkpoint
+            loop.wait("a checkpoint", lambda: checkpoints.checkpoints > 0)
+            delivered = runner.metrics.delivery.transactions
+            # Room for a few log files but no checkpoint of the engine's state.
+            filler.fill(leave=48 * 1024)
+            producer.send(300)
+            loop.wait("a checkpoint failed: not ready, saying why", lambda: any(
+                p.startswith("checkpoint storage unavailable: ")
+                and "No space left on device" in p for p in loop.problems()))
+            loop.wait("batches delivered while the log fits",
+                      lambda: runner.metrics.delivery.transactions > delivered)
+            # Then no room for the log either: the next batch waits for it.
+            caplog.clear()
+            filler.fill()
+            producer.send(200)
+            loop.wait("a batch waiting for its log entry", lambda: any(
+                "cannot log transactions" in r.getMessage() for r in caplog.records))
+            assert runner.lag() > 0
+            written = checkpoints.checkpoints
+            filler.free()
+            loop.wait("every event committed", loop.drained(800))
+            loop.wait("a checkpoint again", lambda: checkpoints.checkpoints > written)
+            assert checkpoints.failures > 0
+            assert not loop.problems()
+        assert_snapshots(postgres.url, pg_schema, producer.world)
+        assert _incomplete(volume / "ck" / f"g-{topic_name}") == []
 
         # A restart resumes from what was written; the next events are delivered once.
         producer.send(100)
@@ -230,21 +243,15 @@ def test_the_service_waits_for_a_full_postgresql_then_delivers_exactly(  # type:
             config = example_config(kafka.bootstrap_servers, postgres.url, "full_disk", topics,
                                     f"g-{topic_name}", tmp_path / "ck")
             producer = OrderProducer(kafka.bootstrap_servers, topics)
-            producer.send(200)
             filler = Filler(volume)
-            runner = open_runner(config, spark=spark)
-            try:
-                with Background(runner) as loop:
-                    loop.wait("the first events committed", loop.drained(200))
-                    filler.fill()
-                    producer.send(600)
-                    loop.wait("not ready, naming PostgreSQL", lambda: any(
-                        p.startswith("postgresql unavailable") and "No space left" in p
-                        for p in loop.problems()))
-                    filler.free()
-                    loop.wait("every event committed", loop.drained(800))
-            finally:
-                runner.close()
+            with _running(config, spark, producer, 200) as loop:
+                filler.fill()
+                producer.send(600)
+                loop.wait("not ready, naming PostgreSQL", lambda: any(
+                    p.startswith("postgresql unavailable") and "No space left" in p
+                    for p in loop.problems()))
+                filler.free()
+                loop.wait("every event committed", loop.drained(800))
             assert_snapshots(postgres.url, "full_disk", producer.world)
         finally:
             postgres.stop()
