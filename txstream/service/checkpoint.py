@@ -50,6 +50,9 @@ TXLOG = "txlog"
 _CHECKPOINT = re.compile(r"^ckpt-(\d{12})-(\d+)$")
 _LOG_FILE = re.compile(r"^(\d{12})-(\d{12})(?:\.e(\d+))?\.json$")
 _LOG = TypeAdapter(list[TransactionLogEntry])
+# What a storage raises when it refuses a write: Python's I/O errors (a local directory), the
+# JVM's (a Hadoop file system through py4j).
+_STORAGE_ERRORS = (OSError, Py4JJavaError)
 
 _logger = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ class CheckpointStore:
             return
         try:
             self.epoch = self._epochs.take(writer, base)
-        except (OSError, Py4JJavaError) as exc:
+        except _STORAGE_ERRORS as exc:
             raise _refused(f"cannot take a writer epoch in {self.location}", exc) from exc
 
     def check_epoch(self) -> None:
@@ -216,7 +219,7 @@ class CheckpointStore:
         try:
             if self._storage.read_text(f"{prepared.name}/{MANIFEST}") is None:
                 self._storage.delete(prepared.name)
-        except (OSError, Py4JJavaError) as exc:  # the next published checkpoint prunes it
+        except _STORAGE_ERRORS as exc:  # the next published checkpoint prunes it
             _logger.warning("could not delete the incomplete checkpoint %s: %s",
                             prepared.name, exc)
 
@@ -258,7 +261,7 @@ class CheckpointStore:
         name = f"{entries[0].number:012d}-{entries[-1].number:012d}{epoch}.json"
         try:
             self._storage.write_text(f"{TXLOG}/{name}", _LOG.dump_json(list(entries)).decode())
-        except (OSError, Py4JJavaError) as exc:
+        except _STORAGE_ERRORS as exc:
             raise _refused(f"cannot log transactions #{entries[0].number}-"
                            f"#{entries[-1].number} in {self.location}/{TXLOG}", exc) from exc
 
