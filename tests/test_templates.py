@@ -1,47 +1,89 @@
-"""Which batches a plan template serves (`txstream.engine.templates`): a batch rebound to the
-template of its shape skips building its plans through the operators and Spark's optimizer
-and planner, which for a pipeline of temporal joins cost tens of seconds a batch. A batch
-not rebound computes the same result, only slower, so these tests ask for the rebinding
-itself: what they guard is planning time."""
+"""Which batches a plan template serves (`txstream.engine.templates`), and that a batch it
+serves computes what the operators' own plans compute: a batch rebound to the template of its
+shape skips building its plans through the operators and Spark's optimizer and planner, which
+for a pipeline of temporal joins cost tens of seconds a batch."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
 from pyspark.sql import SparkSession
 from test_asof_join import ORDERS, PRICES, _changes
 
 from txstream import Pipeline
 from txstream import temporal as t
 from txstream.engine import Engine
+from txstream.engine import engine as engine_module
+
+_EXCLUDED_RULES = "spark.sql.optimizer.excludedRules"
 
 
-def _rebound(engine: Engine, batches: list[tuple[str, tuple[int, ...]]]) -> list[bool]:
-    """Whether each batch (one row inserted into one source, transaction by transaction) was
-    rebound to a template."""
-    rebound = []
-    for number, (name, row) in enumerate(batches, 1):
-        schema = (ORDERS if name == "orders" else PRICES).schema
-        engine.process({name: _changes(schema, [(row, number, 1)])})
-        assert engine.last_batch is not None
-        rebound.append(engine.last_batch.rebound)
-    return rebound
-
-
-def test_an_outer_interval_join_rebinds_batches_with_changes_on_one_side(spark: SparkSession
-                                                                        ) -> None:
-    """A batch with changes on one side of an outer interval join under a behavior has in its
-    plans the one empty row Spark's optimizer puts where it knows a side to be one row
-    (`OneRowRelation`), a constant a template keeps as it keeps any other: before, such a
-    batch never found its template ready, and every batch was planned anew (the model test of
-    `tests/test_join_behaviors.py`, ten joins: 25-55 s a batch, against 5-10 s rebound)."""
+def _outer_interval_join() -> Pipeline:
     p = Pipeline()
     orders, prices = p.source("orders", ORDERS.schema), p.source("prices", PRICES.schema)
-    behavior = t.common_behavior(delay=2, cutoff=6, keep_results=False)
-    p.output("interval", orders.interval_join(prices, "ordered_at", "valid_from",
-                                              t.interval(-2, 2), on="product_id", how="outer",
-                                              behavior=behavior))
-    sides = ["prices", "orders"] * 5
-    # (id, product, time, quantity or price), times rising.
-    rebound = _rebound(Engine(p, spark), [(side, (n, 1, 2 * n, 10))
-                                          for n, side in enumerate(sides)])
+    p.output("o", orders.interval_join(
+        prices, "ordered_at", "valid_from", t.interval(-2, 2), on="product_id", how="outer",
+        behavior=t.common_behavior(delay=2, cutoff=6, keep_results=False)))
+    return p
+
+
+def _run(engine: Engine) -> tuple[list[list[dict]], list[bool]]:
+    """Batches of one row inserted into one side, the sides taking turns, times rising: each
+    batch's output rows, and whether it was rebound to a template."""
+    outputs, rebound = [], []
+    for n, side in enumerate(["prices", "orders"] * 5):
+        schema = (ORDERS if side == "orders" else PRICES).schema
+        # (id, product, time, quantity or price)
+        out = engine.process({side: _changes(schema, [((n, 1, 2 * n, 10), n + 1, 1)])})
+        outputs.append(out["o"].table.to_pylist())
+        assert engine.last_batch is not None
+        rebound.append(engine.last_batch.rebound)
+    return outputs, rebound
+
+
+def _built_every_batch(spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+                       ) -> list[list[dict]]:
+    """The outputs with every batch's plans built by the operators (no template recorded)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(engine_module, "record", lambda *args: None)
+        outputs, rebound = _run(Engine(_outer_interval_join(), spark))
+    assert not any(rebound)
+    return outputs
+
+
+@contextmanager
+def _rules_excluded(spark: SparkSession, rules: str) -> Iterator[None]:
+    was = spark.conf.get(_EXCLUDED_RULES, "")
+    spark.conf.set(_EXCLUDED_RULES, rules)
+    try:
+        yield
+    finally:
+        spark.conf.set(_EXCLUDED_RULES, was)
+
+
+def test_a_temporal_join_rebinds_batches_with_changes_on_one_side(
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outer interval join under a behavior reads its clock's ungrouped aggregate twice,
+    which Spark's `MergeSubplans` would move into a scalar subquery, a plan of its own that a
+    template cannot rebind: the service's session excludes that rule, so batches with changes
+    on one side are rebound, and compute what the operators' plans compute."""
+    want = _built_every_batch(spark, monkeypatch)
+    outputs, rebound = _run(Engine(_outer_interval_join(), spark))
     # Each side's first batches record a template per shape (the states fill one by one).
     assert rebound[-4:] == [True] * 4, rebound
+    assert outputs == want
+
+
+def test_a_plan_reading_a_subquery_is_never_rebound(
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `MergeSubplans` on (a session other than the service's), the same batches have a
+    scalar subquery in their plans: Spark's transforms do not reach into its plan, so a
+    template would have every later batch read the recording batch's clock there. No such
+    template is recorded, and every batch computes what the operators' plans compute."""
+    want = _built_every_batch(spark, monkeypatch)
+    with _rules_excluded(spark, ""):
+        outputs, rebound = _run(Engine(_outer_interval_join(), spark))
+    assert not any(rebound[4:]), rebound
+    assert outputs == want

@@ -24,7 +24,8 @@ The internal API used, by class (org.apache.spark unless Scala or Java):
 - `sql.catalyst.plans.logical.LogicalPlan` and `sql.execution.SparkPlan` (any node):
   `nodeName()`, `output()`, `child()`, `apply(i)`, `deterministic()`, `collectLeaves()`,
   `transformUp(partial function)` (given an immutable Scala `Map` as the partial function),
-  `setAnalyzed()`, `newInstance()` (of a leaf); `outputPartitioning()`.
+  `setAnalyzed()`, `newInstance()` (of a leaf); `outputPartitioning()`;
+  `containsPattern(sql.catalyst.trees.TreePattern.PLAN_EXPRESSION)`.
 - `sql.execution.LogicalRDD(output, rdd, outputPartitioning, outputOrdering, isStreaming,
   stats, session, originStats, originConstraints, stream)`, `rdd()`;
   `sql.execution.RDDScanExec(output, rdd, name, outputPartitioning, outputOrdering, stream)`,
@@ -127,6 +128,7 @@ class _Jvm:
     rdd_scan: JavaObject  # RDDScanExec
     in_memory_scan: JavaObject  # InMemoryTableScanExec
     query_stage: JavaObject  # LogicalQueryStage
+    plan_expression: JavaObject  # the tree pattern of an expression holding a plan
 
 
 @cache
@@ -156,6 +158,7 @@ def jvm_of(spark: SparkSession) -> _Jvm:
         rdd_scan=jvm.org.apache.spark.sql.execution.RDDScanExec,
         in_memory_scan=jvm.org.apache.spark.sql.execution.columnar.InMemoryTableScanExec,
         query_stage=jvm.org.apache.spark.sql.execution.adaptive.LogicalQueryStage,
+        plan_expression=jvm.org.apache.spark.sql.catalyst.trees.TreePattern.PLAN_EXPRESSION(),
     )
 
 
@@ -355,12 +358,8 @@ class Occurrence:
     output: JavaObject
 
 
-# The names of physical leaves of no data of a batch's: a constant relation's, `spark.range`'s,
-# and the one empty row Spark's optimizer puts where a side of a plan is known to be one row (an
-# outer interval join's plans under a behavior have it in batches with changes on one side only;
-# unlisted, no such batch was ever rebound to a template, each planned anew: 25-55 s for ten
-# temporal joins, against 5-10 s rebound).
-_CONSTANT_SCANS = frozenset({"LocalTableScan", "Range", "Scan OneRowRelation"})
+# The names of physical leaves of no data of a batch's: a constant relation's, `spark.range`'s.
+_CONSTANT_SCANS = frozenset({"LocalTableScan", "Range"})
 
 
 def _keyed(plan: JavaObject) -> list[tuple[JavaObject, LeafKey | None]]:
@@ -370,6 +369,13 @@ def _keyed(plan: JavaObject) -> list[tuple[JavaObject, LeafKey | None]]:
 def occurrences(plan: JavaObject) -> list[Occurrence]:
     """The leaves of `plan` that `rebind` (or `replace_leaves`) can replace."""
     return [Occurrence(leaf, key, leaf.output()) for leaf, key in _keyed(plan) if key is not None]
+
+
+def reads_subqueries(spark: SparkSession, plan: JavaObject) -> bool:
+    """Whether an expression of `plan` (any node of it) holds a plan of its own (a scalar
+    subquery, say): Spark's transforms (`replace_leaves`, `rebind`) do not reach into those
+    plans, so their leaves cannot be rebound."""
+    return plan.containsPattern(jvm_of(spark).plan_expression)
 
 
 def scans(plan: JavaObject) -> list[Occurrence] | None:

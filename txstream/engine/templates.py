@@ -25,8 +25,9 @@ the service's session), no template is recorded.
 A template holds placeholders, never a batch's data, so it keeps no state version alive: the
 physical plans are made from the placeholders' plans, not from the batch that recorded them,
 since Spark's planner links every physical node to the logical one it came from. A plan with a
-leaf the template could not rebind (one the engine did not make) is not used: its shape is
-then built by the operators every batch.
+leaf the template could not rebind (one the engine did not make, or any leaf of a subquery's
+plan, which Spark's transforms do not reach: a rebound batch would read the recording batch's
+leaf there) is not used: its shape is then built by the operators every batch.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from txstream.engine.spark_internals import (
     physical_plan,
     rdd_node,
     rdd_of,
+    reads_subqueries,
     rebind,
     replace_leaves,
     rows_scan,
@@ -103,8 +105,8 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
            states: Sequence[ZSetState], final: DataFrame, outputs: Sequence[str]
            ) -> Template | None:
     """The template of a batch just built (before its state is installed), or None when a
-    plan reads a leaf the template could not rebind, or adaptive execution would re-plan the
-    recorded plans (see the module doc)."""
+    plan reads a leaf the template could not rebind (one inside a subquery included), or
+    adaptive execution would re-plan the recorded plans (see the module doc)."""
     if spark.conf.get("spark.sql.adaptive.enabled", "true") == "true":
         return None
     roles: dict[LeafKey, Role] = {leaf_key(f): ("source", name) for name, f in sources.items()}
@@ -122,7 +124,7 @@ def record(spark: SparkSession, batch: BatchPlan, sources: Mapping[str, DataFram
     for m in [*batch.materialized, None]:
         plan = optimized(final if m is None else m.source)
         found = occurrences(plan)
-        if any(o.key not in known for o in found):
+        if reads_subqueries(spark, plan) or any(o.key not in known for o in found):
             return None
         key = None if m is None else leaf_key(m.leaf)
         if key is not None:
