@@ -10,12 +10,14 @@ from contextlib import contextmanager
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from test_asof_join import ORDERS, PRICES, _changes
 
 from txstream import Pipeline
 from txstream import temporal as t
 from txstream.engine import Engine
 from txstream.engine import engine as engine_module
+from txstream.engine.spark_internals import optimized, reads_subqueries
 
 _EXCLUDED_RULES = "spark.sql.optimizer.excludedRules"
 
@@ -84,6 +86,17 @@ def test_a_plan_reading_a_subquery_is_never_rebound(
     template is recorded, and every batch computes what the operators' plans compute."""
     want = _built_every_batch(spark, monkeypatch)
     with _rules_excluded(spark, ""):
-        outputs, rebound = _run(Engine(_outer_interval_join(), spark))
+        engine = Engine(_outer_interval_join(), spark)
+        outputs, rebound = _run(engine)
     assert not any(rebound[4:]), rebound
     assert outputs == want
+    recorded = [plan.logical for template in engine._templates.values()
+                for plan in [*(step.plan for step in template.steps), template.final]]
+    assert recorded and not any(reads_subqueries(spark, plan) for plan in recorded)
+
+
+def test_a_scalar_subquery_is_found_anywhere_in_a_plan(spark: SparkSession) -> None:
+    plain = spark.range(5).where("id > 1").groupBy().count()
+    within = spark.range(5).where(F.col("id") > spark.range(3).agg(F.max("id")).scalar())
+    assert not reads_subqueries(spark, optimized(plain))
+    assert reads_subqueries(spark, optimized(within))

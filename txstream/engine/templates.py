@@ -146,14 +146,16 @@ def ready(spark: SparkSession, template: Template) -> bool:
     """Whether the template's physical plans are made (now, at the first batch rebound to it,
     so that the shape's first batch pays only its own planning): planned by Spark from the
     recorded plans, whose leaves are placeholders, so that no physical node links to a
-    batch's data. False when one has a leaf the template could not rebind: its shape is then
-    built by the operators."""
+    batch's data. False when one has a leaf the template could not rebind (one inside a
+    subquery included: Spark optimizes the recorded plans again): its shape is then built by
+    the operators."""
     known = {*template.roles, *(s.key for s in template.steps)}
     for plan in [*(s.plan for s in template.steps), template.final]:
         if plan.physical is None:
             physical = physical_plan(frame_of(spark, plan.logical))
             found = scans(physical)
-            if found is None or any(o.key not in known for o in found):
+            if (found is None or reads_subqueries(spark, physical)
+                    or any(o.key not in known for o in found)):
                 return False
             plan.physical, plan.found = physical, found
     return True

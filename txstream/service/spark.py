@@ -38,12 +38,15 @@ _SETTINGS = {
     # for every batch: off.
     "spark.sql.codegen.cache.maxEntries": "10000",
     "spark.sql.codegen.wholeStage": "false",
-    # This rule moves the ungrouped aggregates a plan reads more than once into one scalar
-    # subquery, whose plan a template cannot rebind (`txstream.engine.templates`): a temporal
-    # join's plans read their clock's aggregate twice, and with the rule on, no batch of them
-    # with changes on one side was ever rebound (ten such joins: 25-55 s of planning a batch,
-    # 5-10 s rebound). Computing such an aggregate twice costs a few rows.
+    # This rule merges ungrouped aggregates of the same input (the same one read twice
+    # included) into one scalar subquery, whose plan a template cannot rebind
+    # (`txstream.engine.templates`): a temporal join's plans read their clock's aggregate
+    # twice, and with the rule on, no batch of them with changes on one side was ever rebound
+    # (ten such joins: 25-55 s of planning a batch, 5-10 s rebound). Computing such an
+    # aggregate twice costs a few rows.
     "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.execution.planmerging.MergeSubplans",
+    # A runtime bloom filter is a scalar subquery too: a plan given one would never be rebound.
+    "spark.sql.optimizer.runtime.bloomFilter.enabled": "false",
     # Every action renders its plan for the SQL listener; the default, formatted, costs a
     # batch's planning about half a second more.
     "spark.sql.ui.explainMode": "simple",
