@@ -4,7 +4,8 @@
    warm-up, against state built from 20k and from 1M order events: p50/p99 engine seconds split
    into driver planning and execution, Spark jobs and stages per batch, and the time of a
    trivial Spark job measured in the same run (batch time / trivial job travels between
-   machines);
+   machines); then, in windows of 30 more (`--latency-windows`), the p50 as the driver's
+   JIT compiler settles, and its CPU per window;
 1. throughput, the Pathway-style workload: 1,000,000 insert events, keys = i mod 10,000, 100
    transactions of 10,000 events, group-by count and sum; events/s end to end through the
    engine (input from Arrow, consolidated output diffs collected) with 1, 10 and 100
@@ -59,6 +60,7 @@ from txstream.changes import DIFF, TIME, Changes
 from txstream.engine import Engine, Pipeline
 from txstream.engine import __file__ as engine_module
 from txstream.engine import reducers as r
+from txstream.engine.engine import BatchStats
 from txstream.examples.order_events import as_changes, events
 from txstream.examples.orders import pipeline as orders_pipeline
 from txstream.schemas.tables import TableSchema
@@ -162,7 +164,32 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-def latency(spark: SparkSession, state_events: int, transactions: int) -> dict[str, Any]:
+def jit_cpu_s(spark: SparkSession) -> float | None:
+    """CPU seconds the driver JVM's C2 compiler threads have used so far (Linux; None where
+    /proc or the JVM's process is not at hand): while they keep working, the driver's code
+    is still being compiled and a batch is slower than it will be."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    tasks = Path(f"/proc/{getattr(proc, 'pid', 0)}/task")
+    if proc is None or not tasks.is_dir():
+        return None
+    ticks = 0
+    for task in tasks.iterdir():
+        try:
+            if (task / "comm").read_text().startswith("C2 CompilerThre"):
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        except OSError:  # the thread ended meanwhile
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def latency(spark: SparkSession, state_events: int, transactions: int, windows: int
+            ) -> dict[str, Any]:
+    """Lone transactions after ten of warm-up, in `windows` windows of `transactions` each:
+    the headline figures are the first window's (as measured before windows existed); the
+    last window's p50 is the settled one. The JVM keeps compiling the driver's code for
+    minutes (its C2 compiler's CPU per window is reported), so a service that has run a while
+    answers faster than one just started."""
     engine = Engine(orders_pipeline(), spark)
     stream = events(random.Random(11), 200)
     rows: dict[str, dict[int, dict[str, Any]]] = {}
@@ -175,28 +202,51 @@ def latency(spark: SparkSession, state_events: int, transactions: int) -> dict[s
         time_ += 1
     load_s = time.perf_counter() - start
     log(f"latency S={state_events:,}: loaded in {load_s:.1f} s")
-    stats = []
-    for j in range(10 + transactions):  # the first ten warm up (and merge the loaded runs)
+
+    def lone() -> BatchStats:
+        nonlocal time_
         engine.process(engine_input(as_changes([next(stream) for _ in range(10)], rows, time_)))
         time_ += 1
         assert engine.last_batch is not None
-        if j >= 10:
-            stats.append(engine.last_batch)
-    total = [s.planning_s + s.execution_s for s in stats]
+        return engine.last_batch
+
+    for _ in range(10):  # warm-up (and the merge of the loaded runs)
+        lone()
+    measured: list[list[BatchStats]] = []
+    jit: list[float] = []
+    for _ in range(windows):
+        compiled = jit_cpu_s(spark)
+        measured.append([lone() for _ in range(transactions)])
+        if compiled is not None:
+            jit.append(round(jit_cpu_s(spark) - compiled, 1))  # type: ignore[operator]
+    stats, last = measured[0], measured[-1]
+
+    def total(window: list[BatchStats]) -> list[float]:
+        return [s.planning_s + s.execution_s for s in window]
+
     trivial = trivial_job_s(spark)
-    p50 = statistics.median(total)
-    log(f"latency S={state_events:,}: p50 {p50:.3f} s")
+    p50 = statistics.median(total(stats))
+    log(f"latency S={state_events:,}: p50 {p50:.3f} s, settled "
+        f"{statistics.median(total(last)):.3f} s")
     return {
         "state_events": state_events, "live_orders": len(rows.get("orders", {})),
         "live_customers": len(rows.get("customers", {})), "load_s": round(load_s, 1),
         "transactions": transactions, "events_per_transaction": 10,
-        "p50_s": round(p50, 3), "p99_s": round(percentile(total, 0.99), 3),
+        "p50_s": round(p50, 3), "p99_s": round(percentile(total(stats), 0.99), 3),
         "planning_p50_s": round(statistics.median(s.planning_s for s in stats), 3),
         "execution_p50_s": round(statistics.median(s.execution_s for s in stats), 3),
         "spark_jobs_per_batch": max(s.jobs for s in stats),
         "spark_stages_per_batch": max(s.stages for s in stats),
         "interpreted_batches": sum(s.interpreted for s in stats),
         "trivial_job_s": round(trivial, 4), "p50_over_trivial_job": round(p50 / trivial, 1),
+        "windows": {
+            "p50_s": [round(statistics.median(total(w)), 3) for w in measured],
+            "jit_compiler_cpu_s": jit,
+            "settled_p50_s": round(statistics.median(total(last)), 3),
+            "settled_planning_p50_s": round(statistics.median(s.planning_s for s in last), 3),
+            "settled_execution_p50_s": round(statistics.median(s.execution_s for s in last),
+                                             3),
+        },
     }
 
 
@@ -540,6 +590,9 @@ def main() -> None:
     parser.add_argument("--sizes", help="state sizes, e.g. 10k,1M,10M")
     parser.add_argument("--latency-sizes", default="20k,1M",
                         help="order events behind the latency runs' state")
+    parser.add_argument("--latency-windows", type=int, default=8,
+                        help="windows of 30 lone transactions per latency run (the last one "
+                             "is the settled figure; --quick: one window of 10)")
     parser.add_argument("--reps", type=int, default=5, help="timed transactions per size")
     parser.add_argument("--no-peer", action="store_true", help="skip the Pathway run")
     parser.add_argument("--state-workloads", default="groupby,join",
@@ -586,7 +639,8 @@ def main() -> None:
 
     report: dict[str, Any] = {}
     if "latency" in parts:
-        report["latency"] = [latency(spark, parse_size(s), 10 if args.quick else 30)
+        report["latency"] = [latency(spark, parse_size(s), 10 if args.quick else 30,
+                                     1 if args.quick else args.latency_windows)
                              for s in args.latency_sizes.split(",")]
     if "throughput" in parts:
         report["throughput"] = throughput(spark, events_, keys, 100, [1, 10, 100])
