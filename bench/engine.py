@@ -4,8 +4,10 @@
    warm-up, against state built from 20k and from 1M order events: p50/p99 engine seconds split
    into driver planning and execution, Spark jobs and stages per batch, and the time of a
    trivial Spark job measured in the same run (batch time / trivial job travels between
-   machines); then, in windows of 30 more (`--latency-windows`), the p50 as the driver's
-   JIT compiler settles, and its CPU per window;
+   machines), all from the first 30 timed transactions, every size's taken before any
+   goes on; then each goes on to `--latency-windows` windows of 30 (the first included): each
+   window's p50 and the driver JVM's C2 compiler CPU, as its JIT settles, and the settled p50
+   (the later half of the windows);
 1. throughput, the Pathway-style workload: 1,000,000 insert events, keys = i mod 10,000, 100
    transactions of 10,000 events, group-by count and sum; events/s end to end through the
    engine (input from Arrow, consolidated output diffs collected) with 1, 10 and 100
@@ -26,7 +28,8 @@ Every engine result is checked against numpy. The machine is shared: ratios meas
 run are what matter, so the load average at start and end is part of the output.
 
     .venv/bin/python bench/engine.py [--latency] [--throughput] [--state] (none: all three)
-        [--quick] [--sizes 10k,1M,10M] [--reps 5] [--latency-sizes 20k,1M] [--no-peer]
+        [--quick] [--sizes 10k,1M,10M] [--reps 5] [--latency-sizes 20k,1M]
+        [--latency-windows 8] [--no-peer]
         [--state-workloads groupby,join] [--parallelism 1] [--workers N [--worker-gb 8]]
     .venv/bin/python bench/engine.py --scale [bench/scale.py's arguments]
 """
@@ -183,13 +186,45 @@ def jit_cpu_s(spark: SparkSession) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def latency(spark: SparkSession, state_events: int, transactions: int, windows: int
-            ) -> dict[str, Any]:
-    """Lone transactions after ten of warm-up, in `windows` windows of `transactions` each:
-    the headline figures are the first window's (as measured before windows existed); the
-    last window's p50 is the settled one. The JVM keeps compiling the driver's code for
-    minutes (its C2 compiler's CPU per window is reported), so a service that has run a while
-    answers faster than one just started."""
+def _total(window: list[BatchStats]) -> list[float]:
+    return [s.planning_s + s.execution_s for s in window]
+
+
+@dataclass
+class Latency:
+    """A latency run (`latency`): its figures so far, and the engine that goes on."""
+
+    result: dict[str, Any]
+    lone: Callable[[], BatchStats]
+    first: list[BatchStats]
+    first_jit_s: float | None  # the C2 compiler's CPU during the first window
+
+    def settle(self, spark: SparkSession, windows: int) -> None:
+        """`windows - 1` more windows of lone transactions after the first (`result["windows"]`):
+        each window's p50 and the C2 compiler's CPU during it, and the settled p50, that of the
+        transactions of the later half of the windows together (a window is noisy)."""
+        measured, jit = [self.first], [self.first_jit_s]
+        for _ in range(windows - 1):
+            compiled = jit_cpu_s(spark)
+            measured.append([self.lone() for _ in range(len(self.first))])
+            done = jit_cpu_s(spark)
+            jit.append(None if compiled is None or done is None else round(done - compiled, 1))
+        later = [s for window in measured[len(measured) // 2:] for s in window]
+        settled = statistics.median(_total(later))
+        log(f"latency S={self.result['state_events']:,}: settled p50 {settled:.3f} s")
+        self.result["windows"] = {
+            "p50_s": [round(statistics.median(_total(w)), 3) for w in measured],
+            "jit_compiler_cpu_s": jit,
+            "settled_p50_s": round(settled, 3),
+            "settled_planning_p50_s": round(statistics.median(s.planning_s for s in later), 3),
+            "settled_execution_p50_s": round(statistics.median(s.execution_s for s in later),
+                                             3),
+        }
+
+
+def latency(spark: SparkSession, state_events: int, transactions: int) -> Latency:
+    """Lone transactions after ten of warm-up: the figures of the first `transactions` (the
+    engine then goes on, `Latency.settle`)."""
     engine = Engine(orders_pipeline(), spark)
     stream = events(random.Random(11), 200)
     rows: dict[str, dict[int, dict[str, Any]]] = {}
@@ -212,42 +247,25 @@ def latency(spark: SparkSession, state_events: int, transactions: int, windows: 
 
     for _ in range(10):  # warm-up (and the merge of the loaded runs)
         lone()
-    measured: list[list[BatchStats]] = []
-    jit: list[float] = []
-    for _ in range(windows):
-        compiled = jit_cpu_s(spark)
-        measured.append([lone() for _ in range(transactions)])
-        if compiled is not None:
-            jit.append(round(jit_cpu_s(spark) - compiled, 1))  # type: ignore[operator]
-    stats, last = measured[0], measured[-1]
-
-    def total(window: list[BatchStats]) -> list[float]:
-        return [s.planning_s + s.execution_s for s in window]
-
+    compiled = jit_cpu_s(spark)
+    stats = [lone() for _ in range(transactions)]
+    done = jit_cpu_s(spark)
+    total = _total(stats)
     trivial = trivial_job_s(spark)
-    p50 = statistics.median(total(stats))
-    log(f"latency S={state_events:,}: p50 {p50:.3f} s, settled "
-        f"{statistics.median(total(last)):.3f} s")
-    return {
+    p50 = statistics.median(total)
+    log(f"latency S={state_events:,}: p50 {p50:.3f} s")
+    return Latency({
         "state_events": state_events, "live_orders": len(rows.get("orders", {})),
         "live_customers": len(rows.get("customers", {})), "load_s": round(load_s, 1),
         "transactions": transactions, "events_per_transaction": 10,
-        "p50_s": round(p50, 3), "p99_s": round(percentile(total(stats), 0.99), 3),
+        "p50_s": round(p50, 3), "p99_s": round(percentile(total, 0.99), 3),
         "planning_p50_s": round(statistics.median(s.planning_s for s in stats), 3),
         "execution_p50_s": round(statistics.median(s.execution_s for s in stats), 3),
         "spark_jobs_per_batch": max(s.jobs for s in stats),
         "spark_stages_per_batch": max(s.stages for s in stats),
         "interpreted_batches": sum(s.interpreted for s in stats),
         "trivial_job_s": round(trivial, 4), "p50_over_trivial_job": round(p50 / trivial, 1),
-        "windows": {
-            "p50_s": [round(statistics.median(total(w)), 3) for w in measured],
-            "jit_compiler_cpu_s": jit,
-            "settled_p50_s": round(statistics.median(total(last)), 3),
-            "settled_planning_p50_s": round(statistics.median(s.planning_s for s in last), 3),
-            "settled_execution_p50_s": round(statistics.median(s.execution_s for s in last),
-                                             3),
-        },
-    }
+    }, lone, stats, None if compiled is None or done is None else round(done - compiled, 1))
 
 
 # --- 1. throughput ------------------------------------------------------------------------
@@ -591,8 +609,9 @@ def main() -> None:
     parser.add_argument("--latency-sizes", default="20k,1M",
                         help="order events behind the latency runs' state")
     parser.add_argument("--latency-windows", type=int, default=8,
-                        help="windows of 30 lone transactions per latency run (the last one "
-                             "is the settled figure; --quick: one window of 10)")
+                        help="windows of 30 lone transactions per latency run, the first "
+                             "included (the later half's p50 is the settled figure; --quick: "
+                             "one window of 10)")
     parser.add_argument("--reps", type=int, default=5, help="timed transactions per size")
     parser.add_argument("--no-peer", action="store_true", help="skip the Pathway run")
     parser.add_argument("--state-workloads", default="groupby,join",
@@ -612,6 +631,8 @@ def main() -> None:
             os.path.abspath(__file__)), "scale.py"), *rest])
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.latency_windows < 1:
+        parser.error("--latency-windows must be at least 1 (the first window is the headline)")
     if args.workers and not os.environ.get(_ON_CLUSTER):
         on_cluster(args.workers, args.worker_gb)
         return
@@ -639,9 +660,13 @@ def main() -> None:
 
     report: dict[str, Any] = {}
     if "latency" in parts:
-        report["latency"] = [latency(spark, parse_size(s), 10 if args.quick else 30,
-                                     1 if args.quick else args.latency_windows)
-                             for s in args.latency_sizes.split(",")]
+        runs = [latency(spark, parse_size(s), 10 if args.quick else 30)
+                for s in args.latency_sizes.split(",")]
+        # Every size's first window before any settles: each is measured as it was before
+        # windows existed, a few dozen transactions into the JVM's life of lone ones.
+        for run in runs:
+            run.settle(spark, 1 if args.quick else args.latency_windows)
+        report["latency"] = [run.result for run in runs]
     if "throughput" in parts:
         report["throughput"] = throughput(spark, events_, keys, 100, [1, 10, 100])
         if not args.no_peer:
