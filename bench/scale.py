@@ -56,6 +56,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# A sibling script, not a package.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proc_stat import Stat, read
+
 HERE = Path(__file__).resolve().parent
 TRANSACTION_EVENTS = 10_000
 TRANSACTIONS_PER_JOB = 10
@@ -174,28 +178,6 @@ _THREAD_KINDS = (("jit", ("CompilerThre",)), ("gc", ("GC Thread", "G1 ")),
                  ("tasks", ("Executor task",)))
 
 
-def _read(path: Path) -> str:
-    """A /proc file's text; any byte that is not UTF-8 replaced (a command line may hold one)."""
-    return path.read_bytes().decode(errors="replace")
-
-
-@dataclass(frozen=True)
-class _Stat:
-    """What a /proc `stat` line says of a process or a thread."""
-
-    name: str
-    parent: int
-    ticks: int  # CPU time, user and system; of a process, its threads' that ended too
-    start: int  # when it started, in ticks after boot: with the pid, names one process
-
-    @staticmethod
-    def of(path: Path) -> _Stat:
-        stat = _read(path)
-        fields = stat[stat.rindex(")") + 2:].split()  # from the third field, the state
-        return _Stat(stat[stat.index("(") + 1:stat.rindex(")")], int(fields[1]),
-                     int(fields[11]) + int(fields[12]), int(fields[19]))
-
-
 def _run_processes(app_id: str) -> list[int]:
     """The processes of this run on this machine: this driver and its descendants (its JVM,
     the Python workers that JVM starts), and on a standalone cluster of 127.0.0.1 the
@@ -204,8 +186,8 @@ def _run_processes(app_id: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parents[int(entry.name)] = _Stat.of(entry / "stat").parent
-                if app_id in _read(entry / "cmdline"):
+                parents[int(entry.name)] = Stat.of(entry / "stat").parent
+                if app_id in read(entry / "cmdline"):
                     roots.add(int(entry.name))
             except OSError:  # the process ended
                 continue
@@ -236,17 +218,17 @@ def _cpu_by_kind(app_id: str) -> dict[tuple[int, int], _Usage] | None:
     for pid in _run_processes(app_id):
         threads = {}
         try:
-            java = _read(Path(f"/proc/{pid}/comm")).strip() == "java"
+            java = read(Path(f"/proc/{pid}/comm")).strip() == "java"
             for thread in Path(f"/proc/{pid}/task").iterdir() if java else ():
                 try:
-                    stat = _Stat.of(thread / "stat")
+                    stat = Stat.of(thread / "stat")
                 except OSError:  # the thread ended: its time is in the process's total
                     continue
                 kind = next((k for k, marks in _THREAD_KINDS
                              if any(m in stat.name for m in marks)), None)
                 if kind is not None:
                     threads[int(thread.name)] = (kind, stat.ticks)
-            process = _Stat.of(Path(f"/proc/{pid}/stat"))  # after its threads: the larger
+            process = Stat.of(Path(f"/proc/{pid}/stat"))  # after its threads: the larger
         except OSError:  # the process ended
             continue
         found[pid, process.start] = _Usage(threads, process.ticks,
