@@ -69,6 +69,10 @@ from txstream.examples.orders import pipeline as orders_pipeline
 from txstream.schemas.tables import TableSchema
 from txstream.service.spark import get_spark
 
+# A sibling script, not a package.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proc_stat import Stat
+
 EVENTS = TableSchema.of({"k": "bigint", "v": "double"})
 # `a` is the changing table: grouped by `g` (S/10 groups) and joined with `b` on `k`.
 A_SCHEMA = TableSchema.of({"id": "bigint", "g": "bigint", "k": "bigint", "v": "double"},
@@ -178,16 +182,25 @@ def jit_cpu_s(spark: SparkSession) -> float | None:
     ticks = 0
     for task in tasks.iterdir():
         try:
-            if (task / "comm").read_text().startswith("C2 CompilerThre"):
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            stat = Stat.of(task / "stat")
         except OSError:  # the thread ended meanwhile
             continue
+        if stat.name.startswith("C2 CompilerThre"):  # the 15 characters Linux keeps
+            ticks += stat.ticks
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _total(window: list[BatchStats]) -> list[float]:
     return [s.planning_s + s.execution_s for s in window]
+
+
+def _window(spark: SparkSession, lone: Callable[[], BatchStats], transactions: int
+            ) -> tuple[list[BatchStats], float | None]:
+    """`transactions` lone transactions, and the C2 compiler's CPU seconds meanwhile."""
+    compiled = jit_cpu_s(spark)
+    stats = [lone() for _ in range(transactions)]
+    done = jit_cpu_s(spark)
+    return stats, None if compiled is None or done is None else round(done - compiled, 1)
 
 
 @dataclass
@@ -205,10 +218,9 @@ class Latency:
         transactions of the later half of the windows together (a window is noisy)."""
         measured, jit = [self.first], [self.first_jit_s]
         for _ in range(windows - 1):
-            compiled = jit_cpu_s(spark)
-            measured.append([self.lone() for _ in range(len(self.first))])
-            done = jit_cpu_s(spark)
-            jit.append(None if compiled is None or done is None else round(done - compiled, 1))
+            stats, compiled_s = _window(spark, self.lone, len(self.first))
+            measured.append(stats)
+            jit.append(compiled_s)
         later = [s for window in measured[len(measured) // 2:] for s in window]
         settled = statistics.median(_total(later))
         log(f"latency S={self.result['state_events']:,}: settled p50 {settled:.3f} s")
@@ -247,9 +259,7 @@ def latency(spark: SparkSession, state_events: int, transactions: int) -> Latenc
 
     for _ in range(10):  # warm-up (and the merge of the loaded runs)
         lone()
-    compiled = jit_cpu_s(spark)
-    stats = [lone() for _ in range(transactions)]
-    done = jit_cpu_s(spark)
+    stats, compiled_s = _window(spark, lone, transactions)
     total = _total(stats)
     trivial = trivial_job_s(spark)
     p50 = statistics.median(total)
@@ -265,7 +275,7 @@ def latency(spark: SparkSession, state_events: int, transactions: int) -> Latenc
         "spark_stages_per_batch": max(s.stages for s in stats),
         "interpreted_batches": sum(s.interpreted for s in stats),
         "trivial_job_s": round(trivial, 4), "p50_over_trivial_job": round(p50 / trivial, 1),
-    }, lone, stats, None if compiled is None or done is None else round(done - compiled, 1))
+    }, lone, stats, compiled_s)
 
 
 # --- 1. throughput ------------------------------------------------------------------------
