@@ -87,8 +87,7 @@ class BatchStats:
     include the indexes'), and the Spark jobs and stages that ran; `rebound` when its plans
     came from the template of an earlier batch of the same shape (see
     `txstream.engine.templates`); `interpreted` when its expressions were (see
-    `txstream.engine.codegen`); `object_aggregates` when its plans' hash aggregates were
-    Spark's object hash aggregates (`txstream.engine.object_aggregates`)."""
+    `txstream.engine.codegen`)."""
 
     planning_s: float
     execution_s: float
@@ -96,7 +95,6 @@ class BatchStats:
     stages: int
     rebound: bool = False
     interpreted: bool = False
-    object_aggregates: bool = False
     indexing_s: float = 0.0
     indexes: int = 0  # indexed state runs its lookups probed
 
@@ -192,12 +190,10 @@ class Engine:
                 template = None
             if template is not None:
                 rows = {name: self.sources[name].rows(t, planned) for name, t in present.items()}
-                final, staged, object_aggregates = instantiate(
-                    self.spark, template, rows, weight, planned, self.interpreted_rows)
+                final, staged = instantiate(self.spark, template, rows, weight, planned)
                 outputs: tuple[str, ...] = template.outputs
             else:
                 final, outputs, staged, recorded = self._build(present, weight, planned)
-                object_aggregates = False
             rewritten = max([weight, *(s.runs[-1].weight for s in staged)])
             interpreted = codegen.interpreted(self.spark, rewritten, self.interpreted_rows,
                                               self.cold_interpreted_rows)
@@ -226,7 +222,6 @@ class Engine:
             planning_s=round(time.perf_counter() - started - execution_s - indexing_s, 4),
             execution_s=round(execution_s, 4), jobs=count.jobs, stages=count.stages,
             rebound=template is not None, interpreted=interpreted,
-            object_aggregates=object_aggregates,
             indexing_s=round(indexing_s, 4), indexes=indexes)
         self.totals = JobCount(self.totals.jobs + count.jobs, self.totals.stages + count.stages)
         for name, node in self.compiled.late.items():

@@ -1,8 +1,7 @@
 """Every use the engine makes of Spark's internal (JVM) API for its plans, in one module (the
 block manager's, where state blocks are, is in `txstream.engine.replicas`; the input's way into
-the JVM, in `txstream.engine.spark_input`; the aggregates of small batches' plans, in
-`txstream.engine.object_aggregates`): Spark keeps these classes stable neither in name nor in
-signature across minor releases, so upgrading Spark means checking these four modules (and
+the JVM, in `txstream.engine.spark_input`): Spark keeps these classes stable neither in name nor
+in signature across minor releases, so upgrading Spark means checking these three modules (and
 running the engine's tests), nothing else. pyproject.toml pins
 pyspark to the minor release they were written and tested against.
 
@@ -170,8 +169,7 @@ def id_of(rdd: JavaObject) -> int:
     return rdd.id()
 
 
-def scala_seq(spark: SparkSession, items: Sequence[JavaObject]) -> JavaObject:
-    """`items` as an immutable Scala `Seq`."""
+def _seq(spark: SparkSession, items: Sequence[JavaObject]) -> JavaObject:
     j = jvm_of(spark)
     array = j.array_list()
     for item in items:
@@ -188,11 +186,11 @@ def union_rdd(spark: SparkSession, rdds: Sequence[JavaObject], partitions: int =
     j = jvm_of(spark)
     if partitions:
         if not rdds:
-            return j.context.parallelize(scala_seq(spark, []), partitions, j.rows)
-        return j.partition_union(j.context, scala_seq(spark, rdds), partitions, j.rows)
+            return j.context.parallelize(_seq(spark, []), partitions, j.rows)
+        return j.partition_union(j.context, _seq(spark, rdds), partitions, j.rows)
     if not rdds:
         return j.context.emptyRDD(j.rows)
-    return j.context.union(scala_seq(spark, rdds), j.rows)
+    return j.context.union(_seq(spark, rdds), j.rows)
 
 
 def materialize(spark: SparkSession, rdds: Sequence[JavaObject]) -> None:
@@ -223,10 +221,10 @@ def _partitioning(spark: SparkSession, output: JavaObject, clustering: Clusterin
     partitioning = _declared.get(key)
     if partitioning is None:
         positions, partitions = clustering
-        columns = scala_seq(spark, [output.apply(i) for i in positions])
-        partitioning = j.partitionings(scala_seq(spark, [
+        columns = _seq(spark, [output.apply(i) for i in positions])
+        partitioning = j.partitionings(_seq(spark, [
             j.hash_partitioning(columns, partitions),
-            j.hash_partitioning(scala_seq(spark, [j.create_struct.apply(columns)]), partitions)]))
+            j.hash_partitioning(_seq(spark, [j.create_struct.apply(columns)]), partitions)]))
         if len(_declared) >= _DECLARED:
             _declared.clear()
         _declared[key] = partitioning

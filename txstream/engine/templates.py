@@ -39,7 +39,6 @@ from typing import Literal
 from py4j.java_gateway import JavaObject
 from pyspark.sql import DataFrame, SparkSession
 
-from txstream.engine import object_aggregates
 from txstream.engine.batch import BatchPlan
 from txstream.engine.runs import Merge, Run
 from txstream.engine.spark_input import SourceRows
@@ -83,9 +82,6 @@ class _Plan:
     logical: JavaObject
     physical: JavaObject | None = None
     found: list[Occurrence] | None = None
-    # `physical` with object hash aggregates, made at the first small batch
-    # (`txstream.engine.object_aggregates`)
-    small: JavaObject | None = None
 
 
 @dataclass(frozen=True)
@@ -166,24 +162,18 @@ def ready(spark: SparkSession, template: Template) -> bool:
 
 
 def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, SourceRows],
-                weight: int, planned: int, interpreted_rows: int
-                ) -> tuple[DataFrame, list[StagedRuns], bool]:
+                weight: int, planned: int) -> tuple[DataFrame, list[StagedRuns]]:
     """The batch's final frame and staged runs, for `sources` (name -> its changes) and a
     batch of `weight` input rows planned for `planned` partitions (part of its shape), from
     the template of its shape (`ready`): each recorded
     physical plan over this batch's leaves (`frame_over`), neither optimized nor planned
-    again; with object hash aggregates when the batch rewrites fewer rows than
-    `interpreted_rows` (`txstream.engine.object_aggregates`), which the third value says."""
+    again."""
     merges: dict[int, Merge] = {}
 
     def merge_of(state: ZSetState) -> Merge:
         if id(state) not in merges:
             merges[id(state)] = Merge.of(state.runs, weight)
         return merges[id(state)]
-
-    rewritten = max([weight, *(merge_of(s.state).new_weight for s in template.steps
-                               if s.state is not None)])
-    small = object_aggregates.small(rewritten, interpreted_rows)
 
     bindings: dict[LeafKey, Replacement] = {}
     for key, role in template.roles.items():
@@ -198,13 +188,8 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
 
     def frame(plan: _Plan) -> DataFrame:
         assert plan.physical is not None and plan.found is not None, "ready() first"
-        physical = plan.physical
-        if small:
-            if plan.small is None:
-                plan.small = object_aggregates.with_object_aggregates(spark, physical)
-            physical = plan.small
         pairs = [(o.node, bindings[o.key](o)) for o in plan.found]
-        return frame_over(spark, plan.logical, replace_leaves(spark, physical, pairs))
+        return frame_over(spark, plan.logical, replace_leaves(spark, plan.physical, pairs))
 
     staged = []
     for step in template.steps:
@@ -219,4 +204,4 @@ def instantiate(spark: SparkSession, template: Template, sources: Mapping[str, S
         bindings[step.key] = rows_scan(spark, rdd_of(run))
         merge = merge_of(step.state)
         staged.append(StagedRuns(step.state, (*merge.kept, Run(run, merge.new_weight))))
-    return frame(template.final), staged, small
+    return frame(template.final), staged
