@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# A sibling script, not a package.
+# Sibling scripts (proc_stat here, flink_peer in `main`), not a package.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proc_stat import Stat, read
 
@@ -391,5 +391,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
     main()
